@@ -1,0 +1,25 @@
+// Package indexer owns kvgate's knowledge of which worker holds which KV
+// cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
+// prefix index per (model, tenant) (index.go), its dump and recovery format
+// (dump.go), and the set of indexes with the goroutines that apply events to
+// them in per-worker order (set.go).
+//
+// # The index
+//
+// Blocks are keyed by their sequence hash, which encodes the whole prefix up
+// to the block, so a block is reachable only through its parent. Each
+// worker rank (worker id, data-parallel rank) that holds a block is recorded
+// on the block with the tiers it holds it on (device, host, disk). Engines'
+// own block ids are opaque: they only link a stored block to its parent and
+// find blocks on removal. Match walks a prompt's blocks from the root and
+// reports, per worker rank, the cumulative reach per tier: device <= host
+// <= disk, where host counts blocks held in device or host memory and disk
+// blocks held anywhere.
+//
+// LoRA adapters are isolated by the hash seed (LoRASeed), tenants and models
+// by separate indexes. Matches run concurrently with event application; a
+// writer holds the lock for at most writeChunk blocks at a time.
+//
+// The package must not know wire formats of engines (ZMQ, msgpack) beyond
+// the dump's JSON, nor HTTP, nor scheduling: those live with their callers.
+package indexer

@@ -1,0 +1,392 @@
+package indexer
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// chain builds the Stored blocks of a token sequence with block size 4:
+// engine ids are id0, id0+1, ... and local hashes are real LocalHashes.
+func chain(id0 uint64, tokens ...uint32) []Block {
+	local := LocalHashes(nil, tokens, 4, BaseSeed, nil)
+	bs := make([]Block, len(local))
+	for i, l := range local {
+		bs[i] = Block{Hash: id0 + uint64(i), Local: l}
+	}
+	return bs
+}
+
+func wr(w uint64, r uint32) WorkerRank { return WorkerRank{Worker: w, Rank: r} }
+
+func stored(w WorkerRank, t Tier, parent *uint64, blocks []Block) Event {
+	ev := Event{Kind: Stored, Worker: w, Tier: t, Blocks: blocks}
+	if parent != nil {
+		ev.Parent, ev.HasParent = *parent, true
+	}
+	return ev
+}
+
+func removed(w WorkerRank, t Tier, hashes ...uint64) Event {
+	return Event{Kind: Removed, Worker: w, Tier: t, Hashes: hashes}
+}
+
+func ptr(v uint64) *uint64 { return &v }
+
+// prompt is 4 blocks of 4 tokens; sub-slices of it share prefixes.
+var prompt = []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+
+func TestIndexSemantics(t *testing.T) {
+	a, b := wr(1, 0), wr(2, 0)
+	tests := []struct {
+		name   string
+		events []Event
+		errs   []error // per event; nil entries mean success
+		query  []uint32
+		want   []Overlap
+		counts map[WorkerRank]int
+	}{
+		{
+			name:   "full chain on device",
+			events: []Event{stored(a, TierDevice, nil, chain(100, prompt...))},
+			query:  prompt,
+			want:   []Overlap{{a, 4, 4, 4}},
+			counts: map[WorkerRank]int{a: 4},
+		},
+		{
+			name:   "query shorter than held chain and partial block ignored",
+			events: []Event{stored(a, TierDevice, nil, chain(100, prompt...))},
+			query:  prompt[:10],
+			want:   []Overlap{{a, 2, 2, 2}},
+		},
+		{
+			name: "child stored through its parent",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:8]...)),
+				stored(a, TierDevice, ptr(101), chain(100, prompt...)[2:]),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 4, 4, 4}},
+		},
+		{
+			name: "unknown parent is rejected and changes nothing",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(a, TierDevice, ptr(999), chain(100, prompt...)[2:]),
+			},
+			errs:   []error{nil, ErrUnknownParent},
+			query:  prompt,
+			want:   []Overlap{{a, 1, 1, 1}},
+			counts: map[WorkerRank]int{a: 1},
+		},
+		{
+			name: "parent held by another worker is unknown",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(b, TierDevice, ptr(100), chain(100, prompt[:8]...)[1:]),
+			},
+			errs:  []error{nil, ErrUnknownParent},
+			query: prompt,
+			want:  []Overlap{{a, 1, 1, 1}},
+		},
+		{
+			name: "same content under another parent does not match",
+			events: []Event{
+				// Block 2 of prompt stored at the root: a different position.
+				stored(a, TierDevice, nil, chain(100, prompt[4:8]...)),
+			},
+			query: prompt,
+			want:  nil,
+		},
+		{
+			name: "removal in the middle of a chain cuts the prefix",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				removed(a, TierDevice, 101),
+			},
+			query:  prompt,
+			want:   []Overlap{{a, 1, 1, 1}},
+			counts: map[WorkerRank]int{a: 3},
+		},
+		{
+			name: "re-storing the removed block reconnects the held children",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				removed(a, TierDevice, 101),
+				stored(a, TierDevice, ptr(100), chain(100, prompt[:8]...)[1:]),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 4, 4, 4}},
+		},
+		{
+			name: "clear drops one tier only",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				stored(a, TierHost, nil, chain(100, prompt[:8]...)),
+				{Kind: Cleared, Worker: a, Tier: TierDevice},
+			},
+			query:  prompt,
+			want:   []Overlap{{a, 0, 2, 2}},
+			counts: map[WorkerRank]int{a: 2},
+		},
+		{
+			name: "clear all tiers",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				stored(a, TierDisk, nil, chain(100, prompt...)),
+				{Kind: Cleared, Worker: a, Tier: AllTiers},
+			},
+			query:  prompt,
+			want:   nil,
+			counts: map[WorkerRank]int{a: 0},
+		},
+		{
+			name: "tiers are cumulative: device then host then disk",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(a, TierHost, ptr(100), chain(100, prompt[:8]...)[1:]),
+				stored(a, TierDisk, ptr(101), chain(100, prompt...)[2:]),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 1, 2, 4}},
+		},
+		{
+			name: "a device block after a host gap counts for host and disk only",
+			events: []Event{
+				stored(a, TierHost, nil, chain(100, prompt[:4]...)),
+				stored(a, TierDevice, ptr(100), chain(100, prompt...)[1:]),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 0, 4, 4}},
+		},
+		{
+			name: "removing one tier of a block keeps the others",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				stored(a, TierHost, nil, chain(100, prompt...)),
+				removed(a, TierDevice, 102),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 2, 4, 4}},
+		},
+		{
+			name: "same block on many workers and ranks",
+			events: []Event{
+				stored(wr(3, 1), TierDevice, nil, chain(500, prompt[:8]...)),
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				stored(wr(3, 0), TierDevice, nil, chain(900, prompt[:4]...)),
+				stored(b, TierHost, nil, chain(7, prompt[:12]...)),
+			},
+			query: prompt,
+			want:  []Overlap{{wr(3, 1), 2, 2, 2}, {a, 4, 4, 4}, {wr(3, 0), 1, 1, 1}, {b, 0, 3, 3}},
+		},
+		{
+			name: "lora blocks never match the base model or each other",
+			events: []Event{
+				stored(a, TierDevice, nil, loraChain(100, "x", prompt...)),
+				stored(b, TierDevice, nil, loraChain(200, "y", prompt...)),
+			},
+			query: prompt,
+			want:  nil,
+		},
+		{
+			name: "unknown removal is harmless",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				removed(a, TierDevice, 12345),
+				removed(b, TierDevice, 100),
+				removed(a, TierHost, 100),
+			},
+			query: prompt,
+			want:  []Overlap{{a, 4, 4, 4}},
+		},
+		{
+			name: "engine id reused for other content replaces the block",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt...)),
+				stored(a, TierDevice, nil, chain(103, 9, 9, 9, 9)),
+			},
+			query:  prompt,
+			want:   []Overlap{{a, 3, 3, 3}},
+			counts: map[WorkerRank]int{a: 4},
+		},
+		{
+			name: "malformed events are rejected",
+			events: []Event{
+				{Kind: 0, Worker: a},
+				stored(a, TierDevice|TierHost, nil, chain(100, prompt...)),
+				{Kind: Removed, Worker: a, Tier: 0},
+				{Kind: Cleared, Worker: a, Tier: 0},
+			},
+			errs:  []error{ErrBadEvent, ErrBadEvent, ErrBadEvent, ErrBadEvent},
+			query: prompt,
+			want:  nil,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			for i, ev := range tt.events {
+				_, err := ix.Apply(ev)
+				var want error
+				if i < len(tt.errs) {
+					want = tt.errs[i]
+				}
+				if (want == nil) != (err == nil) || (want != nil && !errors.Is(err, want)) {
+					t.Fatalf("event %d: err = %v, want %v", i, err, want)
+				}
+			}
+			got := ix.MatchTokens(tt.query, "", nil)
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("match = %v, want %v", got, tt.want)
+			}
+			for w, n := range tt.counts {
+				if c := ix.BlockCounts()[w]; c != n {
+					t.Errorf("block count of %v = %d, want %d", w, c, n)
+				}
+			}
+			checkInvariants(t, ix)
+		})
+	}
+}
+
+func loraChain(id0 uint64, lora string, tokens ...uint32) []Block {
+	local := LocalHashes(nil, tokens, 4, LoRASeed(lora), nil)
+	bs := make([]Block, len(local))
+	for i, l := range local {
+		bs[i] = Block{Hash: id0 + uint64(i), Local: l}
+	}
+	return bs
+}
+
+func TestLoRAMatchesItself(t *testing.T) {
+	ix := NewIndex(4)
+	a := wr(1, 0)
+	if _, err := ix.Apply(stored(a, TierDevice, nil, loraChain(1, "x", prompt...))); err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.MatchTokens(prompt, "x", nil); !slices.Equal(got, []Overlap{{a, 4, 4, 4}}) {
+		t.Fatalf("lora x match = %v", got)
+	}
+	if got := ix.MatchTokens(prompt, "y", nil); got != nil {
+		t.Fatalf("lora y matched %v", got)
+	}
+}
+
+func TestApplyResultCounts(t *testing.T) {
+	ix := NewIndex(4)
+	a := wr(1, 0)
+	tests := []struct {
+		ev   Event
+		want ApplyResult
+	}{
+		{stored(a, TierDevice, nil, chain(100, prompt...)), ApplyResult{Stored: 4}},
+		{stored(a, TierDevice, nil, chain(100, prompt[:8]...)), ApplyResult{}},
+		{stored(a, TierHost, nil, chain(100, prompt[:8]...)), ApplyResult{Stored: 2}},
+		{removed(a, TierHost, 100, 102, 7), ApplyResult{Removed: 1, Unknown: 2}},
+		{Event{Kind: Cleared, Worker: a, Tier: AllTiers}, ApplyResult{Removed: 5}},
+	}
+	for i, tt := range tests {
+		got, err := ix.Apply(tt.ev)
+		if err != nil || got != tt.want {
+			t.Fatalf("event %d: got %+v, %v; want %+v", i, got, err, tt.want)
+		}
+	}
+}
+
+func TestRemoveWorker(t *testing.T) {
+	ix := NewIndex(4)
+	for _, w := range []WorkerRank{wr(1, 0), wr(1, 1), wr(2, 0)} {
+		if _, err := ix.Apply(stored(w, TierDevice, nil, chain(100, prompt...))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ix.RemoveWorkerRank(wr(1, 1))
+	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(1, 0), 4, 4, 4}, {wr(2, 0), 4, 4, 4}}) {
+		t.Fatalf("after removing rank 1: %v", got)
+	}
+	ix.RemoveWorker(1)
+	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(2, 0), 4, 4, 4}}) {
+		t.Fatalf("after removing worker 1: %v", got)
+	}
+	// A removed rank comes back empty, and reuses a slot cleanly.
+	if _, err := ix.Apply(stored(wr(1, 1), TierDevice, nil, chain(100, prompt[:4]...))); err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(1, 1), 1, 1, 1}, {wr(2, 0), 4, 4, 4}}) {
+		t.Fatalf("after re-adding: %v", got)
+	}
+	ix.RemoveWorker(2)
+	ix.RemoveWorker(1)
+	ix.RemoveWorker(42)
+	if s := ix.Stats(); s != (Stats{}) {
+		t.Fatalf("empty index has stats %+v", s)
+	}
+	checkInvariants(t, ix)
+}
+
+func TestLongEventsSpanWriteChunks(t *testing.T) {
+	ix := NewIndex(4)
+	tokens := make([]uint32, 4*(3*writeChunk+5))
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	a := wr(7, 0)
+	blocks := chain(1, tokens...)
+	if _, err := ix.Apply(stored(a, TierDevice, nil, blocks)); err != nil {
+		t.Fatal(err)
+	}
+	n := len(blocks)
+	if got := ix.MatchTokens(tokens, "", nil); !slices.Equal(got, []Overlap{{a, n, n, n}}) {
+		t.Fatalf("match = %v", got)
+	}
+	hashes := make([]uint64, n)
+	for i, b := range blocks {
+		hashes[i] = b.Hash
+	}
+	res, _ := ix.Apply(removed(a, TierDevice, hashes[n/2:]...))
+	if res.Removed != n-n/2 {
+		t.Fatalf("removed %d, want %d", res.Removed, n-n/2)
+	}
+	if got := ix.MatchTokens(tokens, "", nil); !slices.Equal(got, []Overlap{{a, n / 2, n / 2, n / 2}}) {
+		t.Fatalf("match = %v", got)
+	}
+	ix.RemoveWorkerRank(a)
+	if s := ix.Stats(); s != (Stats{}) {
+		t.Fatalf("stats after removal %+v", s)
+	}
+}
+
+// checkInvariants verifies the index's internal consistency: holders sorted
+// and non-empty, entries counted right, every holder backed by a rank.
+func checkInvariants(t testing.TB, ix *Index) {
+	t.Helper()
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	entries := 0
+	for wr, w := range ix.workers {
+		entries += len(w.blocks)
+		if s := ix.slots[w.slot]; s.w != wr || s.retired {
+			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
+		}
+	}
+	if entries != ix.entries {
+		t.Errorf("entries = %d, counted %d", ix.entries, entries)
+	}
+	for key, n := range ix.nodes {
+		if len(n.holders) == 0 {
+			t.Errorf("node %d has no holders", key)
+		}
+		for i, h := range n.holders {
+			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
+				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)
+			}
+			if i > 0 && n.holders[i-1].slot >= h.slot {
+				t.Errorf("node %d holders unsorted", key)
+			}
+			if int(h.slot) >= len(ix.slots) || ix.slots[h.slot].retired {
+				t.Errorf("node %d holder slot %d is not live", key, h.slot)
+			}
+		}
+	}
+}

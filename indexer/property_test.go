@@ -1,0 +1,305 @@
+package indexer
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// refModel is a naive reference for Index: every worker rank maps engine ids
+// to the full path of symbols from the root, with its tiers. It uses no
+// sequence hashes and no tree.
+type refModel struct {
+	ranks map[WorkerRank]map[uint64]refEntry
+}
+
+type refEntry struct {
+	path  string // symbols from the root, e.g. "0312"
+	tiers Tier
+}
+
+// Symbols are block contents; a path is a string of symbols '0'..'3'.
+func symLocal(c byte) uint64 {
+	s := uint32(c - '0')
+	return LocalHash([]uint32{s, s + 10, s + 20, s + 30}, BaseSeed, nil)
+}
+
+// pathID is the engine id of a path: content-derived, as vLLM's are.
+func pathID(path string) uint64 { return LocalHash([]uint32{uint32(len(path))}, 99, []uint64{uint64(len(path))}) ^ hashString(path) }
+
+func hashString(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint64(s[i])) * 1099511628211
+	}
+	return h
+}
+
+func (m *refModel) store(w WorkerRank, t Tier, parent string, hasParent bool, blocks string) bool {
+	held := m.ranks[w]
+	if hasParent {
+		if _, ok := held[pathID(parent)]; !ok {
+			return false
+		}
+	}
+	if held == nil {
+		held = make(map[uint64]refEntry)
+		m.ranks[w] = held
+	}
+	base := ""
+	if hasParent {
+		base = held[pathID(parent)].path
+	}
+	for i := range blocks {
+		p := base + blocks[:i+1]
+		id := pathID(p)
+		e := held[id]
+		e.path, e.tiers = p, e.tiers|t
+		held[id] = e
+	}
+	return true
+}
+
+func (m *refModel) remove(w WorkerRank, t Tier, ids []uint64) {
+	for _, id := range ids {
+		if e, ok := m.ranks[w][id]; ok {
+			e.tiers &^= t
+			if e.tiers == 0 {
+				delete(m.ranks[w], id)
+			} else {
+				m.ranks[w][id] = e
+			}
+		}
+	}
+}
+
+func (m *refModel) clear(w WorkerRank, t Tier) {
+	for id := range m.ranks[w] {
+		m.remove(w, t, []uint64{id})
+	}
+}
+
+func (m *refModel) tiersOf(w WorkerRank, path string) Tier {
+	var t Tier
+	for _, e := range m.ranks[w] {
+		if e.path == path {
+			t |= e.tiers
+		}
+	}
+	return t
+}
+
+func (m *refModel) match(query string) []Overlap {
+	var out []Overlap
+	for w := range m.ranks {
+		o := Overlap{Worker: w}
+		devOn, hostOn := true, true
+		for d := range query {
+			t := m.tiersOf(w, query[:d+1])
+			if t == 0 {
+				break
+			}
+			devOn = devOn && t&TierDevice != 0
+			hostOn = hostOn && t&(TierDevice|TierHost) != 0
+			if devOn {
+				o.Device++
+			}
+			if hostOn {
+				o.Host++
+			}
+			o.Disk++
+		}
+		if o.Disk > 0 {
+			out = append(out, o)
+		}
+	}
+	sortOverlaps(out)
+	return out
+}
+
+// reachable counts, per rank, blocks whose every ancestor the rank holds.
+func (m *refModel) reachable() map[WorkerRank]int {
+	out := make(map[WorkerRank]int)
+	for w, held := range m.ranks {
+		for _, e := range held {
+			ok := true
+			for l := 1; l < len(e.path) && ok; l++ {
+				ok = m.tiersOf(w, e.path[:l]) != 0
+			}
+			if ok {
+				out[w]++
+			}
+		}
+	}
+	return out
+}
+
+func (m *refModel) counts() map[WorkerRank]int {
+	out := make(map[WorkerRank]int)
+	for w, held := range m.ranks {
+		if len(held) > 0 {
+			out[w] = len(held)
+		}
+	}
+	return out
+}
+
+func sortOverlaps(o []Overlap) {
+	slices.SortFunc(o, func(a, b Overlap) int { return cmpWorkerRank(a.Worker, b.Worker) })
+}
+
+func nonZero(m map[WorkerRank]int) map[WorkerRank]int {
+	out := make(map[WorkerRank]int)
+	for k, v := range m {
+		if v > 0 {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+func seqOf(path string) []uint64 {
+	local := make([]uint64, len(path))
+	for i := range path {
+		local[i] = symLocal(path[i])
+	}
+	return SequenceHashes(nil, local)
+}
+
+func blocksOf(base, blocks string) []Block {
+	out := make([]Block, len(blocks))
+	for i := range blocks {
+		out[i] = Block{Hash: pathID(base + blocks[:i+1]), Local: symLocal(blocks[i])}
+	}
+	return out
+}
+
+func matchSorted(ix *Index, query string) []Overlap {
+	got := ix.Match(seqOf(query), nil)
+	sortOverlaps(got)
+	return got
+}
+
+func TestIndexMatchesReferenceModel(t *testing.T) {
+	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("0123")), 1, 5, -1)
+	genWorker := rapid.Custom(func(t *rapid.T) WorkerRank {
+		return WorkerRank{Worker: rapid.Uint64Range(1, 3).Draw(t, "worker"), Rank: rapid.Uint32Range(0, 1).Draw(t, "rank")}
+	})
+	genTier := rapid.SampledFrom([]Tier{TierDevice, TierHost, TierDisk})
+
+	rapid.Check(t, func(t *rapid.T) {
+		ix := NewIndex(4)
+		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
+		var queries []string
+		steps := rapid.IntRange(1, 60).Draw(t, "steps")
+		for step := 0; step < steps; step++ {
+			w := genWorker.Draw(t, "w")
+			var log string
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op < 5: // store, often under a parent
+				path := genPath.Draw(t, "path")
+				k := rapid.IntRange(0, len(path)-1).Draw(t, "split")
+				tier := genTier.Draw(t, "tier")
+				ev := stored(w, tier, nil, blocksOf(path[:k], path[k:]))
+				if k > 0 {
+					ev.Parent, ev.HasParent = pathID(path[:k]), true
+				}
+				_, err := ix.Apply(ev)
+				ok := m.store(w, tier, path[:k], k > 0, path[k:])
+				if ok != (err == nil) {
+					t.Fatalf("store %v %s %q|%q: index err %v, model ok %v", w, tier, path[:k], path[k:], err, ok)
+				}
+				queries = append(queries, path)
+				log = fmt.Sprintf("store %v %s %q|%q", w, tier, path[:k], path[k:])
+			case op < 7:
+				tier := genTier.Draw(t, "tier")
+				paths := rapid.SliceOfN(genPath, 1, 3).Draw(t, "removed")
+				ids := make([]uint64, len(paths))
+				for i, p := range paths {
+					ids[i] = pathID(p)
+				}
+				if _, err := ix.Apply(removed(w, tier, ids...)); err != nil {
+					t.Fatal(err)
+				}
+				m.remove(w, tier, ids)
+				log = fmt.Sprintf("remove %v %s %v", w, tier, paths)
+			case op < 8:
+				tiers := Tier(rapid.IntRange(1, 7).Draw(t, "tiers"))
+				if _, err := ix.Apply(Event{Kind: Cleared, Worker: w, Tier: tiers}); err != nil {
+					t.Fatal(err)
+				}
+				m.clear(w, tiers)
+				log = fmt.Sprintf("clear %v %s", w, tiers)
+			case op < 9:
+				ix.RemoveWorkerRank(w)
+				delete(m.ranks, w)
+				log = fmt.Sprintf("remove rank %v", w)
+			default:
+				ix.RemoveWorker(w.Worker)
+				for r := range m.ranks {
+					if r.Worker == w.Worker {
+						delete(m.ranks, r)
+					}
+				}
+				log = fmt.Sprintf("remove worker %d", w.Worker)
+			}
+			queries = append(queries, genPath.Draw(t, "probe"))
+			for _, q := range queries {
+				if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
+					t.Fatalf("after step %d (%s): match %q = %v, want %v", step, log, q, got, want)
+				}
+			}
+			if got, want := nonZero(ix.BlockCounts()), m.counts(); !mapsEqual(got, want) {
+				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, want)
+			}
+		}
+		checkInvariantsRapid(t, ix)
+
+		// load(dump(x)) answers every query like x.
+		loaded := NewIndex(4)
+		if skipped, err := loaded.Load(ix.Dump()); err != nil || skipped != 0 {
+			t.Fatalf("load: skipped %d, err %v", skipped, err)
+		}
+		for _, q := range queries {
+			if got, want := matchSorted(loaded, q), m.match(q); !slices.Equal(got, want) {
+				t.Fatalf("loaded index: match %q = %v, want %v", q, got, want)
+			}
+		}
+		if got, want := nonZero(loaded.BlockCounts()), nonZero(m.reachable()); !mapsEqual(got, want) {
+			t.Fatalf("loaded block counts %v, want reachable %v", got, want)
+		}
+	})
+}
+
+func mapsEqual(a, b map[WorkerRank]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// checkInvariantsRapid adapts checkInvariants to *rapid.T.
+func checkInvariantsRapid(t *rapid.T, ix *Index) {
+	rec := &recorder{}
+	checkInvariants(rec, ix)
+	if len(rec.errs) > 0 {
+		t.Fatal(strings.Join(rec.errs, "; "))
+	}
+}
+
+type recorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recorder) Helper()                   {}
+func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(f, a...)) }
+

@@ -1,0 +1,231 @@
+package indexer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// DefaultTenant is the tenant of a model when none is given.
+const DefaultTenant = "default"
+
+// Key names one index: a model and a tenant.
+type Key struct {
+	Model  string
+	Tenant string
+}
+
+// String returns "model:tenant", the form used by the dump format.
+func (k Key) String() string { return k.Model + ":" + k.Tenant }
+
+// ParseKey parses "model:tenant", splitting at the last ':' (model names may
+// contain ':'). Both parts must be non-empty.
+func ParseKey(s string) (Key, error) {
+	i := strings.LastIndexByte(s, ':')
+	if i <= 0 || i == len(s)-1 {
+		return Key{}, fmt.Errorf("index key %q is not model:tenant", truncate(s, 80))
+	}
+	return Key{Model: s[:i], Tenant: s[i+1:]}, nil
+}
+
+// Errors of Set.
+var (
+	// ErrBlockSizeConflict: an index exists for the key with another block size.
+	ErrBlockSizeConflict = errors.New("block size conflict")
+	// ErrClosed: the Set was closed.
+	ErrClosed = errors.New("indexer closed")
+)
+
+// Options configure a Set.
+type Options struct {
+	// EventThreads is the number of goroutines applying events, sharded by
+	// worker id so that each worker's events apply in order. Default 4.
+	EventThreads int
+	// QueueLen is the number of pending jobs per goroutine before Submit
+	// blocks. Default 1024.
+	QueueLen int
+}
+
+// job is one unit of work for an apply goroutine: an event, or a function
+// ordered with the worker's events.
+type job struct {
+	ix   *Index
+	ev   Event
+	done func(ApplyResult, error)
+	fn   func()
+}
+
+// Set holds every index of the process, one per (model, tenant), and the
+// goroutines that apply events to them.
+type Set struct {
+	mu      sync.RWMutex
+	indexes map[Key]*Index
+
+	closeMu sync.RWMutex // held for reading while submitting
+	closed  bool
+	queues  []chan job
+	wg      sync.WaitGroup
+}
+
+// NewSet starts a Set's apply goroutines. Close stops them.
+func NewSet(opts Options) *Set {
+	if opts.EventThreads <= 0 {
+		opts.EventThreads = 4
+	}
+	if opts.QueueLen <= 0 {
+		opts.QueueLen = 1024
+	}
+	s := &Set{indexes: make(map[Key]*Index), queues: make([]chan job, opts.EventThreads)}
+	for i := range s.queues {
+		q := make(chan job, opts.QueueLen)
+		s.queues[i] = q
+		s.wg.Go(func() {
+			for j := range q {
+				if j.fn != nil {
+					j.fn()
+					continue
+				}
+				res, err := j.ix.Apply(j.ev)
+				if j.done != nil {
+					j.done(res, err)
+				}
+			}
+		})
+	}
+	return s
+}
+
+// Close applies every job already submitted, then stops the goroutines.
+// Later Submit and Do calls fail with ErrClosed.
+func (s *Set) Close() {
+	s.closeMu.Lock()
+	if !s.closed {
+		s.closed = true
+		for _, q := range s.queues {
+			close(q)
+		}
+	}
+	s.closeMu.Unlock()
+	s.wg.Wait()
+}
+
+// Index returns the index of key, creating it with blockSize if it does not
+// exist. An existing index with another block size is an error wrapping
+// ErrBlockSizeConflict.
+func (s *Set) Index(key Key, blockSize int) (*Index, error) {
+	if blockSize <= 0 {
+		return nil, fmt.Errorf("index %s: block size %d must be positive", key, blockSize)
+	}
+	s.mu.RLock()
+	ix := s.indexes[key]
+	s.mu.RUnlock()
+	if ix == nil {
+		s.mu.Lock()
+		if ix = s.indexes[key]; ix == nil {
+			ix = NewIndex(blockSize)
+			s.indexes[key] = ix
+		}
+		s.mu.Unlock()
+	}
+	if ix.BlockSize() != blockSize {
+		return nil, fmt.Errorf("index %s has block size %d, not %d: %w", key, ix.BlockSize(), blockSize, ErrBlockSizeConflict)
+	}
+	return ix, nil
+}
+
+// Lookup returns the index of key, or nil.
+func (s *Set) Lookup(key Key) *Index {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.indexes[key]
+}
+
+// Keys returns the keys of all indexes, sorted.
+func (s *Set) Keys() []Key {
+	s.mu.RLock()
+	keys := make([]Key, 0, len(s.indexes))
+	for k := range s.indexes {
+		keys = append(keys, k)
+	}
+	s.mu.RUnlock()
+	slices.SortFunc(keys, func(a, b Key) int { return strings.Compare(a.String(), b.String()) })
+	return keys
+}
+
+// Submit queues ev for ix on the goroutine that owns ev.Worker.Worker and
+// returns once it is queued (blocking while that queue is full, until ctx
+// ends). done, if not nil, is called on that goroutine with the result.
+// Events of one worker submitted from one goroutine apply in order.
+func (s *Set) Submit(ctx context.Context, ix *Index, ev Event, done func(ApplyResult, error)) error {
+	return s.enqueue(ctx, ev.Worker.Worker, job{ix: ix, ev: ev, done: done})
+}
+
+// Do runs fn on the goroutine that owns worker, after every event of that
+// worker submitted before it, and waits for it to finish or ctx to end.
+func (s *Set) Do(ctx context.Context, worker uint64, fn func()) error {
+	finished := make(chan struct{})
+	if err := s.enqueue(ctx, worker, job{fn: func() { fn(); close(finished) }}); err != nil {
+		return err
+	}
+	select {
+	case <-finished:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("worker %d: %w", worker, ctx.Err())
+	}
+}
+
+func (s *Set) enqueue(ctx context.Context, worker uint64, j job) error {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	q := s.queues[shardOf(worker, len(s.queues))]
+	select {
+	case q <- j:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("queue event of worker %d: %w", worker, ctx.Err())
+	}
+}
+
+// shardOf spreads worker ids (often small and consecutive, or random lease
+// ids) evenly over n goroutines.
+func shardOf(worker uint64, n int) int {
+	worker ^= worker >> 33
+	worker *= 0xff51afd7ed558ccd
+	worker ^= worker >> 33
+	return int(worker % uint64(n))
+}
+
+// Dump dumps every index, sorted by key.
+func (s *Set) Dump() []IndexDump {
+	keys := s.Keys()
+	out := make([]IndexDump, 0, len(keys))
+	for _, k := range keys {
+		ix := s.Lookup(k)
+		out = append(out, IndexDump{Key: k, BlockSize: ix.BlockSize(), Events: ix.Dump()})
+	}
+	return out
+}
+
+// Load loads dumps (as from a peer's /dump) into the set, creating indexes
+// as needed. It returns how many events could not be placed.
+func (s *Set) Load(dumps []IndexDump) (skipped int, err error) {
+	for _, d := range dumps {
+		ix, err := s.Index(d.Key, d.BlockSize)
+		if err != nil {
+			return skipped, fmt.Errorf("load dump: %w", err)
+		}
+		n, err := ix.Load(d.Events)
+		skipped += n
+		if err != nil {
+			return skipped, fmt.Errorf("load dump %s: %w", d.Key, err)
+		}
+	}
+	return skipped, nil
+}
