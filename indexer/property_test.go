@@ -28,7 +28,9 @@ func symLocal(c byte) uint64 {
 }
 
 // pathID is the engine id of a path: content-derived, as vLLM's are.
-func pathID(path string) uint64 { return LocalHash([]uint32{uint32(len(path))}, 99, []uint64{uint64(len(path))}) ^ hashString(path) }
+func pathID(path string) uint64 {
+	return LocalHash([]uint32{uint32(len(path))}, 99, []uint64{uint64(len(path))}) ^ hashString(path)
+}
 
 func hashString(s string) uint64 {
 	h := uint64(14695981039346656037)
@@ -302,4 +304,3 @@ type recorder struct {
 
 func (r *recorder) Helper()                   {}
 func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(f, a...)) }
-

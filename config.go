@@ -1,0 +1,208 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// envPrefix is the prefix of the environment variables that configure kvgate:
+// flag --admin-addr <-> KVGATE_ADMIN_ADDR.
+const envPrefix = "KVGATE_"
+
+// configFlag names the flag (and KVGATE_CONFIG) that points at a YAML file.
+// It is not itself a configuration key.
+const configFlag = "config"
+
+// serveConfig is the effective configuration of `kvgate serve`, after merging
+// flags, KVGATE_* environment variables, the YAML file and defaults.
+type serveConfig struct {
+	ConfigFile      string // path of the YAML file that was read, "" if none
+	AdminAddr       string
+	EventThreads    int
+	LogLevel        string // debug | info | warn | error
+	LogFormat       string // text | json
+	ShutdownTimeout time.Duration
+}
+
+// addServeFlags defines the flags of `kvgate serve`. Every flag except
+// --config is also a YAML key and a KVGATE_* environment variable.
+func addServeFlags(fs *pflag.FlagSet) {
+	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
+	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server")
+	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker")
+	fs.String("log-level", "info", "log level: debug, info, warn or error")
+	fs.String("log-format", "text", "log format: text or json")
+	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")
+}
+
+// envName maps a flag name to its environment variable.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
+}
+
+// lookupEnv treats an empty variable as unset, as viper does.
+func lookupEnv(name string) (string, bool) {
+	v, ok := os.LookupEnv(name)
+	return v, ok && v != ""
+}
+
+// loadServeConfig computes the effective configuration of cmd, whose flags
+// must have been defined by addServeFlags and parsed. Precedence:
+// flag > KVGATE_* environment > config file > default.
+func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
+	flags := cmd.Flags()
+	v := viper.New()
+
+	var keys []string
+	flags.VisitAll(func(f *pflag.Flag) {
+		if f.Name != configFlag && f.Name != "help" {
+			keys = append(keys, f.Name)
+		}
+	})
+
+	var cfg serveConfig
+	if f := flags.Lookup(configFlag); f != nil && f.Changed {
+		cfg.ConfigFile = f.Value.String()
+		if cfg.ConfigFile == "" {
+			return cfg, errors.New("--config: empty path")
+		}
+	} else if p, ok := lookupEnv(envName(configFlag)); ok {
+		cfg.ConfigFile = p
+	}
+
+	fileKeys := map[string]bool{}
+	if cfg.ConfigFile != "" {
+		v.SetConfigFile(cfg.ConfigFile)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return cfg, fmt.Errorf("config file %s: not found", cfg.ConfigFile)
+			}
+			return cfg, fmt.Errorf("config file %s: %w", cfg.ConfigFile, err)
+		}
+		// Only the file has been loaded so far, so AllKeys is the file's keys.
+		names := v.AllKeys()
+		slices.Sort(names)
+		for _, k := range names {
+			if !slices.Contains(keys, k) {
+				return cfg, fmt.Errorf("config file %s: unknown key %q (known keys: %s)",
+					cfg.ConfigFile, k, strings.Join(keys, ", "))
+			}
+			fileKeys[k] = true
+		}
+	}
+
+	for _, k := range keys {
+		if err := v.BindPFlag(k, flags.Lookup(k)); err != nil {
+			return cfg, err
+		}
+		if err := v.BindEnv(k, envName(k)); err != nil {
+			return cfg, err
+		}
+	}
+
+	// source describes where the value of key came from, for error messages.
+	source := func(key string) string {
+		if f := flags.Lookup(key); f != nil && f.Changed {
+			return "flag --" + key
+		}
+		if _, ok := lookupEnv(envName(key)); ok {
+			return "env " + envName(key)
+		}
+		if fileKeys[key] {
+			return "config file " + cfg.ConfigFile
+		}
+		return "default"
+	}
+	// bad reports an invalid value, naming where it came from.
+	bad := func(key string, val any, why string) error {
+		if s, ok := val.(string); ok {
+			val = strconv.Quote(s)
+		}
+		return fmt.Errorf("invalid %s %v (from %s): %s", key, val, source(key), why)
+	}
+
+	var err error
+	if cfg.AdminAddr, err = getString(v, "admin-addr"); err != nil {
+		return cfg, bad("admin-addr", v.Get("admin-addr"), err.Error())
+	}
+	if _, _, err := net.SplitHostPort(cfg.AdminAddr); err != nil {
+		return cfg, bad("admin-addr", cfg.AdminAddr, "want host:port, e.g. :8090 or 127.0.0.1:8090")
+	}
+
+	if cfg.EventThreads, err = getInt(v, "event-threads"); err != nil {
+		return cfg, bad("event-threads", v.Get("event-threads"), err.Error())
+	}
+	if cfg.EventThreads < 1 {
+		return cfg, bad("event-threads", cfg.EventThreads, "must be >= 1")
+	}
+
+	if cfg.LogLevel, err = getString(v, "log-level"); err != nil {
+		return cfg, bad("log-level", v.Get("log-level"), err.Error())
+	}
+	cfg.LogLevel = strings.ToLower(strings.TrimSpace(cfg.LogLevel))
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, cfg.LogLevel) {
+		return cfg, bad("log-level", cfg.LogLevel, "want debug, info, warn or error")
+	}
+
+	if cfg.LogFormat, err = getString(v, "log-format"); err != nil {
+		return cfg, bad("log-format", v.Get("log-format"), err.Error())
+	}
+	cfg.LogFormat = strings.ToLower(strings.TrimSpace(cfg.LogFormat))
+	if cfg.LogFormat != "text" && cfg.LogFormat != "json" {
+		return cfg, bad("log-format", cfg.LogFormat, "want text or json")
+	}
+
+	if cfg.ShutdownTimeout, err = getDuration(v, "shutdown-timeout"); err != nil {
+		return cfg, bad("shutdown-timeout", v.Get("shutdown-timeout"), err.Error())
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		return cfg, bad("shutdown-timeout", cfg.ShutdownTimeout.String(), "must be > 0")
+	}
+	return cfg, nil
+}
+
+// The getters below are strict: viper's GetInt/GetDuration silently turn
+// "abc" into 0, which would hide typos. Their errors say what was wanted.
+
+func getString(v *viper.Viper, key string) (string, error) {
+	if x, ok := v.Get(key).(string); ok {
+		return x, nil
+	}
+	return "", errors.New("want a string")
+}
+
+func getInt(v *viper.Viper, key string) (int, error) {
+	switch x := v.Get(key).(type) {
+	case int:
+		return x, nil
+	case string:
+		if n, err := strconv.Atoi(strings.TrimSpace(x)); err == nil {
+			return n, nil
+		}
+	}
+	return 0, errors.New("want an integer")
+}
+
+func getDuration(v *viper.Viper, key string) (time.Duration, error) {
+	switch x := v.Get(key).(type) {
+	case time.Duration:
+		return x, nil
+	case string:
+		if d, err := time.ParseDuration(strings.TrimSpace(x)); err == nil {
+			return d, nil
+		}
+	}
+	return 0, errors.New("want a duration with a unit, e.g. 500ms or 10s")
+}

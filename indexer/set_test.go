@@ -1,0 +1,238 @@
+package indexer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+func TestSetIndexes(t *testing.T) {
+	s := NewSet(Options{EventThreads: 2})
+	defer s.Close()
+	k1, k2 := Key{"llama", "default"}, Key{"llama", "acme"}
+	a, err := s.Index(k1, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := s.Index(k1, 16); err != nil || again != a {
+		t.Fatalf("second Index call: %v, %v", again == a, err)
+	}
+	if _, err := s.Index(k1, 32); !errors.Is(err, ErrBlockSizeConflict) {
+		t.Fatalf("block size conflict: err = %v", err)
+	}
+	if _, err := s.Index(k2, 0); err == nil {
+		t.Fatal("block size 0 accepted")
+	}
+	b, err := s.Index(k2, 32)
+	if err != nil || b == a {
+		t.Fatalf("tenant index: %v", err)
+	}
+	if s.Lookup(Key{"nope", "default"}) != nil {
+		t.Fatal("lookup of a missing key")
+	}
+	if got, want := s.Keys(), []Key{k2, k1}; !slices.Equal(got, want) {
+		t.Fatalf("keys = %v, want %v", got, want)
+	}
+}
+
+func TestTenantIsolation(t *testing.T) {
+	s := NewSet(Options{})
+	defer s.Close()
+	a, _ := s.Index(Key{"m", "t1"}, 4)
+	b, _ := s.Index(Key{"m", "t2"}, 4)
+	if _, err := a.Apply(stored(wr(1, 0), TierDevice, nil, chain(1, prompt...))); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.MatchTokens(prompt, "", nil); got != nil {
+		t.Fatalf("tenant t2 sees %v", got)
+	}
+}
+
+func TestParseKey(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Key
+		ok   bool
+	}{
+		{"llama:default", Key{"llama", "default"}, true},
+		{"org/model:v1:tenant", Key{"org/model:v1", "tenant"}, true},
+		{"nocolon", Key{}, false},
+		{":tenant", Key{}, false},
+		{"model:", Key{}, false},
+	}
+	for _, tt := range tests {
+		got, err := ParseKey(tt.in)
+		if (err == nil) != tt.ok || got != tt.want {
+			t.Errorf("ParseKey(%q) = %v, %v", tt.in, got, err)
+		}
+		if tt.ok && got.String() != tt.in {
+			t.Errorf("round trip %q -> %q", tt.in, got.String())
+		}
+	}
+}
+
+func TestSetAppliesInOrderAndDo(t *testing.T) {
+	s := NewSet(Options{EventThreads: 3, QueueLen: 2})
+	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
+	ctx := context.Background()
+	a := wr(9, 0)
+	// A chain stored one block at a time: each event needs the previous.
+	blocks := chain(100, prompt...)
+	var failed atomic.Int32
+	for i, b := range blocks {
+		ev := stored(a, TierDevice, nil, []Block{b})
+		if i > 0 {
+			ev.Parent, ev.HasParent = blocks[i-1].Hash, true
+		}
+		if err := s.Submit(ctx, ix, ev, func(_ ApplyResult, err error) {
+			if err != nil {
+				failed.Add(1)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []Overlap
+	if err := s.Do(ctx, a.Worker, func() { seen = ix.MatchTokens(prompt, "", nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if failed.Load() != 0 || !slices.Equal(seen, []Overlap{{a, 4, 4, 4}}) {
+		t.Fatalf("failed %d, match after Do = %v", failed.Load(), seen)
+	}
+	if err := s.Do(ctx, a.Worker, func() { ix.RemoveWorker(a.Worker) }); err != nil {
+		t.Fatal(err)
+	}
+	if got := ix.MatchTokens(prompt, "", nil); got != nil {
+		t.Fatalf("after RemoveWorker: %v", got)
+	}
+	s.Close()
+	s.Close() // idempotent
+	if err := s.Submit(ctx, ix, stored(a, TierDevice, nil, blocks), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("submit after close: %v", err)
+	}
+	if err := s.Do(ctx, 1, func() {}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("do after close: %v", err)
+	}
+}
+
+func TestSubmitHonoursContext(t *testing.T) {
+	s := NewSet(Options{EventThreads: 1, QueueLen: 1})
+	defer s.Close()
+	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
+	release := make(chan struct{})
+	started := make(chan struct{})
+	go func() {
+		_ = s.Do(context.Background(), 1, func() { close(started); <-release })
+	}()
+	<-started
+	// The goroutine is busy; fill the queue, then the next Submit must wait
+	// until its context ends.
+	if err := s.Submit(context.Background(), ix, stored(wr(1, 0), TierDevice, nil, chain(1, prompt...)), nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Submit(ctx, ix, stored(wr(2, 0), TierDevice, nil, chain(1, prompt...)), nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("submit on a full queue with a cancelled context: %v", err)
+	}
+	close(release)
+}
+
+// TestConcurrentApplyAndMatch applies events of many workers through the
+// Set while matches run, then checks the final state equals a sequential
+// application of the same events. Run under -race.
+func TestConcurrentApplyAndMatch(t *testing.T) {
+	const workers, rounds = 16, 60
+	s := NewSet(Options{EventThreads: 4, QueueLen: 8})
+	defer s.Close()
+	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
+	seq := NewIndex(4)
+
+	// Each worker stores and evicts chains over a shared vocabulary, so
+	// nodes are shared between workers and change concurrently.
+	events := make([][]Event, workers)
+	for w := range workers {
+		var evs []Event
+		for r := range rounds {
+			path := fmt.Sprintf("%d%d%d%d%d", r%4, (r/4+w)%4, (r*7+w)%4, (r*3)%4, w%4)
+			ev := stored(wr(uint64(w), uint32(w%2)), Tier(1<<(r%3)), nil, blocksOf("", path))
+			evs = append(evs, ev)
+			if r%3 == 2 {
+				evs = append(evs, removed(ev.Worker, ev.Tier, ev.Blocks[len(ev.Blocks)-1].Hash, ev.Blocks[2].Hash))
+			}
+			if r%29 == 28 {
+				evs = append(evs, Event{Kind: Cleared, Worker: ev.Worker, Tier: TierHost})
+			}
+		}
+		events[w] = evs
+		for _, ev := range evs {
+			if _, err := seq.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var readers sync.WaitGroup
+	for r := range 2 {
+		readers.Go(func() {
+			buf := make([]Overlap, 0, workers)
+			q := seqOf("01230")
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				buf = ix.Match(q, buf[:0])
+				for _, o := range buf {
+					if o.Device > o.Host || o.Host > o.Disk || o.Disk > len(q) || o.Disk < 1 {
+						t.Errorf("reader %d: impossible overlap %+v", r, o)
+						return
+					}
+				}
+				_ = ix.BlockCounts()
+				if i%50 == 0 {
+					_ = ix.Dump()
+				}
+			}
+		})
+	}
+	var writers sync.WaitGroup
+	for w := range workers {
+		writers.Go(func() {
+			for _, ev := range events[w] {
+				if err := s.Submit(ctx, ix, ev, func(_ ApplyResult, err error) {
+					if err != nil {
+						t.Errorf("apply: %v", err)
+					}
+				}); err != nil {
+					t.Errorf("submit: %v", err)
+				}
+			}
+		})
+	}
+	writers.Wait()
+	for w := range workers {
+		if err := s.Do(ctx, uint64(w), func() {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	readers.Wait()
+
+	for _, q := range []string{"0", "01230", "12301", "33333", "2103", "0000"} {
+		if got, want := matchSorted(ix, q), matchSorted(seq, q); !slices.Equal(got, want) {
+			t.Errorf("match %q = %v, sequential %v", q, got, want)
+		}
+	}
+	if got, want := ix.BlockCounts(), seq.BlockCounts(); !mapsEqual(got, want) {
+		t.Errorf("block counts %v, sequential %v", got, want)
+	}
+	checkInvariants(t, ix)
+}

@@ -1,0 +1,261 @@
+// Command kvgate is a KV-cache-aware router for LLM inference: an Envoy
+// ext_proc endpoint picker that sends each request to the worker holding the
+// longest cached prefix of its prompt, balanced against load.
+//
+// main.go is the thin shell: the command tree, logging, the admin HTTP server
+// and graceful shutdown. Configuration loading lives in config.go.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kvgate/kvgate/indexer"
+)
+
+// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
+var version string
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line args and returns the process exit code.
+// Errors are printed as a single line "kvgate: <error>" on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(stderr, "kvgate: %s\n", strings.Join(strings.Fields(err.Error()), " "))
+		return 1
+	}
+	return 0
+}
+
+// newRootCmd builds a fresh command tree; it holds no global state.
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:               "kvgate",
+		Short:             "KV-cache-aware router for LLM inference (Envoy ext_proc endpoint picker)",
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(newServeCmd(), newVersionCmd())
+	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the kvgate version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "kvgate %s (%s)\n", versionString(), runtime.Version())
+			return err
+		},
+	}
+}
+
+// versionString returns the -ldflags version, else the VCS revision recorded
+// by the Go toolchain, else the module version, else "dev".
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "dev"
+	}
+	var rev string
+	var modified bool
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if rev != "" {
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if modified {
+			rev += "-dirty"
+		}
+		return rev
+	}
+	if v := info.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	return "dev"
+}
+
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the router and its admin HTTP server",
+		Long: "Run the router and its admin HTTP server.\n\n" +
+			"Every flag can also be set with a KVGATE_* environment variable (--admin-addr -> KVGATE_ADMIN_ADDR)\n" +
+			"or a key of the YAML file given with --config (admin-addr: \":9000\").\n" +
+			"Precedence: flag > environment > config file > default.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := loadServeConfig(cmd)
+			if err != nil {
+				return err
+			}
+			logger := newLogger(cmd.ErrOrStderr(), cfg)
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			// After the first signal, restore default handling so that a
+			// second one terminates a shutdown that hangs.
+			context.AfterFunc(ctx, stop)
+			if err := runServe(ctx, cfg, logger); err != nil {
+				return err
+			}
+			logger.Info("shutdown complete")
+			return nil
+		},
+	}
+	addServeFlags(cmd.Flags())
+	return cmd
+}
+
+func newLogger(w io.Writer, cfg serveConfig) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated by loadServeConfig
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// runServe runs kvgate until ctx is cancelled, then shuts down gracefully.
+// It returns nil after a clean shutdown; deferred component cleanup runs after
+// the admin server has stopped.
+func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
+	logger.Info("starting kvgate", "version", versionString(), "config_file", cfg.ConfigFile,
+		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads)
+	mux := newAdminMux()
+
+	// Components live for the whole run; deferred Close calls run after the
+	// admin server has shut down. Later components register their admin
+	// routes on mux here, before it starts serving.
+	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads})
+	defer indexes.Close()
+
+	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	logger.Info("admin listening", "addr", ln.Addr().String())
+	return serveAdmin(ctx, ln, adminHandler(mux), cfg.ShutdownTimeout, logger)
+}
+
+// serveAdmin serves h on ln until ctx is cancelled, then shuts the server
+// down, waiting up to shutdownTimeout for in-flight requests.
+func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, logger *slog.Logger) error {
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin server: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", "reason", context.Cause(ctx).Error(), "timeout", shutdownTimeout.String())
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		<-errc
+		return fmt.Errorf("admin server shutdown: %w (timeout %s)", err, shutdownTimeout)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("admin server: %w", err)
+	}
+	return nil
+}
+
+// newAdminMux returns a mux with the routes kvgate always serves. Components
+// add theirs with Go 1.22 patterns ("GET /path"); adminHandler turns the
+// mux's 404 and 405 answers into JSON.
+func newAdminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	return mux
+}
+
+// adminHandler serves mux, answering requests that match no route with a JSON
+// error: 404, or 405 (with the mux's Allow header) when only the method is wrong.
+func adminHandler(mux *http.ServeMux) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r) // sets r.Pattern and path values
+			return
+		}
+		rec := &statusRecorder{header: http.Header{}}
+		h.ServeHTTP(rec, r)
+		if rec.status == http.StatusMethodNotAllowed {
+			allow := rec.header.Get("Allow")
+			w.Header().Set("Allow", allow)
+			writeJSON(w, rec.status, map[string]string{
+				"error": fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
+			return
+		}
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: " + r.URL.Path})
+	})
+}
+
+// statusRecorder captures the status and headers a handler would send.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header { return s.header }
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+}
+
+func (s *statusRecorder) Write(p []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	return len(p), nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,559 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// testVersion is stamped into the binary built by TestMain.
+const testVersion = "v0.0.0-e2e"
+
+// kvgateBin is the kvgate binary built once by TestMain for end-to-end tests.
+var kvgateBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "kvgate-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	kvgateBin = filepath.Join(dir, "kvgate")
+	build := exec.Command("go", "build", "-ldflags", "-X main.version="+testVersion, "-o", kvgateBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "building kvgate: %v\n", err)
+		return 1
+	}
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// unsetKvgateEnv removes every KVGATE_* variable for the duration of the test.
+func unsetKvgateEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
+			t.Setenv(k, "") // restores the original value after the test
+			os.Unsetenv(k)
+		}
+	}
+}
+
+func TestLoadServeConfig(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	full := file("full.yaml", "admin-addr: \":9000\"\nevent-threads: 8\nlog-level: debug\nlog-format: json\nshutdown-timeout: 3s\n")
+	partial := file("partial.yaml", "admin-addr: \":9000\"\nevent-threads: 8\n")
+	typo := file("typo.yaml", "admin-addr: \":9000\"\nevent-thread: 8\n")
+	nested := file("nested.yaml", "admin:\n  addr: \":9000\"\n")
+	badLevel := file("bad-level.yaml", "log-level: verbose\n")
+	noUnit := file("no-unit.yaml", "shutdown-timeout: 10\n")
+	intAddr := file("int-addr.yaml", "admin-addr: 9000\n")
+	malformed := file("malformed.yaml", "admin-addr: [\n")
+	empty := file("empty.yaml", "")
+
+	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second}
+	with := func(f func(*serveConfig)) serveConfig {
+		c := def
+		f(&c)
+		return c
+	}
+
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    serveConfig
+		wantErr string // substring of the error; "" means no error
+	}{
+		{name: "defaults", want: def},
+		{name: "empty env is ignored", env: map[string]string{"KVGATE_ADMIN_ADDR": ""}, want: def},
+		{name: "empty file", args: []string{"--config", empty}, want: with(func(c *serveConfig) { c.ConfigFile = empty })},
+		{
+			name: "file only",
+			args: []string{"--config", full},
+			want: serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second},
+		},
+		{
+			name: "file from KVGATE_CONFIG",
+			env:  map[string]string{"KVGATE_CONFIG": partial},
+			want: with(func(c *serveConfig) { c.ConfigFile, c.AdminAddr, c.EventThreads = partial, ":9000", 8 }),
+		},
+		{
+			name: "env only",
+			env:  map[string]string{"KVGATE_LOG_FORMAT": "JSON", "KVGATE_SHUTDOWN_TIMEOUT": "1m30s", "KVGATE_EVENT_THREADS": " 2 "},
+			want: with(func(c *serveConfig) { c.LogFormat, c.ShutdownTimeout, c.EventThreads = "json", 90*time.Second, 2 }),
+		},
+		{
+			name: "env overrides file",
+			args: []string{"--config", partial},
+			env:  map[string]string{"KVGATE_EVENT_THREADS": "16"},
+			want: with(func(c *serveConfig) { c.ConfigFile, c.AdminAddr, c.EventThreads = partial, ":9000", 16 }),
+		},
+		{
+			name: "flag overrides env",
+			args: []string{"--config", partial, "--event-threads", "2", "--log-level", "warn"},
+			env:  map[string]string{"KVGATE_EVENT_THREADS": "16", "KVGATE_LOG_LEVEL": "error"},
+			want: with(func(c *serveConfig) {
+				c.ConfigFile, c.AdminAddr, c.EventThreads, c.LogLevel = partial, ":9000", 2, "warn"
+			}),
+		},
+		{
+			name: "flag config overrides KVGATE_CONFIG",
+			args: []string{"--config", full},
+			env:  map[string]string{"KVGATE_CONFIG": typo},
+			want: serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second},
+		},
+		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
+		{name: "nested unknown key in file", args: []string{"--config", nested}, wantErr: `unknown key "admin.addr"`},
+		{name: "missing file", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, wantErr: "nope.yaml: not found"},
+		{name: "missing file from env", env: map[string]string{"KVGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, wantErr: "nope.yaml: not found"},
+		{name: "malformed file", args: []string{"--config", malformed}, wantErr: "malformed.yaml"},
+		{name: "event-threads 0", args: []string{"--event-threads", "0"}, wantErr: "invalid event-threads 0 (from flag --event-threads): must be >= 1"},
+		{name: "event-threads not a number", env: map[string]string{"KVGATE_EVENT_THREADS": "four"}, wantErr: `invalid event-threads "four" (from env KVGATE_EVENT_THREADS): want an integer`},
+		{name: "log level in file", args: []string{"--config", badLevel}, wantErr: `invalid log-level "verbose" (from config file ` + badLevel},
+		{name: "log format", args: []string{"--log-format", "xml"}, wantErr: `invalid log-format "xml"`},
+		{name: "duration without unit", args: []string{"--config", noUnit}, wantErr: "invalid shutdown-timeout 10 (from config file"},
+		{name: "duration zero", env: map[string]string{"KVGATE_SHUTDOWN_TIMEOUT": "0s"}, wantErr: "invalid shutdown-timeout \"0s\" (from env KVGATE_SHUTDOWN_TIMEOUT): must be > 0"},
+		{name: "admin-addr without port", args: []string{"--admin-addr", "localhost"}, wantErr: `invalid admin-addr "localhost"`},
+		{name: "admin-addr not a string", args: []string{"--config", intAddr}, wantErr: "invalid admin-addr 9000 (from config file"},
+		{name: "empty --config", args: []string{"--config", ""}, wantErr: "--config: empty path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			unsetKvgateEnv(t)
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			cmd := newServeCmd()
+			if err := cmd.ParseFlags(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			got, err := loadServeConfig(cmd)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want it to contain %q", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "\n") {
+					t.Errorf("error is not one line: %q", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("unexpected error: %v", err)
+			}
+			if got != tc.want {
+				t.Errorf("config = %+v\nwant     %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	if got := envName("admin-addr"); got != "KVGATE_ADMIN_ADDR" {
+		t.Errorf("envName(admin-addr) = %q", got)
+	}
+}
+
+func TestRunInProcess(t *testing.T) {
+	unsetKvgateEnv(t)
+	tests := []struct {
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string // exact
+	}{
+		{args: []string{"version"}, wantStdout: fmt.Sprintf("kvgate %s (%s)\n", versionString(), runtime.Version())},
+		{args: []string{"serve", "--event-threads", "0"}, wantCode: 1,
+			wantStderr: "kvgate: invalid event-threads 0 (from flag --event-threads): must be >= 1\n"},
+		{args: []string{"serve", "--no-such-flag"}, wantCode: 1, wantStderr: "kvgate: unknown flag: --no-such-flag\n"},
+		{args: []string{"serve", "extra"}, wantCode: 1, wantStderr: "kvgate: unknown command \"extra\" for \"kvgate serve\"\n"},
+		{args: []string{"serv"}, wantCode: 1, wantStderr: "kvgate: unknown command \"serv\" for \"kvgate\" Did you mean this? serve\n"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(t.Context(), tc.args, &stdout, &stderr)
+			if code != tc.wantCode || stdout.String() != tc.wantStdout || stderr.String() != tc.wantStderr {
+				t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, %q, %q",
+					tc.args, code, stdout.String(), stderr.String(), tc.wantCode, tc.wantStdout, tc.wantStderr)
+			}
+		})
+	}
+}
+
+// testClient does not keep connections alive, so no goroutines outlive a test.
+func testClient(t *testing.T) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// do sends a request and returns the status, headers and body.
+func do(t *testing.T, c *http.Client, method, url string) (int, http.Header, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, url, err)
+	}
+	return resp.StatusCode, resp.Header, string(body)
+}
+
+func TestAdminHandler(t *testing.T) {
+	mux := newAdminMux()
+	// A route added the way components will add theirs; checks that path
+	// values survive adminHandler.
+	mux.HandleFunc("GET /things/{id}", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
+	})
+	srv := httptest.NewServer(adminHandler(mux))
+	defer srv.Close()
+	c := testClient(t)
+
+	tests := []struct {
+		method, path string
+		wantStatus   int
+		wantBody     string // exact JSON, "" for HEAD
+		wantAllow    string
+	}{
+		{"GET", "/health", 200, `{"status":"ok"}`, ""},
+		{"HEAD", "/health", 200, "", ""},
+		{"POST", "/health", 405, `{"error":"method POST not allowed on /health (allowed: GET, HEAD)"}`, "GET, HEAD"},
+		{"GET", "/nope", 404, `{"error":"not found: /nope"}`, ""},
+		{"GET", "/health/extra", 404, `{"error":"not found: /health/extra"}`, ""},
+		{"GET", "/things/42", 200, `{"id":"42"}`, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			status, hdr, body := do(t, c, tc.method, srv.URL+tc.path)
+			if status != tc.wantStatus {
+				t.Errorf("status = %d, want %d", status, tc.wantStatus)
+			}
+			if ct := hdr.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
+			}
+			if got := strings.TrimSpace(body); got != tc.wantBody {
+				t.Errorf("body = %s, want %s", got, tc.wantBody)
+			}
+			if got := hdr.Get("Allow"); got != tc.wantAllow {
+				t.Errorf("Allow = %q, want %q", got, tc.wantAllow)
+			}
+		})
+	}
+}
+
+func discardLogger() *slog.Logger { return newLogger(io.Discard, serveConfig{LogLevel: "error"}) }
+
+func TestServeAdminGracefulShutdown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serveAdmin(ctx, ln, adminHandler(newAdminMux()), 5*time.Second, discardLogger()) }()
+
+	status, _, body := do(t, testClient(t), "GET", "http://"+ln.Addr().String()+"/health")
+	if status != 200 || strings.TrimSpace(body) != `{"status":"ok"}` {
+		t.Fatalf("GET /health = %d %s", status, body)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serveAdmin = %v, want nil after clean shutdown", err)
+	}
+	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		t.Error("listener still accepting after shutdown")
+	}
+}
+
+func TestServeAdminShutdownTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	mux := newAdminMux()
+	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, _ *http.Request) {
+		close(entered)
+		<-release
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- serveAdmin(ctx, ln, adminHandler(mux), 50*time.Millisecond, discardLogger()) }()
+
+	c := testClient(t)
+	reqDone := make(chan struct{})
+	go func() {
+		defer close(reqDone)
+		if resp, err := c.Get("http://" + ln.Addr().String() + "/slow"); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-entered
+	cancel()
+	err = <-done
+	close(release)
+	<-reqDone
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("serveAdmin = %v, want a shutdown deadline error", err)
+	}
+}
+
+// kvgateProc is a kvgate child process whose stderr is collected line by line.
+type kvgateProc struct {
+	cmd     *exec.Cmd
+	stdout  bytes.Buffer
+	changed chan struct{} // signalled (capacity 1) when a line is added
+	eof     chan struct{} // closed when stderr is drained
+
+	mu    sync.Mutex
+	lines []string
+
+	waitOnce sync.Once
+	code     int
+}
+
+func startKvgate(t *testing.T, ctx context.Context, args ...string) *kvgateProc {
+	t.Helper()
+	p := &kvgateProc{changed: make(chan struct{}, 1), eof: make(chan struct{})}
+	p.cmd = exec.CommandContext(ctx, kvgateBin, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, envPrefix) {
+			p.cmd.Env = append(p.cmd.Env, kv)
+		}
+	}
+	p.cmd.Stdout = &p.stdout
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(p.eof)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			select {
+			case p.changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill() // no-op error if it already exited
+		p.wait()
+	})
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *kvgateProc) wait() int {
+	p.waitOnce.Do(func() {
+		<-p.eof // all reads from the pipe must finish before Wait
+		_ = p.cmd.Wait()
+		p.code = p.cmd.ProcessState.ExitCode()
+	})
+	return p.code
+}
+
+func (p *kvgateProc) stderrLines() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.lines...)
+}
+
+// waitLine waits until a stderr line satisfies match and returns it.
+func (p *kvgateProc) waitLine(ctx context.Context, match func(string) bool) (string, error) {
+	for i := 0; ; {
+		lines := p.stderrLines()
+		for ; i < len(lines); i++ {
+			if match(lines[i]) {
+				return lines[i], nil
+			}
+		}
+		select {
+		case <-p.changed:
+		case <-p.eof:
+			if len(p.stderrLines()) == i {
+				return "", fmt.Errorf("stderr closed; lines:\n%s", strings.Join(lines, "\n"))
+			}
+		case <-ctx.Done():
+			return "", fmt.Errorf("%w; lines so far:\n%s", ctx.Err(), strings.Join(lines, "\n"))
+		}
+	}
+}
+
+var textAddrRE = regexp.MustCompile(`msg="admin listening" addr=(\S+)`)
+
+// adminAddr waits for the "admin listening" log line and returns its address.
+func (p *kvgateProc) adminAddr(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	var addr string
+	_, err := p.waitLine(ctx, func(line string) bool {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "admin listening" {
+			addr = rec.Addr
+			return true
+		}
+		if m := textAddrRE.FindStringSubmatch(line); m != nil {
+			addr = m[1]
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		t.Fatalf("waiting for admin listening: %v", err)
+	}
+	return addr
+}
+
+func e2eContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestE2EServe(t *testing.T) {
+	tests := []struct {
+		format string
+		sig    syscall.Signal
+	}{
+		{"json", syscall.SIGTERM},
+		{"text", syscall.SIGINT},
+	}
+	for _, tc := range tests {
+		t.Run(tc.format+"/"+tc.sig.String(), func(t *testing.T) {
+			ctx := e2eContext(t)
+			p := startKvgate(t, ctx, "serve", "--admin-addr", "127.0.0.1:0", "--log-format", tc.format)
+			base := "http://" + p.adminAddr(t, ctx)
+			c := testClient(t)
+
+			status, hdr, body := do(t, c, "GET", base+"/health")
+			if status != 200 || hdr.Get("Content-Type") != "application/json" {
+				t.Errorf("GET /health = %d (Content-Type %q)", status, hdr.Get("Content-Type"))
+			}
+			var health map[string]string
+			if err := json.Unmarshal([]byte(body), &health); err != nil || health["status"] != "ok" {
+				t.Errorf("GET /health body = %q (%v)", body, err)
+			}
+
+			status, _, body = do(t, c, "GET", base+"/no/such/route")
+			var notFound map[string]string
+			if err := json.Unmarshal([]byte(body), &notFound); status != 404 || err != nil || notFound["error"] == "" {
+				t.Errorf("GET /no/such/route = %d %q, want 404 with a JSON error", status, body)
+			}
+
+			if err := p.cmd.Process.Signal(tc.sig); err != nil {
+				t.Fatal(err)
+			}
+			if code := p.wait(); code != 0 {
+				t.Errorf("exit code = %d, want 0; stderr:\n%s", code, strings.Join(p.stderrLines(), "\n"))
+			}
+			if _, err := p.waitLine(ctx, func(l string) bool { return strings.Contains(l, "shutdown complete") }); err != nil {
+				t.Errorf("no \"shutdown complete\" log line: %v", err)
+			}
+		})
+	}
+}
+
+func TestE2EVersion(t *testing.T) {
+	p := startKvgate(t, e2eContext(t), "version")
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit code = %d; stderr: %q", code, p.stderrLines())
+	}
+	want := fmt.Sprintf("kvgate %s (%s)\n", testVersion, runtime.Version())
+	if got := p.stdout.String(); got != want {
+		t.Errorf("stdout = %q, want %q", got, want)
+	}
+}
+
+func TestE2EInvalidConfig(t *testing.T) {
+	p := startKvgate(t, e2eContext(t), "serve", "--event-threads", "0")
+	if code := p.wait(); code != 1 {
+		t.Errorf("exit code = %d, want 1", code)
+	}
+	lines := p.stderrLines()
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "kvgate: ") || !strings.Contains(lines[0], "event-threads") {
+		t.Errorf("stderr = %q, want one line \"kvgate: ...event-threads...\"", lines)
+	}
+}
+
+func TestE2EPortInUse(t *testing.T) {
+	ctx := e2eContext(t)
+	first := startKvgate(t, ctx, "serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json")
+	addr := first.adminAddr(t, ctx)
+
+	second := startKvgate(t, ctx, "serve", "--admin-addr", addr)
+	if code := second.wait(); code == 0 {
+		t.Errorf("second kvgate on %s exited 0, want non-zero", addr)
+	}
+	var errLines []string
+	for _, l := range second.stderrLines() {
+		if strings.HasPrefix(l, "kvgate: ") {
+			errLines = append(errLines, l)
+		}
+	}
+	if len(errLines) != 1 || !strings.Contains(errLines[0], addr) {
+		t.Errorf("stderr error lines = %q, want one \"kvgate: ...\" line naming %s", errLines, addr)
+	}
+
+	if err := first.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := first.wait(); code != 0 {
+		t.Errorf("first kvgate exit code = %d, want 0", code)
+	}
+}
