@@ -137,7 +137,12 @@ type Overlap struct {
 type holder struct {
 	slot  uint32
 	tiers Tier
+	// kids counts the rank's holders on child nodes of this node
+	// (saturating at maxKids, after which it is never decremented).
+	kids uint16
 }
+
+const maxKids = 1<<16 - 1
 
 // node is one block position in the prefix tree, keyed in Index.nodes by
 // its sequence hash (which encodes the whole path from the root).
@@ -150,15 +155,42 @@ type node struct {
 
 // worker is one worker rank's view: engine id -> sequence hash of every
 // block it holds.
+//
+// Match may jump over blocks of a rank whose blocks are prefix-closed (it
+// holds the parent of every block it holds) and all in device memory only;
+// holes and lower say when that is not known to hold.
 type worker struct {
 	slot   uint32
 	blocks map[uint64]uint64
 }
 
-// slot maps a compact holder id back to its worker rank.
+// slot maps a compact holder id back to its worker rank, and keeps what
+// Match needs to know of the rank in one contiguous array.
+//
+// Match may jump over blocks of a rank whose blocks are prefix-closed (it
+// holds the parent of every block it holds) and in device memory only;
+// holes and lower say when that is not known to hold.
 type slot struct {
-	w       WorkerRank
+	w WorkerRank
+	// holes counts removals of a block while the rank held a child of it:
+	// a conservative count of orphaned blocks, reset when the rank is empty.
+	holes int32
+	// lower counts the rank's holders with a tier other than device.
+	lower   int32
 	retired bool // being removed; its holders are ignored by Match
+}
+
+// jumpable reports whether Match may skip over this rank's blocks.
+func (s *slot) jumpable() bool { return s.holes == 0 && s.lower == 0 }
+
+// retier accounts for a holder's tiers changing from before to after.
+func (s *slot) retier(before, after Tier) {
+	if before != 0 && before != TierDevice {
+		s.lower--
+	}
+	if after != 0 && after != TierDevice {
+		s.lower++
+	}
 }
 
 // writeChunk is how many blocks a writer processes per lock hold, so a long
@@ -235,6 +267,8 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
 	}
+	var parent *node // node of the previous block, once known
+	sl := &ix.slots[w.slot]
 	for i, b := range ev.Blocks {
 		if i > 0 && i%writeChunk == 0 {
 			ix.mu.Unlock()
@@ -244,10 +278,14 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 				ix.mu.Unlock()
 				return res, nil
 			}
+			parent, sl = nil, &ix.slots[w.slot]
 		}
 		key := b.Local
 		if hasPrev {
 			key = NextSequenceHash(prev, b.Local)
+			if parent == nil {
+				parent = ix.nodes[prev]
+			}
 		}
 		if old, ok := w.blocks[b.Hash]; ok && old != key {
 			// The engine reused an id for other content: the old block is gone.
@@ -259,14 +297,26 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 			n.holders = n.one[:0]
 			ix.nodes[key] = n
 		}
-		if n.add(w.slot, ev.Tier) {
+		h, isNew := n.holderOf(w.slot)
+		if h.tiers&ev.Tier == 0 {
 			res.Stored++
+			sl.retier(h.tiers, h.tiers|ev.Tier)
+			h.tiers |= ev.Tier
+		}
+		if isNew && hasPrev {
+			if ph := parent.find(w.slot); ph != nil {
+				if ph.kids < maxKids {
+					ph.kids++
+				}
+			} else {
+				sl.holes++ // placed under a parent the rank holds by id only
+			}
 		}
 		if _, ok := w.blocks[b.Hash]; !ok {
 			w.blocks[b.Hash] = key
 			ix.entries++
 		}
-		prev, hasPrev = key, true
+		prev, hasPrev, parent = key, true, n
 	}
 	ix.mu.Unlock()
 	return res, nil
@@ -309,8 +359,26 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	var left Tier
 	removed := 0
+	sl := &ix.slots[w.slot]
 	if n := ix.nodes[key]; n != nil {
-		left, removed = n.drop(w.slot, tiers)
+		if i, ok := slices.BinarySearchFunc(n.holders, w.slot, cmpSlot); ok {
+			hd := &n.holders[i]
+			removed = bitCount(hd.tiers & tiers)
+			left = hd.tiers &^ tiers
+			sl.retier(hd.tiers, left)
+			hd.tiers = left
+			if left == 0 {
+				if hd.kids > 0 {
+					sl.holes++ // its children held by the rank are orphans now
+				}
+				n.holders = slices.Delete(n.holders, i, i+1)
+				if key != n.local { // not a root: one child less for the parent
+					if ph := ix.nodes[n.parent].find(w.slot); ph != nil && ph.kids > 0 && ph.kids < maxKids {
+						ph.kids--
+					}
+				}
+			}
+		}
 		if len(n.holders) == 0 {
 			delete(ix.nodes, key)
 		}
@@ -318,6 +386,9 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	if left == 0 {
 		delete(w.blocks, h)
 		ix.entries--
+		if len(w.blocks) == 0 {
+			sl.holes = 0
+		}
 	}
 	return removed
 }
@@ -398,45 +469,35 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 	if n := len(ix.free); n > 0 {
 		s = ix.free[n-1]
 		ix.free = ix.free[:n-1]
-		ix.slots[s] = slot{w: wr}
 	} else {
 		s = uint32(len(ix.slots))
-		ix.slots = append(ix.slots, slot{w: wr})
+		ix.slots = append(ix.slots, slot{})
 	}
 	w := &worker{slot: s, blocks: make(map[uint64]uint64)}
+	ix.slots[s] = slot{w: wr}
 	ix.workers[wr] = w
 	return w
 }
 
-// add records that slot s holds n on tier t; it reports whether that was new.
-func (n *node) add(s uint32, t Tier) bool {
-	i, found := slices.BinarySearchFunc(n.holders, s, cmpSlot)
-	if found {
-		if n.holders[i].tiers&t != 0 {
-			return false
-		}
-		n.holders[i].tiers |= t
-		return true
-	}
-	n.holders = slices.Insert(n.holders, i, holder{slot: s, tiers: t})
-	return true
-}
-
-// drop clears tiers of slot s in n. It returns the tiers s still holds and
-// how many tiers were cleared.
-func (n *node) drop(s uint32, tiers Tier) (left Tier, removed int) {
+// holderOf returns the holder of slot s in n, inserting an empty one
+// (reported by isNew) if there is none.
+func (n *node) holderOf(s uint32) (h *holder, isNew bool) {
 	i, found := slices.BinarySearchFunc(n.holders, s, cmpSlot)
 	if !found {
-		return 0, 0
+		n.holders = slices.Insert(n.holders, i, holder{slot: s})
 	}
-	h := &n.holders[i]
-	removed = bitCount(h.tiers & tiers)
-	h.tiers &^= tiers
-	left = h.tiers
-	if left == 0 {
-		n.holders = slices.Delete(n.holders, i, i+1)
+	return &n.holders[i], !found
+}
+
+// find returns the holder of slot s in n, or nil (also for a nil n).
+func (n *node) find(s uint32) *holder {
+	if n == nil {
+		return nil
 	}
-	return left, removed
+	if i, ok := slices.BinarySearchFunc(n.holders, s, cmpSlot); ok {
+		return &n.holders[i]
+	}
+	return nil
 }
 
 func cmpSlot(h holder, s uint32) int {
@@ -460,95 +521,199 @@ func bitCount(t Tier) int {
 // cand is a worker rank still matching during a walk, with its reach so far.
 type cand struct {
 	slot            uint32
-	dev, host, disk int
-}
-
-// matchScratch is reused between matches to keep them allocation-free.
-type matchScratch struct {
-	cands []cand
-	live  []int32 // indexes into cands whose any-tier reach equals the depth
-	next  []int32
-}
-
-var scratchPool = sync.Pool{New: func() any { return new(matchScratch) }}
-
-// Match walks the prefix given by seq (the prompt's sequence hashes, see
-// SequenceHashes) and appends to dst one Overlap per worker rank holding at
-// least its first block, in slot order. It returns the extended slice.
-func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
-	if len(seq) == 0 {
-		return dst
-	}
-	sc := scratchPool.Get().(*matchScratch)
-	cands, live, next := sc.cands[:0], sc.live[:0], sc.next[:0]
-
-	ix.mu.RLock()
-	for depth, key := range seq {
-		n := ix.nodes[key]
-		if n == nil {
-			break
-		}
-		if depth == 0 {
-			for _, h := range n.holders {
-				if ix.slots[h.slot].retired {
-					continue
-				}
-				c := cand{slot: h.slot, disk: 1}
-				c.reach(h.tiers, 0)
-				live = append(live, int32(len(cands)))
-				cands = append(cands, c)
-			}
-		} else {
-			next = next[:0]
-			hs := n.holders
-			if len(live)*8 < len(hs) {
-				for _, ci := range live {
-					c := &cands[ci]
-					if i, ok := slices.BinarySearchFunc(hs, c.slot, cmpSlot); ok {
-						c.reach(hs[i].tiers, depth)
-						next = append(next, ci)
-					}
-				}
-			} else {
-				i := 0
-				for _, ci := range live {
-					c := &cands[ci]
-					for i < len(hs) && hs[i].slot < c.slot {
-						i++
-					}
-					if i < len(hs) && hs[i].slot == c.slot {
-						c.reach(hs[i].tiers, depth)
-						next = append(next, ci)
-					}
-				}
-			}
-			live, next = next, live
-		}
-		if len(live) == 0 {
-			break
-		}
-	}
-	for _, c := range cands {
-		dst = append(dst, Overlap{Worker: ix.slots[c.slot].w, Device: c.dev, Host: c.host, Disk: c.disk})
-	}
-	ix.mu.RUnlock()
-
-	sc.cands, sc.live, sc.next = cands, live, next
-	scratchPool.Put(sc)
-	return dst
+	dev, host, disk int32
+	exact           bool // must be walked block by block (see slot.jumpable)
 }
 
 // reach extends c's per-tier reach with a block at depth held on tiers.
 func (c *cand) reach(tiers Tier, depth int) {
-	if c.dev == depth && tiers&TierDevice != 0 {
+	d := int32(depth)
+	if c.dev == d && tiers&TierDevice != 0 {
 		c.dev++
 	}
-	if c.host == depth && tiers&(TierDevice|TierHost) != 0 {
+	if c.host == d && tiers&(TierDevice|TierHost) != 0 {
 		c.host++
 	}
-	if depth > 0 {
-		c.disk++
+	c.disk = d + 1
+}
+
+
+// matcher is the state of one Match; its slices are reused between matches.
+type matcher struct {
+	ix    *Index
+	seq   []uint64
+	cands []cand
+	live  []int32 // candidates holding every block so far, in slot order
+	next  []int32
+	drop  []int32
+	rest  []int32
+	tiers  []Tier // tiers of live[i] on the node looked up last; 0 = absent
+	exact  int    // live candidates that must be walked block by block
+	stride int    // next jump length; doubles after each jump
+}
+
+var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
+
+// Match walks the prefix given by seq (the prompt's sequence hashes, see
+// SequenceHashes) and appends to dst one Overlap per worker rank holding at
+// least its first block, in slot order. It returns the extended slice.
+//
+// While any rank still matching needs it, the walk goes block by block.
+// Otherwise it searches exponentially (1, 2, 4, ... blocks ahead), and finds
+// where ranks dropped out by bisection: exact, because those ranks hold
+// only device-tier, prefix-closed blocks.
+func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
+	if len(seq) == 0 {
+		return dst
 	}
+	m := matcherPool.Get().(*matcher)
+	m.ix, m.seq, m.exact, m.stride = ix, seq, 0, 1
+	m.cands, m.live = m.cands[:0], m.live[:0]
+
+	ix.mu.RLock()
+	m.run()
+	dst = slices.Grow(dst, len(m.cands))
+	slots := ix.slots
+	for _, c := range m.cands {
+		dst = append(dst, Overlap{Worker: slots[c.slot].w, Device: int(c.dev), Host: int(c.host), Disk: int(c.disk)})
+	}
+	ix.mu.RUnlock()
+
+	m.ix, m.seq = nil, nil
+	matcherPool.Put(m)
+	return dst
+}
+
+func (m *matcher) run() {
+	n := m.ix.nodes[m.seq[0]]
+	if n == nil {
+		return
+	}
+	cands, live := slices.Grow(m.cands, len(n.holders)), slices.Grow(m.live, len(n.holders))
+	slots := m.ix.slots
+	for _, h := range n.holders {
+		s := &slots[h.slot]
+		if s.retired {
+			continue
+		}
+		c := cand{slot: h.slot, exact: !s.jumpable()}
+		c.reach(h.tiers, 0)
+		if c.exact {
+			m.exact++
+		}
+		live = append(live, int32(len(cands)))
+		cands = append(cands, c)
+	}
+	m.cands, m.live = cands, live
+	for depth := 0; len(m.live) > 0 && depth < len(m.seq)-1; {
+		if m.exact > 0 {
+			depth++
+			m.step(depth)
+			m.stride = 1
+		} else {
+			depth = m.jump(depth)
+		}
+	}
+}
+
+// lookup sets m.tiers[i] to the tiers on which live[i] holds node n.
+func (m *matcher) lookup(n *node, live []int32) {
+	m.tiers = slices.Grow(m.tiers[:0], len(live))[:len(live)]
+	clear(m.tiers)
+	if n == nil {
+		return
+	}
+	hs := n.holders
+	if len(live)*8 < len(hs) {
+		for i, ci := range live {
+			if j, ok := slices.BinarySearchFunc(hs, m.cands[ci].slot, cmpSlot); ok {
+				m.tiers[i] = hs[j].tiers
+			}
+		}
+		return
+	}
+	j := 0
+	for i, ci := range live {
+		s := m.cands[ci].slot
+		for j < len(hs) && hs[j].slot < s {
+			j++
+		}
+		if j < len(hs) && hs[j].slot == s {
+			m.tiers[i] = hs[j].tiers
+		}
+	}
+}
+
+// step extends every live candidate by the block at depth.
+func (m *matcher) step(depth int) {
+	m.lookup(m.ix.nodes[m.seq[depth]], m.live)
+	m.next = m.next[:0]
+	for i, ci := range m.live {
+		c := &m.cands[ci]
+		if t := m.tiers[i]; t != 0 {
+			c.reach(t, depth)
+			m.next = append(m.next, ci)
+		} else if c.exact {
+			m.exact--
+		}
+	}
+	m.live, m.next = m.next, m.live
+}
+
+// jump moves every live (jumpable) candidate from depth, which they all
+// hold, to depth+stride (or the last block), and settles those that dropped
+// out in between. It returns the new depth.
+func (m *matcher) jump(depth int) int {
+	to := min(depth+m.stride, len(m.seq)-1)
+	m.stride *= 2
+	m.lookup(m.ix.nodes[m.seq[to]], m.live)
+	m.next, m.drop = m.next[:0], m.drop[:0]
+	for i, ci := range m.live {
+		if m.tiers[i] != 0 {
+			m.cands[ci].settle(to + 1)
+			m.next = append(m.next, ci)
+		} else {
+			m.drop = append(m.drop, ci)
+		}
+	}
+	m.live, m.next = m.next, m.live
+	m.bisect(depth, to, m.drop)
+	return to
+}
+
+// bisect settles candidates d that all hold the block at lo and none at hi.
+func (m *matcher) bisect(lo, hi int, d []int32) {
+	for len(d) > 0 {
+		if hi-lo == 1 {
+			for _, ci := range d {
+				m.cands[ci].settle(hi)
+			}
+			return
+		}
+		mid := (lo + hi) / 2
+		m.lookup(m.ix.nodes[m.seq[mid]], d)
+		// Stable partition (lookup's merge needs slot order): holders of
+		// mid first, the rest after.
+		held, rest := 0, m.rest[:0]
+		for i, ci := range d {
+			if m.tiers[i] != 0 {
+				d[held] = ci
+				held++
+			} else {
+				rest = append(rest, ci)
+			}
+		}
+		copy(d[held:], rest)
+		m.rest = rest
+		m.bisect(mid, hi, d[:held])
+		d, hi = d[held:], mid
+	}
+}
+
+// settle sets a jumpable candidate's reach: all its blocks are on device.
+func (c *cand) settle(blocks int) {
+	b := int32(blocks)
+	c.dev, c.host, c.disk = b, b, b
 }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the

@@ -366,7 +366,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 	entries := 0
 	for wr, w := range ix.workers {
 		entries += len(w.blocks)
-		if s := ix.slots[w.slot]; s.w != wr || s.retired {
+		if s := ix.slots[w.slot]; s.w != wr || s.retired || s.lower < 0 || s.holes < 0 {
 			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
 		}
 	}

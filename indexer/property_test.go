@@ -304,3 +304,55 @@ type recorder struct {
 
 func (r *recorder) Helper()                   {}
 func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(f, a...)) }
+
+// TestDeepMatchesReferenceModel drives the jump-and-bisect path of Match:
+// long device-only paths over a 2-symbol alphabet (so ranks share long
+// prefixes and diverge anywhere), evicted tail-first as engines do, mixed
+// with occasional out-of-order removals and other tiers that force the
+// block-by-block walk for the ranks they touch.
+func TestDeepMatchesReferenceModel(t *testing.T) {
+	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("01")), 1, 100, -1)
+	rapid.Check(t, func(t *rapid.T) {
+		ix := NewIndex(4)
+		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
+		var queries []string
+		steps := rapid.IntRange(1, 25).Draw(t, "steps")
+		for step := 0; step < steps; step++ {
+			w := WorkerRank{Worker: rapid.Uint64Range(1, 4).Draw(t, "worker")}
+			path := genPath.Draw(t, "path")
+			switch op := rapid.IntRange(0, 19).Draw(t, "op"); {
+			case op < 12:
+				tier := TierDevice
+				if op == 0 {
+					tier = TierHost
+				}
+				if _, err := ix.Apply(stored(w, tier, nil, blocksOf("", path))); err != nil {
+					t.Fatal(err)
+				}
+				m.store(w, tier, "", false, path)
+			case op < 18: // evict a tail, children first
+				k := rapid.IntRange(1, len(path)).Draw(t, "cut")
+				var ids []uint64
+				for l := len(path); l >= k; l-- {
+					ids = append(ids, pathID(path[:l]))
+				}
+				ix.Apply(removed(w, TierDevice, ids...))
+				m.remove(w, TierDevice, ids)
+			case op < 19: // evict one block out of order: orphans its children
+				k := rapid.IntRange(1, len(path)).Draw(t, "hole")
+				ix.Apply(removed(w, TierDevice, pathID(path[:k])))
+				m.remove(w, TierDevice, []uint64{pathID(path[:k])})
+			default:
+				ix.Apply(Event{Kind: Cleared, Worker: w, Tier: AllTiers})
+				m.clear(w, AllTiers)
+			}
+			queries = append(queries, path, genPath.Draw(t, "probe"))
+			for _, q := range queries {
+				if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
+					t.Fatalf("after step %d (op on %v, path len %d): match of %d blocks = %v, want %v", step, w, len(path), len(q), got, want)
+				}
+			}
+		}
+		checkInvariantsRapid(t, ix)
+	})
+}

@@ -1,0 +1,381 @@
+// Command indexload measures the KV block index under a realistic event
+// stream: it spreads the requests of a Mooncake trace over simulated workers,
+// each with a bounded LRU block cache that turns requests into Stored and
+// Removed events (evicting tail blocks first, as vLLM does), then applies
+// those events through an indexer.Set while other goroutines match the
+// trace's prompts against the index.
+//
+// It reports sustained blocks applied per second (with and without
+// concurrent matches), match latency percentiles, and heap bytes per
+// (block, worker) entry. It owns nothing but its own measurement; it uses
+// only the indexer package's public API.
+//
+//	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
+package main
+
+import (
+	"bufio"
+	"container/list"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvgate/kvgate/indexer"
+)
+
+type config struct {
+	trace        string
+	workers      int
+	split        int // sub-blocks per trace block (512 tokens / split tokens each)
+	capacity     int // blocks per worker cache
+	eventThreads int
+	queriers     int
+	seed         uint64
+	cpuProfile   string
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.trace, "trace", "../shared/data/mooncake-traces/conversation_trace.jsonl", "Mooncake trace (JSON lines with hash_ids)")
+	flag.IntVar(&cfg.workers, "workers", 256, "simulated workers")
+	flag.IntVar(&cfg.split, "split", 32, "sub-blocks per 512-token trace block (32 = vLLM's block size 16)")
+	flag.IntVar(&cfg.capacity, "capacity", 16384, "KV cache capacity per worker, in blocks")
+	flag.IntVar(&cfg.eventThreads, "event-threads", 4, "indexer apply goroutines")
+	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts while events apply")
+	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
+	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
+	flag.Parse()
+	if err := run(cfg, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "indexload:", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg config, out io.Writer) error {
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.queriers < 0 {
+		return errors.New("workers, split, capacity and event-threads must be >= 1, queriers >= 0")
+	}
+	reqs, err := readTrace(cfg.trace)
+	if err != nil {
+		return err
+	}
+	prompts := make([][]uint64, len(reqs))
+	for i, r := range reqs {
+		prompts[i] = expand(r, cfg.split)
+	}
+	events, blocks := simulate(cfg, prompts)
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	queries := make([][]uint64, len(prompts))
+	for i, p := range prompts {
+		local := make([]uint64, len(p))
+		for j, id := range p {
+			local[j] = localOf(id)
+		}
+		queries[i] = indexer.SequenceHashes(nil, local)
+	}
+
+	fmt.Fprintf(out, "# indexload\n\n")
+	fmt.Fprintf(out, "- trace: %s (%d requests, %d prompt blocks of %d tokens)\n", cfg.trace, len(reqs), totalLen(prompts), 512/cfg.split)
+	fmt.Fprintf(out, "- workers: %d, cache %d blocks each; %d events carrying %d block operations\n", cfg.workers, cfg.capacity, len(events), blocks)
+	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
+	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n\n", cfg.eventThreads, cfg.queriers)
+
+	// Phase 1: apply alone, measuring throughput and memory.
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	set, ix, elapsed, err := apply(cfg, events, nil)
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	stats := ix.Stats()
+	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
+
+	// Matches on the final, quiescent index.
+	idle := measureIdle(ix, queries)
+	set.Close()
+	runtime.KeepAlive(ix)
+
+	// Phase 2: apply again into a fresh index while matches run.
+	var lat latencies
+	_, _, busyElapsed, err := apply(cfg, events, func(ix *indexer.Index, stop <-chan struct{}) {
+		lat = measureBusy(ix, queries, cfg.queriers, stop)
+	})
+	if err != nil {
+		return err
+	}
+
+	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
+	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
+	fmt.Fprintf(out, "| blocks applied per second, alone | %s (%d ops in %s) |\n", rate(elapsed), blocks, elapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| blocks applied per second, while matching | %s (%d ops in %s) |\n", rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| matches during apply | %d, p50 %s, p99 %s, p99.9 %s, max %s |\n", lat.n(), lat.pct(50), lat.pct(99), lat.pct(99.9), lat.pct(100))
+	fmt.Fprintf(out, "| matches on the idle index | %d, p50 %s, p99 %s, p99.9 %s, max %s |\n", idle.n(), idle.pct(50), idle.pct(99), idle.pct(99.9), idle.pct(100))
+	fmt.Fprintf(out, "| final index | %d worker ranks, %d nodes, %d (block, worker) entries |\n", stats.Workers, stats.Nodes, stats.Entries)
+	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
+	return nil
+}
+
+// traceRequest is one line of a Mooncake trace.
+type traceRequest struct {
+	HashIDs []uint64 `json:"hash_ids"`
+}
+
+func readTrace(path string) ([]traceRequest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open trace: %w", err)
+	}
+	defer f.Close()
+	var reqs []traceRequest
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for line := 1; sc.Scan(); line++ {
+		if len(strings.TrimSpace(sc.Text())) == 0 {
+			continue
+		}
+		var r traceRequest
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("trace %s line %d: %w", path, line, err)
+		}
+		reqs = append(reqs, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	if len(reqs) == 0 {
+		return nil, fmt.Errorf("trace %s has no requests", path)
+	}
+	return reqs, nil
+}
+
+// expand turns trace hash ids into block ids: split sub-blocks per id. A
+// trace id already identifies content and position (equal ids at the same
+// position are the same prefix), so the block id can serve as the engine id.
+func expand(r traceRequest, split int) []uint64 {
+	ids := make([]uint64, 0, len(r.HashIDs)*split)
+	for _, h := range r.HashIDs {
+		for j := range split {
+			ids = append(ids, h*uint64(split)+uint64(j)+1)
+		}
+	}
+	return ids
+}
+
+// localOf is the local hash of a block: LocalHash of 16 tokens derived from
+// the block id, so that different blocks have different content.
+func localOf(id uint64) uint64 {
+	var toks [16]uint32
+	x := id
+	for i := range toks {
+		x = x*6364136223846793005 + 1442695040888963407
+		toks[i] = uint32(x>>33) % 128000
+	}
+	return indexer.LocalHash(toks[:], indexer.BaseSeed, nil)
+}
+
+// lru is one simulated worker's KV cache.
+type lru struct {
+	order *list.List // front = most recently used block id
+	at    map[uint64]*list.Element
+}
+
+// simulate assigns each prompt to a random worker and returns the events its
+// cache publishes, in order, and the number of block operations in them.
+func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, int) {
+	rng := rand.New(rand.NewPCG(cfg.seed, 0x6b7667617465))
+	caches := make([]lru, cfg.workers)
+	for i := range caches {
+		caches[i] = lru{order: list.New(), at: make(map[uint64]*list.Element)}
+	}
+	var events []indexer.Event
+	ops := 0
+	for _, p := range prompts {
+		w := rng.IntN(cfg.workers)
+		c := &caches[w]
+		wr := indexer.WorkerRank{Worker: uint64(w)}
+		miss := 0
+		for miss < len(p) {
+			if _, ok := c.at[p[miss]]; !ok {
+				break
+			}
+			miss++
+		}
+		if miss < len(p) {
+			ev := indexer.Event{Kind: indexer.Stored, Worker: wr, Tier: indexer.TierDevice}
+			if miss > 0 {
+				ev.Parent, ev.HasParent = p[miss-1], true
+			}
+			for _, id := range p[miss:] {
+				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: id, Local: localOf(id)})
+			}
+			events = append(events, ev)
+			ops += len(ev.Blocks)
+		}
+		// Touch the tail first, so the prompt's head is the most recent and
+		// eviction drops children before their parents.
+		for i := len(p) - 1; i >= 0; i-- {
+			if e, ok := c.at[p[i]]; ok {
+				c.order.MoveToFront(e)
+			} else {
+				c.at[p[i]] = c.order.PushFront(p[i])
+			}
+		}
+		if c.order.Len() > cfg.capacity {
+			ev := indexer.Event{Kind: indexer.Removed, Worker: wr, Tier: indexer.TierDevice}
+			for c.order.Len() > cfg.capacity {
+				id := c.order.Remove(c.order.Back()).(uint64)
+				delete(c.at, id)
+				ev.Hashes = append(ev.Hashes, id)
+			}
+			events = append(events, ev)
+			ops += len(ev.Hashes)
+		}
+	}
+	return events, ops
+}
+
+// apply submits events to a fresh Set and waits until all are applied,
+// running during(ix, stop) concurrently when given.
+func apply(cfg config, events []indexer.Event, during func(*indexer.Index, <-chan struct{})) (*indexer.Set, *indexer.Index, time.Duration, error) {
+	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, QueueLen: 4096})
+	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	if during != nil {
+		bg.Go(func() { during(ix, stop) })
+	}
+	var failed atomic.Int64
+	done := func(_ indexer.ApplyResult, err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+	}
+	ctx := context.Background()
+	start := time.Now()
+	for _, ev := range events {
+		if err := set.Submit(ctx, ix, ev, done); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	for w := range cfg.workers {
+		if err := set.Do(ctx, uint64(w), func() {}); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	elapsed := time.Since(start)
+	close(stop)
+	bg.Wait()
+	if during != nil {
+		set.Close()
+	}
+	if n := failed.Load(); n > 0 {
+		return nil, nil, 0, fmt.Errorf("%d events failed to apply", n)
+	}
+	return set, ix, elapsed, nil
+}
+
+// latencies collects match durations.
+type latencies []time.Duration
+
+func (l latencies) n() int { return len(l) }
+
+func (l latencies) pct(p float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	i := int(float64(len(l)-1) * p / 100)
+	return l[i]
+}
+
+func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struct{}) latencies {
+	if n == 0 {
+		<-stop
+		return nil
+	}
+	results := make([]latencies, n)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			buf := make([]indexer.Overlap, 0, 256)
+			var l latencies
+			for i := g; ; i += n {
+				select {
+				case <-stop:
+					results[g] = l
+					return
+				default:
+				}
+				q := queries[i%len(queries)]
+				t0 := time.Now()
+				buf = ix.Match(q, buf[:0])
+				l = append(l, time.Since(t0))
+			}
+		})
+	}
+	wg.Wait()
+	all := slices.Concat(results...)
+	slices.Sort(all)
+	return all
+}
+
+func measureIdle(ix *indexer.Index, queries [][]uint64) latencies {
+	buf := make([]indexer.Overlap, 0, 256)
+	l := make(latencies, 0, len(queries))
+	for _, q := range queries {
+		t0 := time.Now()
+		buf = ix.Match(q, buf[:0])
+		l = append(l, time.Since(t0))
+	}
+	slices.Sort(l)
+	return l
+}
+
+func totalLen(p [][]uint64) int {
+	n := 0
+	for _, x := range p {
+		n += len(x)
+	}
+	return n
+}
+
+func cpuModel() string {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for line := range strings.Lines(string(data)) {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}

@@ -1,0 +1,73 @@
+package indexer
+
+import "testing"
+
+// benchIndex builds an index where workers ranks share a prefix of shared
+// blocks and each then holds its own chain of own blocks, and returns it
+// with the sequence hashes of a query matching rank 0's whole chain.
+func benchIndex(b *testing.B, workers, shared, own int) (*Index, []uint64) {
+	ix := NewIndex(16)
+	var query []uint64
+	for w := range workers {
+		local := make([]uint64, 0, shared+own)
+		for i := range shared + own {
+			if i < shared {
+				local = append(local, uint64(i)*0x9e3779b97f4a7c15+1)
+			} else {
+				local = append(local, uint64(w+1)<<32|uint64(i))
+			}
+		}
+		blocks := make([]Block, len(local))
+		for i, l := range local {
+			blocks[i] = Block{Hash: uint64(w)<<40 | uint64(i), Local: l}
+		}
+		if _, err := ix.Apply(Event{Kind: Stored, Worker: WorkerRank{Worker: uint64(w)}, Tier: TierDevice, Blocks: blocks}); err != nil {
+			b.Fatal(err)
+		}
+		if w == 0 {
+			query = SequenceHashes(nil, local)
+		}
+	}
+	return ix, query
+}
+
+func BenchmarkMatchShallow(b *testing.B) { benchMatch(b, 256, 1, 24) }
+func BenchmarkMatchDeep(b *testing.B)    { benchMatch(b, 256, 32, 736) }
+func BenchmarkMatchFewWorkers(b *testing.B) {
+	benchMatch(b, 8, 32, 736)
+}
+
+func benchMatch(b *testing.B, workers, shared, own int) {
+	ix, q := benchIndex(b, workers, shared, own)
+	dst := make([]Overlap, 0, workers)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = ix.Match(q, dst[:0])
+	}
+	if len(dst) != workers || dst[0].Device != shared+own {
+		b.Fatalf("match = %d ranks, first %+v", len(dst), dst[0])
+	}
+}
+
+// BenchmarkStoreRemove stores a 64-block chain under a shared prefix and
+// removes it again; ns/op covers 128 block operations.
+func BenchmarkStoreRemove(b *testing.B) {
+	ix, _ := benchIndex(b, 64, 32, 64)
+	w := WorkerRank{Worker: 1000}
+	base := make([]Block, 32)
+	for i := range base {
+		base[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
+	}
+	ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: base})
+	blocks := make([]Block, 64)
+	hashes := make([]uint64, 64)
+	for i := range blocks {
+		blocks[i] = Block{Hash: 1000 + uint64(i), Local: 7<<50 | uint64(i)}
+		hashes[len(hashes)-1-i] = blocks[i].Hash
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks})
+		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+	}
+}
