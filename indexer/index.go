@@ -537,16 +537,15 @@ func (c *cand) reach(tiers Tier, depth int) {
 	c.disk = d + 1
 }
 
-
 // matcher is the state of one Match; its slices are reused between matches.
 type matcher struct {
-	ix    *Index
-	seq   []uint64
-	cands []cand
-	live  []int32 // candidates holding every block so far, in slot order
-	next  []int32
-	drop  []int32
-	rest  []int32
+	ix     *Index
+	seq    []uint64
+	cands  []cand
+	live   []int32 // candidates holding every block so far, in slot order
+	next   []int32
+	drop   []int32
+	rest   []int32
 	tiers  []Tier // tiers of live[i] on the node looked up last; 0 = absent
 	exact  int    // live candidates that must be walked block by block
 	stride int    // next jump length; doubles after each jump
