@@ -3,6 +3,7 @@ package indexer
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 )
@@ -394,31 +395,33 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 }
 
 func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
-	var res ApplyResult
 	ix.mu.Lock()
+	defer ix.mu.Unlock()
 	w := ix.workers[wr]
 	if w == nil {
-		ix.mu.Unlock()
-		return res
+		return ApplyResult{}
 	}
-	ids := make([]uint64, 0, len(w.blocks))
-	for h := range w.blocks {
-		ids = append(ids, h)
-	}
+	return ApplyResult{Removed: ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })}
+}
+
+// detachAll drops tiers from every block of w, releasing the lock every
+// writeChunk blocks; after each release it goes on only while current()
+// holds. Called with mu held, it returns with mu held.
+func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
+	ids := slices.Collect(maps.Keys(w.blocks))
 	for i, h := range ids {
 		if i > 0 && i%writeChunk == 0 {
 			ix.mu.Unlock()
 			ix.mu.Lock()
-			if ix.workers[wr] != w {
+			if !current() {
 				break
 			}
 		}
 		if key, ok := w.blocks[h]; ok {
-			res.Removed += ix.detach(w, h, key, tiers)
+			removed += ix.detach(w, h, key, tiers)
 		}
 	}
-	ix.mu.Unlock()
-	return res
+	return removed
 }
 
 // RemoveWorker drops every block of every rank of worker.
@@ -447,17 +450,7 @@ func (ix *Index) RemoveWorkerRank(wr WorkerRank) {
 	}
 	delete(ix.workers, wr)
 	ix.slots[w.slot].retired = true
-	ids := make([]uint64, 0, len(w.blocks))
-	for h := range w.blocks {
-		ids = append(ids, h)
-	}
-	for i, h := range ids {
-		if i > 0 && i%writeChunk == 0 {
-			ix.mu.Unlock()
-			ix.mu.Lock()
-		}
-		ix.detach(w, h, w.blocks[h], AllTiers)
-	}
+	ix.detachAll(w, AllTiers, func() bool { return true })
 	ix.slots[w.slot] = slot{}
 	ix.free = append(ix.free, w.slot)
 	ix.mu.Unlock()
