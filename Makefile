@@ -17,6 +17,7 @@ test: ## Run all tests with the race detector
 bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conversation trace
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
+	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -split 1 -capacity 512
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' .ci/fuzz
