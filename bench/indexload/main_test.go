@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvgate/kvgate/indexer"
+)
+
+func TestSimulateEvictsTailFirst(t *testing.T) {
+	cfg := config{workers: 1, split: 1, capacity: 3}
+	prompts := [][]uint64{{1, 2, 3}, {1, 2, 4}, {1, 5}}
+	events, ops := simulate(cfg, prompts)
+	// 1: store 1,2,3. 2: store 4 under 2, evict 3 (the older tail).
+	// 3: store 5 under 1, evict 4.
+	want := []string{"stored[1 2 3]", "stored^2[4]", "removed[3]", "stored^1[5]", "removed[4]"}
+	var got []string
+	for _, ev := range events {
+		got = append(got, describe(ev))
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") || ops != 7 {
+		t.Fatalf("events %v (%d ops), want %v", got, ops, want)
+	}
+	// The events apply cleanly: no unknown parents.
+	ix := indexer.NewIndex(16)
+	for _, ev := range events {
+		if _, err := ix.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func describe(ev indexer.Event) string {
+	var b strings.Builder
+	b.WriteString(ev.Kind.String())
+	if ev.HasParent {
+		b.WriteString("^" + itoa(ev.Parent))
+	}
+	b.WriteString("[")
+	for i, bl := range ev.Blocks {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString(itoa(bl.Hash))
+	}
+	for i, h := range ev.Hashes {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString(itoa(h))
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
+
+func TestRunOnASmallTrace(t *testing.T) {
+	trace := filepath.Join(t.TempDir(), "trace.jsonl")
+	data := `{"timestamp": 0, "input_length": 1024, "output_length": 1, "hash_ids": [0, 1]}
+{"timestamp": 1, "input_length": 1536, "output_length": 1, "hash_ids": [0, 1, 2]}
+
+{"timestamp": 2, "input_length": 512, "output_length": 1, "hash_ids": [3]}
+`
+	if err := os.WriteFile(trace, []byte(data), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, queriers: 1, seed: 1}
+	if err := run(cfg, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "heap bytes per (block, worker) entry"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := os.WriteFile(trace, []byte("{not json\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(cfg, &out); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("bad trace: err = %v", err)
+	}
+	if err := run(config{trace: trace}, &out); err == nil {
+		t.Fatal("zero workers accepted")
+	}
+}
