@@ -164,7 +164,8 @@ func (s *Set) Submit(ctx context.Context, ix *Index, ev Event, done func(ApplyRe
 }
 
 // Do runs fn on the goroutine that owns worker, after every event of that
-// worker submitted before it, and waits for it to finish or ctx to end.
+// worker submitted before it, and waits for it to finish or ctx to end. If
+// ctx ends after fn was queued, fn still runs, in order, later.
 func (s *Set) Do(ctx context.Context, worker uint64, fn func()) error {
 	finished := make(chan struct{})
 	if err := s.enqueue(ctx, worker, job{fn: func() { fn(); close(finished) }}); err != nil {
