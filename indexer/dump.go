@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -146,7 +147,7 @@ func rankDepths(recs []dumpRec) []dumpRec {
 		if a.depth != b.depth {
 			return a.depth - b.depth
 		}
-		return cmpU64(a.hash, b.hash)
+		return cmp.Compare(a.hash, b.hash)
 	})
 	return out
 }
@@ -167,21 +168,8 @@ func (ix *Index) Load(events []Event) (skipped int, err error) {
 	return skipped, nil
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 func cmpWorkerRank(a, b WorkerRank) int {
-	if c := cmpU64(a.Worker, b.Worker); c != 0 {
-		return c
-	}
-	return cmpU64(uint64(a.Rank), uint64(b.Rank))
+	return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 }
 
 // Hash is a 64-bit block hash in JSON. It encodes as an unsigned integer
@@ -248,6 +236,8 @@ type (
 		Stored  *jsonStored  `json:"stored,omitempty"`
 		Removed *jsonRemoved `json:"removed,omitempty"`
 		Cleared bool         `json:"-"`
+		// ClearedObj accepts {"cleared": ...}, the object spelling of "cleared".
+		ClearedObj json.RawMessage `json:"cleared,omitempty"`
 	}
 	jsonStored struct {
 		ParentHash *Hash        `json:"parent_hash"`
@@ -291,11 +281,8 @@ func (d *jsonEventData) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*d = jsonEventData(p)
-	if d.Stored == nil && d.Removed == nil {
-		if bytes.Contains(b, []byte(`"cleared"`)) {
-			d.Cleared = true
-			return nil
-		}
+	d.Cleared, d.ClearedObj = d.ClearedObj != nil, nil
+	if d.Stored == nil && d.Removed == nil && !d.Cleared {
 		return errors.New(`event data has none of "stored", "removed", "cleared"`)
 	}
 	return nil
@@ -390,9 +377,23 @@ type IndexDump struct {
 func MarshalDump(dumps []IndexDump) ([]byte, error) {
 	doc := make(jsonDump, len(dumps))
 	for _, d := range dumps {
-		ji := jsonIndex{BlockSize: d.BlockSize, Events: make([]jsonRouterEvent, len(d.Events))}
-		for i, ev := range d.Events {
-			ji.Events[i] = toJSONEvent(ev)
+		ji := jsonIndex{BlockSize: d.BlockSize, Events: make([]jsonRouterEvent, 0, len(d.Events))}
+		for _, ev := range d.Events {
+			// The format names one tier per event, or none for all tiers:
+			// a Cleared event of some tiers becomes one event per tier.
+			if ev.Kind == Cleared && ev.Tier != AllTiers && !ev.Tier.single() {
+				for _, t := range []Tier{TierDevice, TierHost, TierDisk} {
+					if ev.Tier&t != 0 {
+						one := ev
+						one.Tier = t
+						ji.Events = append(ji.Events, toJSONEvent(one))
+					}
+				}
+				continue
+			}
+			ji.Events = append(ji.Events, toJSONEvent(ev))
+		}
+		for i := range ji.Events {
 			ji.Events[i].Event.EventID = uint64(i)
 		}
 		doc[d.Key.String()] = ji

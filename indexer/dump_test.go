@@ -154,12 +154,45 @@ func TestUnmarshalDump(t *testing.T) {
 		{"unknown data string", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": "exploded"}}]}}`, "exploded"},
 		{"float hash", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": {"removed": {"block_hashes": [1.5]}}}}]}}`, "not a 64-bit integer"},
 		{"hash too large", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": {"removed": {"block_hashes": [18446744073709551616]}}}}]}}`, "not a 64-bit integer"},
+		{"cleared only as a value", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": {"note": "cleared"}}}]}}`, "none of"},
 		{"negative worker", `{"m:t": {"block_size": 2, "events": [{"worker_id": -1, "event": {"data": "cleared"}}]}}`, "worker_id"},
 	}
 	for _, tt := range bad {
 		if _, err := UnmarshalDump([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.msg) {
 			t.Errorf("%s: err = %v, want it to mention %q", tt.name, err, tt.msg)
 		}
+	}
+}
+
+func TestMarshalDumpClearedTiers(t *testing.T) {
+	w := wr(3, 1)
+	in := []Event{
+		{Kind: Cleared, Worker: w, Tier: TierDevice | TierDisk},
+		{Kind: Cleared, Worker: w, Tier: AllTiers},
+		{Kind: Cleared, Worker: w, Tier: TierHost},
+	}
+	data, err := MarshalDump([]IndexDump{{Key: Key{"m", "t"}, BlockSize: 4, Events: in}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dumps, err := UnmarshalDump(data)
+	if err != nil {
+		t.Fatalf("%v in %s", err, data)
+	}
+	var got []Tier
+	for _, ev := range dumps[0].Events {
+		if ev.Kind != Cleared || ev.Worker != w {
+			t.Fatalf("event %+v", ev)
+		}
+		got = append(got, ev.Tier)
+	}
+	if want := []Tier{TierDevice, TierDisk, AllTiers, TierHost}; !slices.Equal(got, want) {
+		t.Fatalf("tiers %v, want %v", got, want)
+	}
+	// The object spelling {"cleared": ...} is accepted too.
+	obj := `{"m:t": {"block_size": 4, "events": [{"worker_id": 3, "event": {"dp_rank": 1, "data": {"cleared": {}}}}]}}`
+	if d, err := UnmarshalDump([]byte(obj)); err != nil || d[0].Events[0].Kind != Cleared || d[0].Events[0].Tier != AllTiers {
+		t.Fatalf("object form: %+v, %v", d, err)
 	}
 }
 

@@ -1,9 +1,11 @@
 package indexer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"sync"
 )
@@ -212,7 +214,6 @@ type Index struct {
 	workers map[WorkerRank]*worker
 	slots   []slot
 	free    []uint32 // reusable slots
-	entries int      // (block, worker rank) pairs held
 }
 
 // NewIndex returns an empty index for blocks of blockSize tokens.
@@ -313,10 +314,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 				sl.holes++ // placed under a parent the rank holds by id only
 			}
 		}
-		if _, ok := w.blocks[b.Hash]; !ok {
-			w.blocks[b.Hash] = key
-			ix.entries++
-		}
+		w.blocks[b.Hash] = key
 		prev, hasPrev, parent = key, true, n
 	}
 	ix.mu.Unlock()
@@ -364,7 +362,7 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	if n := ix.nodes[key]; n != nil {
 		if i, ok := slices.BinarySearchFunc(n.holders, w.slot, cmpSlot); ok {
 			hd := &n.holders[i]
-			removed = bitCount(hd.tiers & tiers)
+			removed = bits.OnesCount8(uint8(hd.tiers & tiers))
 			left = hd.tiers &^ tiers
 			sl.retier(hd.tiers, left)
 			hd.tiers = left
@@ -386,7 +384,6 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	}
 	if left == 0 {
 		delete(w.blocks, h)
-		ix.entries--
 		if len(w.blocks) == 0 {
 			sl.holes = 0
 		}
@@ -493,23 +490,7 @@ func (n *node) find(s uint32) *holder {
 	return nil
 }
 
-func cmpSlot(h holder, s uint32) int {
-	switch {
-	case h.slot < s:
-		return -1
-	case h.slot > s:
-		return 1
-	}
-	return 0
-}
-
-func bitCount(t Tier) int {
-	c := 0
-	for ; t != 0; t &= t - 1 {
-		c++
-	}
-	return c
-}
+func cmpSlot(h holder, s uint32) int { return cmp.Compare(h.slot, s) }
 
 // cand is a worker rank still matching during a walk, with its reach so far.
 type cand struct {
@@ -737,5 +718,9 @@ type Stats struct {
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return Stats{Workers: len(ix.workers), Nodes: len(ix.nodes), Entries: ix.entries}
+	st := Stats{Workers: len(ix.workers), Nodes: len(ix.nodes)}
+	for _, w := range ix.workers {
+		st.Entries += len(w.blocks)
+	}
+	return st
 }

@@ -249,11 +249,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 				log = fmt.Sprintf("remove worker %d", w.Worker)
 			}
 			queries = append(queries, genPath.Draw(t, "probe"))
-			for _, q := range queries {
-				if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
-					t.Fatalf("after step %d (%s): match %q = %v, want %v", step, log, q, got, want)
-				}
-			}
+			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (%s)", step, log))
 			if got, want := nonZero(ix.BlockCounts()), m.counts(); !mapsEqual(got, want) {
 				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, want)
 			}
@@ -265,15 +261,20 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 		if skipped, err := loaded.Load(ix.Dump()); err != nil || skipped != 0 {
 			t.Fatalf("load: skipped %d, err %v", skipped, err)
 		}
-		for _, q := range queries {
-			if got, want := matchSorted(loaded, q), m.match(q); !slices.Equal(got, want) {
-				t.Fatalf("loaded index: match %q = %v, want %v", q, got, want)
-			}
-		}
+		checkQueries(t, loaded, m, queries, "loaded index")
 		if got, want := nonZero(loaded.BlockCounts()), nonZero(m.reachable()); !mapsEqual(got, want) {
 			t.Fatalf("loaded block counts %v, want reachable %v", got, want)
 		}
 	})
+}
+
+// checkQueries compares every query's match in ix with the model's.
+func checkQueries(t *rapid.T, ix *Index, m *refModel, queries []string, when string) {
+	for _, q := range queries {
+		if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
+			t.Fatalf("%s: match %q (%d blocks) = %v, want %v", when, q, len(q), got, want)
+		}
+	}
 }
 
 func mapsEqual(a, b map[WorkerRank]int) bool {
@@ -347,11 +348,7 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 				m.clear(w, AllTiers)
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
-			for _, q := range queries {
-				if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
-					t.Fatalf("after step %d (op on %v, path len %d): match of %d blocks = %v, want %v", step, w, len(path), len(q), got, want)
-				}
-			}
+			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
 		}
 		checkInvariantsRapid(t, ix)
 	})
