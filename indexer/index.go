@@ -104,6 +104,11 @@ type Event struct {
 	HasParent bool
 	Blocks    []Block  // Stored: in order, each the child of the previous
 	Hashes    []uint64 // Removed: engine ids
+	// ByID marks a Stored event that names blocks by engine id only, with
+	// no tokens (Mooncake's store publisher reports objects that way): Tier
+	// is added to those of Hashes the worker rank already holds, on any
+	// tier; the others are counted Unknown. Parent and Blocks are unused.
+	ByID bool
 }
 
 // Errors returned by Apply. They leave the index unchanged.
@@ -235,6 +240,9 @@ func (ix *Index) Apply(ev Event) (ApplyResult, error) {
 		if !ev.Tier.single() {
 			return ApplyResult{}, fmt.Errorf("%w: stored event with tier %s", ErrBadEvent, ev.Tier)
 		}
+		if ev.ByID {
+			return ix.storeByID(ev.Worker, ev.Tier, ev.Hashes), nil
+		}
 		return ix.store(ev)
 	case Removed:
 		if !ev.Tier.single() {
@@ -319,6 +327,38 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	}
 	ix.mu.Unlock()
 	return res, nil
+}
+
+// storeByID adds tier to the blocks of hashes the worker rank holds.
+func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
+	var res ApplyResult
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	w := ix.workers[wr]
+	if w == nil {
+		res.Unknown = len(hashes)
+		return res
+	}
+	sl := &ix.slots[w.slot]
+	for _, h := range hashes {
+		key, ok := w.blocks[h]
+		var hd *holder
+		if ok {
+			if n := ix.nodes[key]; n != nil {
+				hd = n.find(w.slot)
+			}
+		}
+		if hd == nil {
+			res.Unknown++
+			continue
+		}
+		if hd.tiers&tier == 0 {
+			sl.retier(hd.tiers, hd.tiers|tier)
+			hd.tiers |= tier
+			res.Stored++
+		}
+	}
+	return res
 }
 
 func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {

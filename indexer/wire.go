@@ -1,0 +1,893 @@
+package indexer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/zeebo/xxh3"
+)
+
+// This file decodes the KV events engines publish (vLLM, SGLang, Mooncake's
+// store), as described in shared/spec/kv-events.md, into WireBatch values,
+// and turns those into index Events. Decoding is defensive: every length is
+// checked against the bytes present, unknown fields are skipped, and a
+// malformed payload is an error, never a panic.
+
+// WireBatch is one decoded EventBatch. Its slices alias the Decoder's
+// buffers and stay valid until the Decoder's next Decode.
+type WireBatch struct {
+	TS float64 // timestamp as sent (seconds, or milliseconds from Mooncake)
+	// Rank is the batch's data_parallel_rank (vLLM) or attn_dp_rank
+	// (SGLang); HasRank is false when the batch carries none, and the
+	// listener's registered rank applies.
+	Rank    uint32
+	HasRank bool
+	Events  []WireEvent
+}
+
+// WireKind says what a WireEvent does.
+type WireKind uint8
+
+// The kinds of WireEvent.
+const (
+	WireStored  WireKind = iota + 1 // blocks stored (BlockStored, Mooncake BlockStoreEvent / "stored")
+	WireRemoved                     // blocks removed (BlockRemoved, Mooncake "removed")
+	WireCleared                     // everything on Tier dropped (AllBlocksCleared, RemoveAllEvent, "cleared")
+	WireMoved                       // a Mooncake object's replicas changed (BlockUpdateEvent)
+)
+
+func (k WireKind) String() string {
+	switch k {
+	case WireStored:
+		return "stored"
+	case WireRemoved:
+		return "removed"
+	case WireCleared:
+		return "cleared"
+	case WireMoved:
+		return "moved"
+	}
+	return fmt.Sprintf("WireKind(%d)", uint8(k))
+}
+
+// WireEvent is one decoded event, not yet hashed for the index.
+type WireEvent struct {
+	Kind WireKind
+	// Tier is the storage tier of a Stored or Removed event (from its
+	// medium or replica locations), the tiers a Cleared event empties, or
+	// the tiers a Moved object now occupies (0: none, it is gone).
+	Tier Tier
+	// Hashes are the engine's block ids: the stored blocks in order, or the
+	// removed ones.
+	Hashes    []uint64
+	Parent    uint64 // engine id of the block before Hashes[0]
+	HasParent bool
+	Tokens    []uint32 // Stored: all blocks' tokens, flattened
+	BlockSize int      // Stored: tokens per block as the engine states it (0: not sent)
+	LoRA      string   // adapter name; "" for the base model
+	// Extra holds per-block extra hash keys (Extra[i] for block i); nil
+	// when the event has none.
+	Extra [][]uint64
+	// Object is the XXH3-64 of a Mooncake object key (mooncake_key), when
+	// the event names one: BlockUpdateEvent refers to objects only by key.
+	Object    uint64
+	HasObject bool
+	// Skip, when not empty, says why the router ignores this event: a
+	// hybrid-attention model's non-full-attention group ("other_group"), or
+	// blocks held remotely ("remote").
+	Skip string
+
+	kindSet bool // kv_cache_spec_kind was sent: it decides, not group_idx
+}
+
+// ErrDecode wraps every decoding error.
+var ErrDecode = errors.New("decode kv event batch")
+
+// Decoder decodes event batches, reusing its buffers between calls. It is
+// not safe for concurrent use; each listener owns one.
+type Decoder struct {
+	r      mpReader
+	events []WireEvent
+	hashes []uint64
+	tokens []uint32
+	extras [][]uint64
+	keys   []uint64
+	spans  []eventSpans
+}
+
+// eventSpans records where an event's slices live in the Decoder's buffers
+// while they may still move (append), to be resolved at the end.
+type eventSpans struct {
+	hashLo, hashHi   int
+	tokLo, tokHi     int
+	extraLo, extraHi int
+	hasExtra         bool
+}
+
+// keySpan is the position of one block's extra keys in Decoder.keys,
+// encoded in an extras entry until resolution.
+type keySpan struct{ lo, hi int }
+
+// Decode decodes one msgpack EventBatch payload. The result aliases the
+// Decoder's buffers (and strings may alias payload) until the next call.
+func (d *Decoder) Decode(payload []byte) (WireBatch, error) {
+	b, err := d.decode(payload)
+	if err != nil {
+		return WireBatch{}, fmt.Errorf("%w: %w", ErrDecode, err)
+	}
+	return b, nil
+}
+
+func (d *Decoder) decode(payload []byte) (WireBatch, error) {
+	d.r = mpReader{b: payload}
+	d.events, d.hashes, d.tokens, d.keys, d.spans = d.events[:0], d.hashes[:0], d.tokens[:0], d.keys[:0], d.spans[:0]
+	d.extras = d.extras[:0]
+	var spans []keySpan
+	var b WireBatch
+	var err error
+	switch d.r.peek() {
+	case mpArray:
+		err = d.batchArray(&b, &spans)
+	case mpMap:
+		err = d.batchMap(&b, &spans)
+	default:
+		return b, d.r.typeErr("event batch (array or map)")
+	}
+	if err != nil {
+		return b, err
+	}
+	if !d.r.done() {
+		return b, fmt.Errorf("%d trailing bytes after the batch", len(d.r.b)-d.r.off)
+	}
+	// Resolve spans now that the buffers no longer move.
+	for i := range d.events {
+		ev, sp := &d.events[i], d.spans[i]
+		ev.Hashes = d.hashes[sp.hashLo:sp.hashHi:sp.hashHi]
+		ev.Tokens = d.tokens[sp.tokLo:sp.tokHi:sp.tokHi]
+		if sp.hasExtra {
+			ev.Extra = d.extras[sp.extraLo:sp.extraHi:sp.extraHi]
+		}
+	}
+	for i, s := range spans {
+		if s.hi > s.lo {
+			d.extras[i] = d.keys[s.lo:s.hi:s.hi]
+		} else {
+			d.extras[i] = nil
+		}
+	}
+	b.Events = d.events
+	return b, nil
+}
+
+// batchArray decodes [ts, events] or [ts, events, rank, ...].
+func (d *Decoder) batchArray(b *WireBatch, spans *[]keySpan) error {
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n < 2 {
+		return fmt.Errorf("event batch array has %d elements, want at least 2", n)
+	}
+	if b.TS, err = d.ts(); err != nil {
+		return fmt.Errorf("batch ts: %w", err)
+	}
+	if err = d.eventList(spans); err != nil {
+		return err
+	}
+	if n >= 3 {
+		if err = d.rank(b); err != nil {
+			return err
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err = d.r.skip(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batchMap decodes {"ts", "events", "data_parallel_rank" | "attn_dp_rank"}.
+func (d *Decoder) batchMap(b *WireBatch, spans *[]keySpan) error {
+	n, err := d.r.mapLen()
+	if err != nil {
+		return err
+	}
+	sawEvents := false
+	for range n {
+		key, err := d.key()
+		if err != nil {
+			return err
+		}
+		switch key {
+		case "ts", "timestamp":
+			if b.TS, err = d.ts(); err != nil {
+				return fmt.Errorf("batch ts: %w", err)
+			}
+		case "events":
+			sawEvents = true
+			err = d.eventList(spans)
+		case "data_parallel_rank", "attn_dp_rank", "dp_rank":
+			err = d.rank(b)
+		default:
+			err = d.r.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !sawEvents {
+		return errors.New(`event batch map has no "events"`)
+	}
+	return nil
+}
+
+func (d *Decoder) ts() (float64, error) {
+	if d.r.nil() {
+		return 0, nil
+	}
+	return d.r.float()
+}
+
+func (d *Decoder) rank(b *WireBatch) error {
+	if d.r.nil() {
+		return nil
+	}
+	v, big, err := d.r.int()
+	if err != nil {
+		return fmt.Errorf("batch dp rank: %w", err)
+	}
+	if big || v < 0 || v > 1<<31 {
+		return fmt.Errorf("batch dp rank %d out of range", v)
+	}
+	b.Rank, b.HasRank = uint32(v), true
+	return nil
+}
+
+// key reads a map key, which must be a string. The result aliases the
+// payload; compare it, do not keep it.
+func (d *Decoder) key() (string, error) {
+	if t := d.r.peek(); t != mpStr {
+		return "", d.r.typeErr("string map key")
+	}
+	p, err := d.r.raw()
+	return unsafeString(p), err
+}
+
+func (d *Decoder) eventList(spans *[]keySpan) error {
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("events: %w", err)
+	}
+	for i := range n {
+		if err := d.event(spans); err != nil {
+			return fmt.Errorf("event %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// event decodes one event in map or array form, decided by its own type.
+func (d *Decoder) event(spans *[]keySpan) error {
+	ev := WireEvent{}
+	sp := eventSpans{hashLo: len(d.hashes), tokLo: len(d.tokens)}
+	var err error
+	switch d.r.peek() {
+	case mpArray:
+		err = d.eventArray(&ev, &sp, spans)
+	case mpMap:
+		err = d.eventMap(&ev, &sp, spans)
+	default:
+		return d.r.typeErr("event (array or map)")
+	}
+	if err != nil {
+		return err
+	}
+	sp.hashHi, sp.tokHi = len(d.hashes), len(d.tokens)
+	d.events = append(d.events, ev)
+	d.spans = append(d.spans, sp)
+	return nil
+}
+
+// kindOf maps an event type name to its kind and whether it is one of
+// Mooncake's store events (whose objects live in host memory or on disk).
+func kindOf(name string) (kind WireKind, mooncake bool, ok bool) {
+	switch name {
+	case "BlockStored":
+		return WireStored, false, true
+	case "BlockRemoved":
+		return WireRemoved, false, true
+	case "AllBlocksCleared":
+		return WireCleared, false, true
+	case "BlockStoreEvent", "stored":
+		return WireStored, true, true
+	case "removed":
+		return WireRemoved, true, true
+	case "RemoveAllEvent", "cleared":
+		return WireCleared, true, true
+	case "BlockUpdateEvent":
+		return WireMoved, true, true
+	}
+	return 0, false, false
+}
+
+// eventArray decodes the positional (older) forms:
+//
+//	["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...]
+//	["BlockRemoved", block_hashes, medium, group_idx, ...]
+//	["AllBlocksCleared", ...]
+//	["BlockStoreEvent", mooncake_key, replicas, model_name, block_size, block_hash, parent_block_hash, token_ids, ...]
+//	["BlockUpdateEvent", mooncake_key, replicas, ...]
+//	["RemoveAllEvent", ...]
+func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) error {
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return errors.New("empty event array")
+	}
+	tag, err := d.str()
+	if err != nil {
+		return fmt.Errorf("event type: %w", err)
+	}
+	kind, mooncake, ok := kindOf(tag)
+	if !ok {
+		return fmt.Errorf("unknown event type %q", truncate(tag, 40))
+	}
+	ev.Kind, ev.Tier = kind, TierDevice
+	var fields []func() error
+	switch {
+	case mooncake:
+		ev.Tier = TierHost
+		fields = []func() error{
+			func() error { return d.objectKey(ev) },
+			func() error { return d.replicas(ev) },
+			d.r.skip, // model_name: the listener's registration names the model
+			func() error { return d.blockSize(ev) },
+			d.hashList,
+			func() error { return d.parent(ev) },
+			d.tokenList,
+		}
+	case kind == WireStored:
+		fields = []func() error{
+			d.hashList,
+			func() error { return d.parent(ev) },
+			d.tokenList,
+			func() error { return d.blockSize(ev) },
+			func() error { return d.loraID(ev) },
+			func() error { return d.medium(ev) },
+			func() error { return d.loraName(ev) },
+			func() error { return d.extraKeys(sp, spans) },
+			func() error { return d.group(ev) },
+			func() error { return d.specKind(ev) },
+		}
+	case kind == WireRemoved:
+		fields = []func() error{
+			d.hashList,
+			func() error { return d.medium(ev) },
+			func() error { return d.group(ev) },
+		}
+	}
+	for i := 1; i < n; i++ {
+		f := d.r.skip
+		if i-1 < len(fields) {
+			f = fields[i-1]
+		}
+		if err := f(); err != nil {
+			return fmt.Errorf("%s field %d: %w", tag, i, err)
+		}
+	}
+	return d.finish(ev, sp, spans, mooncake, false)
+}
+
+// eventMap decodes the map forms: vLLM's and SGLang's {"type": ...},
+// Mooncake's and the newer store publisher's {"event_type": "stored" |
+// "removed" | "cleared", ...}. Fields are looked up by name; unknown ones
+// are skipped.
+func (d *Decoder) eventMap(ev *WireEvent, sp *eventSpans, spans *[]keySpan) error {
+	n, err := d.r.mapLen()
+	if err != nil {
+		return err
+	}
+	ev.Tier = TierDevice
+	var tag, eventType string
+	mediumSet := false
+	for range n {
+		k, err := d.key()
+		if err != nil {
+			return err
+		}
+		switch k {
+		case "type":
+			tag, err = d.optStr()
+		case "event_type":
+			eventType, err = d.optStr()
+		case "block_hashes", "seq_hashes", "block_hash":
+			if k == "block_hashes" && len(d.hashes) > sp.hashLo {
+				// Mooncake sends seq_hashes and a legacy copy in block_hashes.
+				err = d.r.skip()
+				break
+			}
+			err = d.hashList()
+		case "parent_block_hash", "parent_hash":
+			err = d.parent(ev)
+		case "token_ids", "token_id":
+			err = d.tokenList()
+		case "block_size":
+			err = d.blockSize(ev)
+		case "lora_id":
+			err = d.loraID(ev)
+		case "lora_name":
+			err = d.loraName(ev)
+		case "medium":
+			mediumSet = true
+			err = d.medium(ev)
+		case "extra_keys":
+			err = d.extraKeys(sp, spans)
+		case "group_idx":
+			err = d.group(ev)
+		case "kv_cache_spec_kind":
+			err = d.specKind(ev)
+		case "locality":
+			err = d.locality(ev)
+		case "mooncake_key", "object_key":
+			err = d.objectKey(ev)
+		case "replicas", "replica_list", "addr_list":
+			mediumSet = true
+			err = d.replicas(ev)
+		default:
+			err = d.r.skip()
+		}
+		if err != nil {
+			return fmt.Errorf("field %q: %w", truncate(k, 40), err)
+		}
+	}
+	// The newer Mooncake store publisher sends both: event_type is the
+	// authority, type a legacy copy.
+	mooncake := eventType != ""
+	name := tag
+	if mooncake {
+		name = eventType
+	}
+	if name == "" {
+		return errors.New(`event map has no "type"`)
+	}
+	kind, mc, ok := kindOf(name)
+	if !ok {
+		return fmt.Errorf("unknown event type %q", truncate(name, 40))
+	}
+	ev.Kind = kind
+	return d.finish(ev, sp, spans, mooncake || mc, mediumSet)
+}
+
+// finish applies the defaults that depend on the whole event.
+func (d *Decoder) finish(ev *WireEvent, sp *eventSpans, spans *[]keySpan, mooncake, mediumSet bool) error {
+	if mooncake && !mediumSet && ev.Tier == TierDevice {
+		// Mooncake store objects live in host memory unless their medium
+		// or a replica location says disk.
+		ev.Tier = TierHost
+	}
+	if (ev.Kind == WireStored || ev.Kind == WireRemoved) && (ev.Tier == 0 || ev.Tier == TierHost|TierDisk) {
+		// No replica yet (or both kinds): account the object to host memory,
+		// where Mooncake puts it first.
+		ev.Tier = TierHost
+	}
+	switch ev.Kind {
+	case WireCleared:
+		if mooncake {
+			ev.Tier = TierHost | TierDisk // the store never holds device blocks
+		} else {
+			ev.Tier = AllTiers
+		}
+	case WireMoved:
+		if !ev.HasObject {
+			return errors.New("BlockUpdateEvent without mooncake_key")
+		}
+	case WireStored:
+		if len(d.hashes) == sp.hashLo && ev.HasObject {
+			// No block hash: the object key is the block's identity.
+			d.hashes = append(d.hashes, ev.Object)
+		}
+	}
+	return nil
+}
+
+// str reads a string (or bin) value; the result aliases the payload.
+func (d *Decoder) str() (string, error) {
+	t := d.r.peek()
+	if t != mpStr && t != mpBin {
+		return "", d.r.typeErr("string")
+	}
+	p, err := d.r.raw()
+	return unsafeString(p), err
+}
+
+// optStr reads a string or nil.
+func (d *Decoder) optStr() (string, error) {
+	if d.r.nil() {
+		return "", nil
+	}
+	return d.str()
+}
+
+// hashValue reads one block id: an integer (uint64, or negative int64 as
+// SGLang sends), bytes (the last 8, big-endian, as vLLM's non-int hashes
+// are read), or a string (Mooncake): decimal or 0x-hex when it parses,
+// otherwise the XXH3-64 of the string, which is as good an opaque id. ok
+// is false for an empty string or bytes, Mooncake's "unset".
+func (d *Decoder) hashValue() (h uint64, ok bool, err error) {
+	switch d.r.peek() {
+	case mpInt:
+		h, err = d.r.uint64Bits()
+		return h, err == nil, err
+	case mpBin, mpStr:
+		isStr := d.r.peek() == mpStr
+		p, err := d.r.raw()
+		if err != nil || len(p) == 0 {
+			return 0, false, err
+		}
+		if isStr {
+			s := unsafeString(p)
+			if u, err := strconv.ParseUint(s, 0, 64); err == nil {
+				return u, true, nil
+			}
+			if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+				return uint64(v), true, nil
+			}
+			return xxh3.Hash(p), true, nil
+		}
+		if len(p) >= 8 {
+			return binary.BigEndian.Uint64(p[len(p)-8:]), true, nil
+		}
+		var buf [8]byte
+		copy(buf[8-len(p):], p)
+		return binary.BigEndian.Uint64(buf[:]), true, nil
+	}
+	return 0, false, d.r.typeErr("block hash")
+}
+
+// hashList appends the block ids of a list, or of one bare id, to d.hashes.
+func (d *Decoder) hashList() error {
+	if d.r.nil() {
+		return nil
+	}
+	n := 1
+	if d.r.peek() == mpArray {
+		var err error
+		if n, err = d.r.arrayLen(); err != nil {
+			return err
+		}
+	}
+	for range n {
+		h, ok, err := d.hashValue()
+		if err != nil {
+			return fmt.Errorf("block hash: %w", err)
+		}
+		if ok {
+			d.hashes = append(d.hashes, h)
+		}
+	}
+	return nil
+}
+
+func (d *Decoder) parent(ev *WireEvent) error {
+	if d.r.nil() {
+		return nil
+	}
+	h, ok, err := d.hashValue()
+	if err != nil {
+		return fmt.Errorf("parent block hash: %w", err)
+	}
+	ev.Parent, ev.HasParent = h, ok
+	return nil
+}
+
+func (d *Decoder) tokenList() error {
+	if d.r.nil() {
+		return nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("token ids: %w", err)
+	}
+	for range n {
+		v, big, err := d.r.int()
+		if err != nil {
+			return fmt.Errorf("token ids: %w", err)
+		}
+		if big || v < 0 || v > 1<<32-1 {
+			return fmt.Errorf("token id %d out of range", v)
+		}
+		d.tokens = append(d.tokens, uint32(v))
+	}
+	return nil
+}
+
+func (d *Decoder) blockSize(ev *WireEvent) error {
+	if d.r.nil() {
+		return nil
+	}
+	v, big, err := d.r.int()
+	if err != nil {
+		return fmt.Errorf("block size: %w", err)
+	}
+	if big || v < 0 || v > 1<<20 {
+		return fmt.Errorf("block size %d out of range", v)
+	}
+	ev.BlockSize = int(v)
+	return nil
+}
+
+// loraID reads the deprecated numeric adapter id. Like Dynamo, kvgate
+// identifies adapters by lora_name only: vLLM sends both, and an id is not
+// stable across engines.
+func (d *Decoder) loraID(*WireEvent) error {
+	if d.r.nil() {
+		return nil
+	}
+	_, _, err := d.r.int()
+	if err != nil {
+		return fmt.Errorf("lora id: %w", err)
+	}
+	return nil
+}
+
+func (d *Decoder) loraName(ev *WireEvent) error {
+	s, err := d.optStr()
+	if err != nil {
+		return fmt.Errorf("lora name: %w", err)
+	}
+	ev.LoRA = strings.Clone(s)
+	return nil
+}
+
+func (d *Decoder) medium(ev *WireEvent) error {
+	s, err := d.optStr()
+	if err != nil {
+		return fmt.Errorf("medium: %w", err)
+	}
+	ev.Tier = TierOfMedium(s)
+	return nil
+}
+
+// TierOfMedium maps an engine's medium name to a tier: GPU, NPU, DEVICE,
+// empty and unknown names to device; CPU, CPU_PINNED, CPU_TIER1 (and
+// Mooncake's MEMORY) to host; DISK, CPU_TIER2, NVME, SSD, STORAGE and
+// external storage (EXTERNAL, NETWORK, REMOTE, SHARED) to disk. Case is
+// ignored.
+func TierOfMedium(medium string) Tier {
+	switch strings.ToUpper(medium) {
+	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED", "MEMORY":
+		return TierHost
+	case "DISK", "CPU_TIER2", "NVME", "SSD", "STORAGE", "LOCAL_DISK",
+		"EXTERNAL", "NETWORK", "REMOTE", "SHARED":
+		return TierDisk
+	}
+	return TierDevice
+}
+
+// extraKeys reads per-block extra keys: a list with, per block, nil or a
+// tuple of items. Each item becomes one uint64 key: a 64-hex-digit string
+// (a multimodal content hash) its first 16 hex digits, as Dynamo reads it;
+// any other string (cache salt, other identifiers) and bytes their XXH3-64;
+// an integer its bits; a [identifier, offset] pair its identifier only.
+// Floats, booleans and nils add nothing.
+func (d *Decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
+	if d.r.nil() {
+		return nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("extra keys: %w", err)
+	}
+	sp.hasExtra, sp.extraLo = true, len(d.extras)
+	for range n {
+		lo := len(d.keys)
+		if err := d.extraValue(0); err != nil {
+			return fmt.Errorf("extra keys: %w", err)
+		}
+		*spans = append(*spans, keySpan{lo, len(d.keys)})
+		d.extras = append(d.extras, nil)
+	}
+	sp.extraHi = len(d.extras)
+	return nil
+}
+
+func (d *Decoder) extraValue(depth int) error {
+	if depth > maxSkipDepth {
+		return errors.New("nested too deep")
+	}
+	switch d.r.peek() {
+	case mpInt:
+		u, err := d.r.uint64Bits()
+		if err != nil {
+			return err
+		}
+		d.keys = append(d.keys, u)
+		return nil
+	case mpStr, mpBin:
+		isStr := d.r.peek() == mpStr
+		p, err := d.r.raw()
+		if err != nil {
+			return err
+		}
+		if len(p) == 0 {
+			return nil
+		}
+		if isStr && len(p) == 64 {
+			if u, err := strconv.ParseUint(unsafeString(p[:16]), 16, 64); err == nil && isHex(p) {
+				d.keys = append(d.keys, u)
+				return nil
+			}
+		}
+		d.keys = append(d.keys, xxh3.Hash(p))
+		return nil
+	case mpArray:
+		n, err := d.r.arrayLen()
+		if err != nil {
+			return err
+		}
+		if n == 2 && (d.r.peek() == mpStr || d.r.peek() == mpBin) {
+			// [identifier, offset]: the offset locates the item in the
+			// prompt, which the tokens already encode.
+			if err := d.extraValue(depth + 1); err != nil {
+				return err
+			}
+			return d.r.skip()
+		}
+		for range n {
+			if err := d.extraValue(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return d.r.skipDepth(depth)
+}
+
+func isHex(p []byte) bool {
+	for _, c := range p {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// group reads a hybrid-attention group index. Without a spec kind, only
+// group 0 (full attention) is indexed.
+func (d *Decoder) group(ev *WireEvent) error {
+	if d.r.nil() {
+		return nil
+	}
+	v, _, err := d.r.int()
+	if err != nil {
+		return fmt.Errorf("group idx: %w", err)
+	}
+	if v != 0 && ev.Skip == "" && !ev.kindSet {
+		ev.Skip = SkipOtherGroup
+	}
+	return nil
+}
+
+// specKind reads kv_cache_spec_kind, which, when present, decides: only
+// full-attention kinds are indexed.
+func (d *Decoder) specKind(ev *WireEvent) error {
+	s, err := d.optStr()
+	if err != nil || s == "" {
+		return err
+	}
+	ev.kindSet = true
+	switch strings.ToLower(s) {
+	case "full_attention", "mla_attention", "sink_full_attention":
+		if ev.Skip == SkipOtherGroup {
+			ev.Skip = ""
+		}
+	default:
+		ev.Skip = SkipOtherGroup
+	}
+	return nil
+}
+
+func (d *Decoder) locality(ev *WireEvent) error {
+	s, err := d.optStr()
+	if err == nil && strings.EqualFold(s, "REMOTE") {
+		ev.Skip = SkipRemote
+	}
+	return err
+}
+
+// Reasons for WireEvent.Skip.
+const (
+	SkipOtherGroup = "other_group" // not the full-attention KV cache group
+	SkipRemote     = "remote"      // blocks another instance holds
+)
+
+// objectKey reads a Mooncake object key.
+func (d *Decoder) objectKey(ev *WireEvent) error {
+	s, err := d.optStr()
+	if err != nil {
+		return fmt.Errorf("object key: %w", err)
+	}
+	if s != "" {
+		ev.Object, ev.HasObject = xxh3.HashString(s), true
+	}
+	return nil
+}
+
+// replicas reads a Mooncake replica list, each entry [kind, location] with
+// kind "memory", "disk" or "local_disk" (maps and bare strings tolerated),
+// and sets Tier to the tiers the replicas occupy (0 for none).
+func (d *Decoder) replicas(ev *WireEvent) error {
+	ev.Tier = 0
+	if d.r.nil() {
+		return nil
+	}
+	n, err := d.r.arrayLen()
+	if err != nil {
+		return fmt.Errorf("replicas: %w", err)
+	}
+	for range n {
+		t, err := d.replicaTier()
+		if err != nil {
+			return fmt.Errorf("replicas: %w", err)
+		}
+		ev.Tier |= t
+	}
+	return nil
+}
+
+// replicaTier reads one replica and returns its tier.
+func (d *Decoder) replicaTier() (Tier, error) {
+	switch d.r.peek() {
+	case mpArray:
+		n, err := d.r.arrayLen()
+		if err != nil || n == 0 {
+			return TierHost, err
+		}
+		var kind string
+		if t := d.r.peek(); t == mpStr || t == mpBin {
+			kind, err = d.str()
+		} else {
+			err = d.r.skip()
+		}
+		for i := 1; i < n && err == nil; i++ {
+			err = d.r.skip()
+		}
+		return replicaKindTier(kind), err
+	case mpMap:
+		n, err := d.r.mapLen()
+		tier := TierHost
+		for i := 0; i < n && err == nil; i++ {
+			var k string
+			if k, err = d.key(); err != nil {
+				break
+			}
+			if k == "kind" || k == "type" || k == "medium" {
+				var v string
+				if v, err = d.optStr(); err == nil {
+					tier = replicaKindTier(v)
+				}
+				continue
+			}
+			err = d.r.skip()
+		}
+		return tier, err
+	case mpStr, mpBin:
+		s, err := d.str()
+		return replicaKindTier(s), err
+	}
+	return TierHost, d.r.skip()
+}
+
+func replicaKindTier(kind string) Tier {
+	switch strings.ToLower(kind) {
+	case "disk", "local_disk", "ssd", "nvme", "file":
+		return TierDisk
+	}
+	return TierHost
+}
