@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/indexer"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -33,6 +34,69 @@ type serveConfig struct {
 	LogLevel        string // debug | info | warn | error
 	LogFormat       string // text | json
 	ShutdownTimeout time.Duration
+
+	// Workers registered at start (--workers), for ModelName / TenantID
+	// with BlockSize tokens per block.
+	Workers   []workerSpec
+	ModelName string
+	TenantID  string
+	BlockSize int
+	KVTopic   string
+}
+
+// workerSpec is one entry of --workers: id[:dp_rank]=endpoint[|replay_endpoint].
+type workerSpec struct {
+	ID             uint64
+	Rank           uint32
+	Endpoint       string
+	ReplayEndpoint string
+}
+
+// parseWorkers parses --workers: comma-separated
+// id[:dp_rank]=endpoint[|replay_endpoint] entries, e.g.
+// "1=tcp://h:5557,2:1=tcp://h:5558|tcp://h:5559".
+func parseWorkers(s string) ([]workerSpec, error) {
+	var out []workerSpec
+	seen := map[[2]uint64]bool{}
+	for entry := range strings.SplitSeq(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		id, ep, ok := strings.Cut(entry, "=")
+		if !ok || ep == "" {
+			return nil, fmt.Errorf("worker %q: want id[:dp_rank]=endpoint", entry)
+		}
+		var w workerSpec
+		idStr, rankStr, hasRank := strings.Cut(id, ":")
+		var err error
+		if w.ID, err = strconv.ParseUint(strings.TrimSpace(idStr), 10, 64); err != nil {
+			return nil, fmt.Errorf("worker %q: id %q is not an unsigned integer", entry, idStr)
+		}
+		if hasRank {
+			r, err := strconv.ParseUint(strings.TrimSpace(rankStr), 10, 31)
+			if err != nil {
+				return nil, fmt.Errorf("worker %q: dp_rank %q is not a small unsigned integer", entry, rankStr)
+			}
+			w.Rank = uint32(r)
+		}
+		w.Endpoint, w.ReplayEndpoint, _ = strings.Cut(strings.TrimSpace(ep), "|")
+		if err := indexer.ValidateEndpoint(w.Endpoint); err != nil {
+			return nil, fmt.Errorf("worker %q: %w", entry, err)
+		}
+		if w.ReplayEndpoint != "" {
+			if err := indexer.ValidateEndpoint(w.ReplayEndpoint); err != nil {
+				return nil, fmt.Errorf("worker %q: replay %w", entry, err)
+			}
+		}
+		k := [2]uint64{w.ID, uint64(w.Rank)}
+		if seen[k] {
+			return nil, fmt.Errorf("worker %d rank %d listed twice", w.ID, w.Rank)
+		}
+		seen[k] = true
+		out = append(out, w)
+	}
+	return out, nil
 }
 
 // addServeFlags defines the flags of `kvgate serve`. Every flag except
@@ -44,6 +108,11 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.String("log-format", "text", "log format: text or json")
 	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")
+	fs.String("workers", "", `KV event publishers to register at start: comma-separated id[:dp_rank]=endpoint[|replay_endpoint], e.g. "1=tcp://h:5557,2:1=tcp://h:5558|tcp://h:5559"`)
+	fs.String("model-name", "default", "model name of the workers given with --workers")
+	fs.String("tenant-id", indexer.DefaultTenant, "tenant of the workers given with --workers")
+	fs.Int("block-size", 16, "tokens per KV block of the workers given with --workers")
+	fs.String("kv-topic", "", "ZMQ topic prefix to subscribe to on the --workers publishers")
 }
 
 // envName maps a flag name to its environment variable.
@@ -169,6 +238,29 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	}
 	if cfg.ShutdownTimeout <= 0 {
 		return cfg, bad("shutdown-timeout", cfg.ShutdownTimeout.String(), "must be > 0")
+	}
+
+	workers, err := getString(v, "workers")
+	if err != nil {
+		return cfg, bad("workers", v.Get("workers"), err.Error())
+	}
+	if cfg.Workers, err = parseWorkers(workers); err != nil {
+		return cfg, bad("workers", workers, err.Error())
+	}
+	if cfg.ModelName, err = getString(v, "model-name"); err != nil || strings.TrimSpace(cfg.ModelName) == "" {
+		return cfg, bad("model-name", v.Get("model-name"), "want a non-empty string")
+	}
+	if cfg.TenantID, err = getString(v, "tenant-id"); err != nil || strings.TrimSpace(cfg.TenantID) == "" {
+		return cfg, bad("tenant-id", v.Get("tenant-id"), "want a non-empty string")
+	}
+	if cfg.BlockSize, err = getInt(v, "block-size"); err != nil {
+		return cfg, bad("block-size", v.Get("block-size"), err.Error())
+	}
+	if cfg.BlockSize < 1 || cfg.BlockSize > 1<<16 {
+		return cfg, bad("block-size", cfg.BlockSize, "must be between 1 and 65536")
+	}
+	if cfg.KVTopic, err = getString(v, "kv-topic"); err != nil {
+		return cfg, bad("kv-topic", v.Get("kv-topic"), err.Error())
 	}
 	return cfg, nil
 }

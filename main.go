@@ -26,6 +26,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -161,8 +164,27 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// Components live for the whole run; deferred Close calls run after the
 	// admin server has shut down. Later components register their admin
 	// routes on mux here, before it starts serving.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}))
+
 	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads})
 	defer indexes.Close()
+	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
+	defer ingest.Close() // before indexes.Close: listeners stop submitting first
+	for _, w := range cfg.Workers {
+		err := ingest.Register(indexer.Registration{
+			Key:       indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID},
+			BlockSize: cfg.BlockSize,
+			Worker:    w.ID, Rank: w.Rank,
+			Endpoint: w.Endpoint, ReplayEndpoint: w.ReplayEndpoint,
+			Topic: cfg.KVTopic,
+		})
+		if err != nil {
+			return fmt.Errorf("--workers: %w", err)
+		}
+		logger.Info("registered worker", "worker", w.ID, "rank", w.Rank, "endpoint", w.Endpoint, "replay_endpoint", w.ReplayEndpoint)
+	}
 
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {

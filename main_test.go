@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"runtime"
 	"strings"
@@ -90,7 +91,9 @@ func TestLoadServeConfig(t *testing.T) {
 	malformed := file("malformed.yaml", "admin-addr: [\n")
 	empty := file("empty.yaml", "")
 
-	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second}
+	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
+		ModelName: "default", TenantID: "default", BlockSize: 16}
+	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	with := func(f func(*serveConfig)) serveConfig {
 		c := def
 		f(&c)
@@ -110,7 +113,10 @@ func TestLoadServeConfig(t *testing.T) {
 		{
 			name: "file only",
 			args: []string{"--config", full},
-			want: serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second},
+			want: with(func(c *serveConfig) {
+				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
+					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize}
+			}),
 		},
 		{
 			name: "file from KVGATE_CONFIG",
@@ -140,7 +146,10 @@ func TestLoadServeConfig(t *testing.T) {
 			name: "flag config overrides KVGATE_CONFIG",
 			args: []string{"--config", full},
 			env:  map[string]string{"KVGATE_CONFIG": typo},
-			want: serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second},
+			want: with(func(c *serveConfig) {
+				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
+					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize}
+			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
 		{name: "nested unknown key in file", args: []string{"--config", nested}, wantErr: `unknown key "admin.addr"`},
@@ -156,6 +165,30 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "admin-addr without port", args: []string{"--admin-addr", "localhost"}, wantErr: `invalid admin-addr "localhost"`},
 		{name: "admin-addr not a string", args: []string{"--config", intAddr}, wantErr: "invalid admin-addr 9000 (from config file"},
 		{name: "empty --config", args: []string{"--config", ""}, wantErr: "--config: empty path"},
+		{
+			name: "workers flag",
+			args: []string{"--workers", "1=tcp://h:5557, 2:1=tcp://h:5558|tcp://h:5559,", "--model-name", "m:v1", "--tenant-id", "t", "--block-size", "64", "--kv-topic", "kv"},
+			want: with(func(c *serveConfig) {
+				c.Workers = []workerSpec{{ID: 1, Endpoint: "tcp://h:5557"}, {ID: 2, Rank: 1, Endpoint: "tcp://h:5558", ReplayEndpoint: "tcp://h:5559"}}
+				c.ModelName, c.TenantID, c.BlockSize, c.KVTopic = "m:v1", "t", 64, "kv"
+			}),
+		},
+		{
+			name: "workers from file",
+			args: []string{"--config", workersFile},
+			want: with(func(c *serveConfig) {
+				c.ConfigFile, c.Workers, c.ModelName, c.BlockSize = workersFile, []workerSpec{{ID: 7, Endpoint: "tcp://e:1"}}, "llama", 32
+			}),
+		},
+		{name: "worker without endpoint", args: []string{"--workers", "1"}, wantErr: `invalid workers "1" (from flag --workers): worker "1": want id[:dp_rank]=endpoint`},
+		{name: "worker bad id", args: []string{"--workers", "x=tcp://h:1"}, wantErr: `id "x" is not an unsigned integer`},
+		{name: "worker bad rank", args: []string{"--workers", "1:-1=tcp://h:1"}, wantErr: `dp_rank "-1"`},
+		{name: "worker bind endpoint", args: []string{"--workers", "1=tcp://*:5557"}, wantErr: "bind address"},
+		{name: "worker bad transport", args: []string{"--workers", "1=udp://h:1"}, wantErr: `transport "udp" not supported`},
+		{name: "worker bad replay", args: []string{"--workers", "1=tcp://h:1|h:2"}, wantErr: "replay endpoint"},
+		{name: "worker twice", args: []string{"--workers", "1=tcp://h:1,1:0=tcp://h:2"}, wantErr: "worker 1 rank 0 listed twice"},
+		{name: "block size 0", env: map[string]string{"KVGATE_BLOCK_SIZE": "0"}, wantErr: "invalid block-size 0 (from env KVGATE_BLOCK_SIZE)"},
+		{name: "empty model", args: []string{"--model-name", " "}, wantErr: "invalid model-name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,7 +213,7 @@ func TestLoadServeConfig(t *testing.T) {
 			if err != nil {
 				t.Fatalf("unexpected error: %v", err)
 			}
-			if got != tc.want {
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("config = %+v\nwant     %+v", got, tc.want)
 			}
 		})

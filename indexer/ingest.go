@@ -577,11 +577,15 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 	if has {
 		want = last + 1
 	}
+	lost := LostGap
+	if !has {
+		lost = LostBeforeJoin
+	}
 	if u := mk.unknown.Load(); u > 0 && u-1 > mk.resync && l.reg.ReplayEndpoint != "" && has {
 		// An event's parent was unknown: events were missed before the
 		// cursor. Replay the engine's whole buffer once.
 		m.resyncs.Inc()
-		l.replay(ctx, 0, true)
+		l.replay(ctx, 0, true, lost)
 		mk.resync, _ = mk.last()
 		last, has = mk.last()
 		want = last + 1
@@ -589,17 +593,13 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 	if seq > want {
 		m.gaps.Inc()
 		if l.reg.ReplayEndpoint != "" {
-			l.replay(ctx, want, false)
+			l.replay(ctx, want, false, lost)
 			if last, has = mk.last(); has {
 				want = last + 1
 			}
 		}
 		if seq > want {
-			reason := LostGap
-			if !has {
-				reason = LostBeforeJoin
-			}
-			m.batchesLost.WithLabelValues(reason).Add(float64(seq - want))
+			m.batchesLost.WithLabelValues(lost).Add(float64(seq - want))
 			l.warn("gap", "kv event batches missed", "from_seq", want, "to_seq", seq-1, "replay", l.reg.ReplayEndpoint != "")
 		}
 	}
@@ -624,8 +624,9 @@ func (l *listener) clearRanks(ctx context.Context) {
 
 // replay asks the publisher's replay socket for every buffered batch from
 // seq from and applies those after the cursor (all of them when resync is
-// set), until the end marker, an error or the timeout.
-func (l *listener) replay(ctx context.Context, from uint64, resync bool) {
+// set), until the end marker, an error or the timeout. Batches the buffer
+// no longer holds are counted lost, for reason lost.
+func (l *listener) replay(ctx context.Context, from uint64, resync bool, lost string) {
 	m := l.g.m
 	rctx, cancel := context.WithTimeout(ctx, l.g.opts.ReplayTimeout)
 	defer cancel()
@@ -664,8 +665,13 @@ func (l *listener) replay(ctx context.Context, from uint64, resync bool) {
 		if seq < from {
 			continue
 		}
-		if last, has := l.mark.last(); has && seq <= last && !resync {
+		last, has := l.mark.last()
+		if has && seq <= last && !resync {
 			continue
+		}
+		if next := max(from, last+1); !resync && seq > next {
+			m.batchesLost.WithLabelValues(lost).Add(float64(seq - next))
+			l.warn("gap", "kv event batches no longer in the replay buffer", "from_seq", next, "to_seq", seq-1)
 		}
 		m.batchesReplayed.Inc()
 		l.apply(ctx, seq, payload)

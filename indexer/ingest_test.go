@@ -1,0 +1,634 @@
+package indexer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+const testBS = 4 // tokens per block in these tests
+
+var testKey = Key{Model: "m", Tenant: DefaultTenant}
+
+// rig is an Ingester on a fresh Set with fast backoff, for tests.
+type rig struct {
+	t   testing.TB
+	set *Set
+	g   *Ingester
+	m   *Metrics
+	reg *prometheus.Registry
+}
+
+func newRig(t testing.TB, opts IngestOptions) *rig {
+	t.Helper()
+	r := &rig{t: t, set: NewSet(Options{EventThreads: 2}), reg: prometheus.NewRegistry()}
+	r.m = NewMetrics(r.reg)
+	opts.Metrics = r.m
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.MinBackoff == 0 {
+		opts.MinBackoff, opts.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
+	}
+	r.g = NewIngester(r.set, opts)
+	t.Cleanup(func() {
+		r.g.Close()
+		r.set.Close()
+	})
+	return r
+}
+
+func (r *rig) register(worker uint64, rank uint32, p *engine.Publisher, replay bool) Registration {
+	r.t.Helper()
+	reg := Registration{Key: testKey, BlockSize: testBS, Worker: worker, Rank: rank, Endpoint: p.Endpoint()}
+	if replay {
+		reg.ReplayEndpoint = p.ReplayEndpoint()
+	}
+	if err := r.g.Register(reg); err != nil {
+		r.t.Fatal(err)
+	}
+	return reg
+}
+
+// waitFor polls cond until it holds, failing the test after a generous
+// deadline. It is condition polling, not a sleep: it returns as soon as
+// cond holds.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (r *rig) listener(worker uint64, rank uint32) (ListenerInfo, bool) {
+	for _, l := range r.g.Listeners() {
+		if l.Worker == worker && l.Rank == rank {
+			return l, true
+		}
+	}
+	return ListenerInfo{}, false
+}
+
+// waitApplied waits until the listener of (worker, rank) has handled batch
+// seq and the Set has applied every event queued for worker.
+func (r *rig) waitApplied(worker uint64, rank uint32, seq uint64) {
+	r.t.Helper()
+	waitFor(r.t, fmt.Sprintf("worker %d rank %d at seq %d", worker, rank, seq), func() bool {
+		l, ok := r.listener(worker, rank)
+		return ok && l.HasSeq && l.Seq >= seq
+	})
+	r.flush(worker)
+}
+
+func (r *rig) flush(worker uint64) {
+	r.t.Helper()
+	if err := r.set.Do(context.Background(), worker, func() {}); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *rig) waitStatus(worker uint64, rank uint32, want ListenerStatus) ListenerInfo {
+	r.t.Helper()
+	var l ListenerInfo
+	waitFor(r.t, fmt.Sprintf("worker %d rank %d %s", worker, rank, want), func() bool {
+		var ok bool
+		l, ok = r.listener(worker, rank)
+		return ok && l.Status == want
+	})
+	return l
+}
+
+func newPub(t testing.TB, cfg engine.Config) *engine.Publisher {
+	t.Helper()
+	if cfg.Endpoint == "" {
+		cfg.Endpoint = "tcp://127.0.0.1:0"
+	}
+	p, err := engine.NewPublisher(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func subscribed(t testing.TB, p *engine.Publisher) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.WaitSubscribed(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// sync publishes empty batches until the listener of (worker, rank) has
+// handled one, for when a publisher may still list a closed subscriber's
+// subscription (WaitSubscribed cannot tell the two apart). It returns the
+// last sequence number published.
+func (r *rig) sync(p *engine.Publisher, worker uint64, rank uint32) uint64 {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		seq := publish(r.t, p)
+		probe := time.Now().Add(100 * time.Millisecond)
+		for time.Now().Before(probe) {
+			if l, ok := r.listener(worker, rank); ok && l.HasSeq && l.Seq >= seq {
+				r.flush(worker)
+				return seq
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("worker %d rank %d never received batch %d", worker, rank, seq)
+		}
+	}
+}
+
+func publish(t testing.TB, p *engine.Publisher, evs ...engine.Event) uint64 {
+	t.Helper()
+	seq, err := p.Publish(evs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seq
+}
+
+// root stores n blocks starting at the root, ids id0, id0+1, ..., tokens
+// derived from id0 so that different chains differ.
+func root(id0 uint64, n int) engine.BlockStored {
+	return engine.BlockStored{BlockHashes: ids(id0, n), TokenIDs: tokensOf(id0, n), BlockSize: testBS}
+}
+
+func child(parent, id0 uint64, n int) engine.BlockStored {
+	ev := root(id0, n)
+	ev.Parent = &parent
+	return ev
+}
+
+func ids(id0 uint64, n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = id0 + uint64(i)
+	}
+	return out
+}
+
+func tokensOf(id0 uint64, n int) []uint32 {
+	out := make([]uint32, n*testBS)
+	for i := range out {
+		out[i] = uint32(id0*1000) + uint32(i)
+	}
+	return out
+}
+
+// snapshot is an index's exact content: per worker rank, engine id ->
+// (sequence hash, tiers).
+type snapshot map[WorkerRank]map[uint64]string
+
+func snap(ix *Index) snapshot {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	out := snapshot{}
+	for wr, w := range ix.workers {
+		m := map[uint64]string{}
+		for id, key := range w.blocks {
+			m[id] = fmt.Sprintf("%x/%s", key, ix.nodes[key].find(w.slot).tiers)
+		}
+		if len(m) > 0 {
+			out[wr] = m
+		}
+	}
+	return out
+}
+
+func (s snapshot) String() string {
+	var lines []string
+	for wr, m := range s {
+		for id, v := range m {
+			lines = append(lines, fmt.Sprintf("%s id %d: %s", wr, id, v))
+		}
+	}
+	slices.Sort(lines)
+	return strings.Join(lines, "\n")
+}
+
+// expect applies events directly to a fresh index, as the listener should.
+func expect(t testing.TB, evs ...Event) snapshot {
+	t.Helper()
+	ix := NewIndex(testBS)
+	for _, ev := range evs {
+		if _, err := ix.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return snap(ix)
+}
+
+func indexEvent(w WorkerRank, tier Tier, ev engine.BlockStored) Event {
+	blocks := make([]Block, len(ev.BlockHashes))
+	for i, h := range ev.BlockHashes {
+		blocks[i] = Block{Hash: h, Local: LocalHash(ev.TokenIDs[i*testBS:(i+1)*testBS], LoRASeed(ev.LoRAName), nil)}
+	}
+	out := Event{Kind: Stored, Worker: w, Tier: tier, Blocks: blocks}
+	if ev.Parent != nil {
+		out.Parent, out.HasParent = *ev.Parent, true
+	}
+	return out
+}
+
+func (r *rig) check(want snapshot) {
+	r.t.Helper()
+	got := snap(r.set.Lookup(testKey))
+	if got.String() != want.String() {
+		r.t.Fatalf("index:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func counter(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	return testutil.ToFloat64(c)
+}
+
+func TestIngestLive(t *testing.T) {
+	for _, enc := range []engine.Encoding{engine.MapEncoding, engine.ArrayEncoding} {
+		for _, he := range []engine.HashEncoding{engine.HashUint64, engine.HashInt64, engine.HashBytes} {
+			t.Run(fmt.Sprintf("%s/%s", enc, he), func(t *testing.T) {
+				r := newRig(t, IngestOptions{})
+				p := newPub(t, engine.Config{Encoding: enc, HashEncoding: he})
+				r.register(1, 0, p, false)
+				subscribed(t, p)
+				big := uint64(1<<63 + 10)
+				a := root(big, 3)
+				b := child(big+2, 50, 2)
+				c := root(90, 1)
+				c.Medium = "CPU"
+				publish(t, p, a, b)
+				publish(t, p, c, engine.BlockRemoved{BlockHashes: []uint64{51}})
+				last := publish(t, p, engine.BlockRemoved{BlockHashes: []uint64{90}, Medium: "CPU_PINNED"})
+				r.waitApplied(1, 0, last)
+				w := WorkerRank{1, 0}
+				r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, b), removed(w, TierDevice, 51)))
+				if got := counter(t, r.m.eventsApplied.WithLabelValues("stored")); got != 3 {
+					t.Errorf("stored events applied = %v, want 3", got)
+				}
+				if l := r.waitStatus(1, 0, StatusActive); l.LastError != "" {
+					t.Errorf("active listener has last error %q", l.LastError)
+				}
+			})
+		}
+	}
+}
+
+func TestIngestGapReplay(t *testing.T) {
+	for _, style := range []engine.ReplyStyle{engine.ReplyWithTopic, engine.ReplyLegacy} {
+		t.Run(style.String(), func(t *testing.T) {
+			r := newRig(t, IngestOptions{})
+			drop := map[uint64]bool{0: true, 2: true, 3: true}
+			p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", ReplyStyle: style, Topic: "kv",
+				Drop: func(seq uint64) bool { return drop[seq] }})
+			reg := r.register(1, 0, p, true)
+			_ = reg
+			subscribed(t, p)
+			w := WorkerRank{1, 0}
+			var want []Event
+			var prev uint64
+			for i := range 6 {
+				ev := root(uint64(100*(i+1)), 2)
+				if i > 0 {
+					ev = child(prev, uint64(100*(i+1)), 2)
+				}
+				prev = ev.BlockHashes[1]
+				publish(t, p, ev)
+				want = append(want, indexEvent(w, TierDevice, ev))
+			}
+			r.waitApplied(1, 0, 5)
+			r.check(expect(t, want...))
+			// How many batches one replay returns depends on how far the
+			// publisher got meanwhile; at least the dropped ones.
+			if got := counter(t, r.m.gaps); got < 1 {
+				t.Errorf("gaps = %v, want >= 1", got)
+			}
+			if got := counter(t, r.m.batchesReplayed); got < 3 {
+				t.Errorf("replayed = %v, want >= 3", got)
+			}
+			if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)) + counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 0 {
+				t.Errorf("lost = %v, want 0", got)
+			}
+		})
+	}
+}
+
+func TestIngestGapWithoutReplay(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{Drop: func(seq uint64) bool { return seq == 1 }})
+	r.register(1, 0, p, false)
+	subscribed(t, p)
+	w := WorkerRank{1, 0}
+	a, b, c := root(10, 1), root(20, 1), root(30, 1)
+	publish(t, p, a)
+	publish(t, p, b)
+	publish(t, p, c)
+	r.waitApplied(1, 0, 2)
+	r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, c)))
+	if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)); got != 1 {
+		t.Errorf("lost = %v, want 1", got)
+	}
+}
+
+func TestIngestLateJoinReplaysFromZero(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3})
+	w := WorkerRank{1, 0}
+	// Published before anyone listens: 0 and 1 fall out of the 3-batch
+	// buffer, 2 and 3 are replayed.
+	evs := []engine.BlockStored{root(10, 1), root(20, 1), root(30, 1), root(40, 1), root(50, 1)}
+	for _, ev := range evs[:4] {
+		publish(t, p, ev)
+	}
+	r.register(1, 0, p, true)
+	subscribed(t, p)
+	publish(t, p, evs[4])
+	r.waitApplied(1, 0, 4)
+	r.check(expect(t, indexEvent(w, TierDevice, evs[2]), indexEvent(w, TierDevice, evs[3]), indexEvent(w, TierDevice, evs[4])))
+	if got := counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 2 {
+		t.Errorf("lost before join = %v, want 2", got)
+	}
+}
+
+func TestIngestPublisherRestart(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{})
+	r.register(1, 0, p, false)
+	subscribed(t, p)
+	w := WorkerRank{1, 0}
+	publish(t, p, root(10, 2))
+	publish(t, p, root(20, 2))
+	r.waitApplied(1, 0, 1)
+	endpoint := p.Endpoint()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The listener notices the broken connection and keeps redialling.
+	r.waitStatus(1, 0, StatusPending)
+	p2 := newPub(t, engine.Config{Endpoint: endpoint})
+	r.waitStatus(1, 0, StatusActive)
+	subscribed(t, p2)
+	fresh := root(30, 1)
+	if seq := publish(t, p2, fresh); seq != 0 {
+		t.Fatalf("restarted publisher at seq %d", seq)
+	}
+	waitFor(t, "restart detected", func() bool { return counter(t, r.m.restarts) == 1 })
+	r.waitApplied(1, 0, 0)
+	r.check(expect(t, indexEvent(w, TierDevice, fresh)))
+}
+
+func TestIngestWatermarkSurvivesReregister(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	r.register(1, 0, p, true)
+	subscribed(t, p)
+	w := WorkerRank{1, 0}
+	publish(t, p, root(10, 1))
+	r.waitApplied(1, 0, 0)
+	if ok, err := r.g.Unregister(context.Background(), testKey, 1, nil); err != nil || !ok {
+		t.Fatalf("unregister: %v %v", ok, err)
+	}
+	r.check(snapshot{})
+	// Nobody listens to 1 and 2; re-registering replays them from seq 1.
+	b, c, d := root(20, 1), root(30, 1), root(40, 1)
+	publish(t, p, b)
+	publish(t, p, c)
+	r.register(1, 0, p, true)
+	r.sync(p, 1, 0) // its first batch is at seq 3: 1 and 2 are replayed
+	last := publish(t, p, d)
+	r.waitApplied(1, 0, last)
+	r.check(expect(t, indexEvent(w, TierDevice, b), indexEvent(w, TierDevice, c), indexEvent(w, TierDevice, d)))
+	if got := counter(t, r.m.batchesReplayed); got < 2 {
+		t.Errorf("replayed = %v, want >= 2", got)
+	}
+}
+
+func TestIngestStatusTransitions(t *testing.T) {
+	r := newRig(t, IngestOptions{FailAfter: 2})
+	// A port nobody listens on, yet.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + ln.Addr().String()
+	_ = ln.Close()
+	if err := r.g.Register(Registration{Key: testKey, BlockSize: testBS, Worker: 5, Endpoint: endpoint}); err != nil {
+		t.Fatal(err)
+	}
+	l := r.waitStatus(5, 0, StatusFailed)
+	if !strings.Contains(l.LastError, "connect") {
+		t.Errorf("last error %q does not say why", l.LastError)
+	}
+	p := newPub(t, engine.Config{Endpoint: endpoint})
+	if l := r.waitStatus(5, 0, StatusActive); l.LastError != "" {
+		t.Errorf("active with last error %q", l.LastError)
+	}
+	subscribed(t, p)
+	publish(t, p, root(1, 1))
+	r.waitApplied(5, 0, 0)
+
+	if n := r.g.Pause(testKey, 5, nil); n != 1 {
+		t.Fatalf("paused %d listeners", n)
+	}
+	r.waitStatus(5, 0, StatusPaused)
+	if n := r.g.Resume(testKey, 5, nil); n != 1 {
+		t.Fatalf("resumed %d listeners", n)
+	}
+	r.waitStatus(5, 0, StatusActive)
+	if got := testutil.CollectAndCount(r.reg, "kvgate_kv_event_listeners"); got != 4 {
+		t.Errorf("%d listener state series, want 4", got)
+	}
+}
+
+func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	three := 3
+	p := newPub(t, engine.Config{Rank: &three})
+	r.register(1, 0, p, false)
+	q := newPub(t, engine.Config{})
+	r.register(1, 1, q, false)
+	subscribed(t, p)
+	subscribed(t, q)
+	a, b := root(10, 2), root(20, 2)
+	publish(t, p, a)
+	publish(t, q, b)
+	r.waitApplied(1, 0, 0)
+	r.waitApplied(1, 1, 0)
+	r.check(expect(t, indexEvent(WorkerRank{1, 3}, TierDevice, a), indexEvent(WorkerRank{1, 1}, TierDevice, b)))
+	// Unregistering rank 0 also drops the rank its batches named.
+	rank0 := uint32(0)
+	if ok, err := r.g.Unregister(context.Background(), testKey, 1, &rank0); err != nil || !ok {
+		t.Fatalf("unregister rank 0: %v %v", ok, err)
+	}
+	r.check(expect(t, indexEvent(WorkerRank{1, 1}, TierDevice, b)))
+	if got := len(r.g.Listeners()); got != 1 {
+		t.Errorf("%d listeners left, want 1", got)
+	}
+}
+
+func TestIngestMalformedAndMismatched(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{})
+	r.register(1, 0, p, false)
+	subscribed(t, p)
+	w := WorkerRank{1, 0}
+	if _, err := p.PublishRaw([]byte{0xc1, 0x00}); err != nil {
+		t.Fatal(err)
+	}
+	wrongSize := root(10, 1)
+	wrongSize.BlockSize = 8
+	short := root(20, 3)
+	short.TokenIDs = short.TokenIDs[:2*testBS+1] // the third block is partial
+	orphan := child(999, 30, 1)
+	lora := root(40, 1)
+	lora.LoRAName = "adapter"
+	last := publish(t, p, wrongSize, short, orphan, lora)
+	r.waitApplied(1, 0, last)
+	shortFixed := short
+	shortFixed.BlockHashes = short.BlockHashes[:2]
+	r.check(expect(t, indexEvent(w, TierDevice, shortFixed), indexEvent(w, TierDevice, lora)))
+	for reason, want := range map[string]float64{DropBlockSize: 1, DropUnknownParent: 1} {
+		if got := counter(t, r.m.eventsDropped.WithLabelValues(reason)); got != want {
+			t.Errorf("dropped %s = %v, want %v", reason, got, want)
+		}
+	}
+	if got := counter(t, r.m.blocksDropped.WithLabelValues(DropPartialBlock)); got != 1 {
+		t.Errorf("partial blocks dropped = %v, want 1", got)
+	}
+	if got := counter(t, r.m.decodeErrors); got != 1 {
+		t.Errorf("decode errors = %v, want 1", got)
+	}
+	// The LoRA block matches only with its adapter's seed.
+	ix := r.set.Lookup(testKey)
+	if got := ix.MatchTokens(lora.TokenIDs, "adapter", nil); len(got) != 1 || got[0].Device != 1 {
+		t.Errorf("adapter match = %+v", got)
+	}
+	if got := ix.MatchTokens(lora.TokenIDs, "", nil); len(got) != 0 {
+		t.Errorf("base model matched adapter blocks: %+v", got)
+	}
+}
+
+func TestRegisterErrors(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	base := Registration{Key: testKey, BlockSize: testBS, Worker: 1, Endpoint: "tcp://127.0.0.1:1"}
+	if err := r.g.Register(base); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.g.Register(base); err != nil {
+		t.Errorf("re-register identical: %v", err)
+	}
+	for name, mod := range map[string]func(*Registration){
+		"bad endpoint":        func(r *Registration) { r.Endpoint = "localhost:5557" },
+		"bind address":        func(r *Registration) { r.Endpoint = "tcp://*:5557" },
+		"bad replay":          func(r *Registration) { r.Worker, r.ReplayEndpoint = 2, "nope" },
+		"empty model":         func(r *Registration) { r.Worker, r.Key.Model = 3, "" },
+		"block size conflict": func(r *Registration) { r.Worker, r.BlockSize = 4, 8 },
+		"other model":         func(r *Registration) { r.Key.Model = "other" },
+	} {
+		reg := base
+		mod(&reg)
+		if err := r.g.Register(reg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+	if got := len(r.g.Listeners()); got != 1 {
+		t.Errorf("%d listeners after failed registrations, want 1", got)
+	}
+}
+
+// TestIngestManyPublishers streams from 64 publishers at once, dropping
+// random live batches; replay recovers them all, and the index ends up
+// exactly as if every event had been applied in order.
+func TestIngestManyPublishers(t *testing.T) {
+	const publishers, batches = 64, 40
+	r := newRig(t, IngestOptions{})
+	rng := rand.New(rand.NewPCG(1, 2))
+	type pubState struct {
+		p      *engine.Publisher
+		events [][]engine.Event
+	}
+	pubs := make([]pubState, publishers)
+	var want []Event
+	for i := range pubs {
+		w := WorkerRank{uint64(i + 1), 0}
+		drops := map[uint64]bool{}
+		for s := range uint64(batches - 1) { // never the last: a gap shows at the next batch
+			if rng.IntN(4) == 0 {
+				drops[s] = true
+			}
+		}
+		pubs[i].p = newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Encoding: engine.Encoding(i % 2),
+			Drop: func(seq uint64) bool { return drops[seq] }})
+		// A simulated cache: chains grow from stored blocks, some removed.
+		var live []uint64
+		next := uint64(i+1) << 32
+		for range batches {
+			var evs []engine.Event
+			for range 1 + rng.IntN(3) {
+				switch {
+				case len(live) > 0 && rng.IntN(3) == 0:
+					k := rng.IntN(len(live))
+					id := live[k]
+					live = slices.Delete(live, k, k+1)
+					evs = append(evs, engine.BlockRemoved{BlockHashes: []uint64{id}})
+					want = append(want, removed(w, TierDevice, id))
+				default:
+					n := 1 + rng.IntN(3)
+					ev := root(next, n)
+					if len(live) > 0 && rng.IntN(2) == 0 {
+						ev = child(live[rng.IntN(len(live))], next, n)
+					}
+					next += uint64(n)
+					live = append(live, ev.BlockHashes...)
+					evs = append(evs, ev)
+					want = append(want, indexEvent(w, TierDevice, ev))
+				}
+			}
+			pubs[i].events = append(pubs[i].events, evs)
+		}
+		r.register(w.Worker, 0, pubs[i].p, true)
+	}
+	var wg sync.WaitGroup
+	for i := range pubs {
+		wg.Go(func() {
+			subscribed(t, pubs[i].p)
+			for _, evs := range pubs[i].events {
+				if _, err := pubs[i].p.Publish(evs...); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range pubs {
+		r.waitApplied(uint64(i+1), 0, batches-1)
+	}
+	r.check(expect(t, want...))
+	if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)); got != 0 {
+		t.Errorf("%v batches lost", got)
+	}
+	if counter(t, r.m.gaps) == 0 {
+		t.Error("no gaps: the drops did not happen")
+	}
+}
