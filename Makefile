@@ -6,18 +6,29 @@ LDFLAGS  := -X main.version=$(VERSION)
 FUZZTIME ?= 10s
 
 .DEFAULT_GOAL := build
-.PHONY: build test bench fuzz lint clean help
+.PHONY: build test test-deps bench fuzz lint clean help
 
 build: ## Build bin/kvgate, version stamped from git describe (or "dev")
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kvgate .
 
-test: ## Run all tests with the race detector
-	$(GO) test -race -count=1 ./...
+test: test-deps ## Run all tests with the race detector (installs the interop test's Debian packages if missing)
+	KVGATE_INTEROP=1 $(GO) test -race -count=1 ./...
+
+# The libzmq interop test runs a publisher on Debian's python3 with
+# python3-zmq and python3-msgpack (what vLLM and SGLang use).
+test-deps:
+	@if ! /usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null; then \
+		echo "installing python3-zmq python3-msgpack for the libzmq interop test"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q python3 python3-zmq python3-msgpack; \
+	fi
 
 bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conversation trace
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -split 1 -capacity 512
+	$(GO) run ./bench/ingest -publishers 4 -batches 20000
+	$(GO) run ./bench/ingest -publishers 64 -batches 2000 -encoding array
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' .ci/fuzz

@@ -632,3 +632,95 @@ func TestIngestManyPublishers(t *testing.T) {
 		t.Error("no gaps: the drops did not happen")
 	}
 }
+
+// TestMooncakeObjects follows Mooncake store objects through the listener's
+// conversion: stored in host memory, offloaded to disk, dropped from
+// memory, gone; and the ids-only events of the newer store publisher.
+func TestMooncakeObjects(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	ix, err := r.set.Index(testKey, testBS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &listener{g: r.g, reg: Registration{Key: testKey, BlockSize: testBS, Worker: 1}, ix: ix, mark: &mark{ranks: map[uint32]bool{}}}
+	w := WorkerRank{1, 0}
+	toks := tokensOf(7, 1)
+	apply := func(msg mp) {
+		t.Helper()
+		b, err := l.dec.Decode(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range b.Events {
+			for _, ev := range l.convert(w, &b.Events[i]) {
+				if _, err := ix.Apply(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	tiers := func() Tier { // of block 0x70
+		ix.mu.RLock()
+		defer ix.mu.RUnlock()
+		if w := ix.workers[w]; w != nil {
+			if key, ok := w.blocks[0x70]; ok {
+				return ix.nodes[key].find(w.slot).tiers
+			}
+		}
+		return 0
+	}
+	replica := func(b mp, kinds ...string) mp {
+		b = b.arr(len(kinds))
+		for _, k := range kinds {
+			b = b.arr(2).str(k).str("loc")
+		}
+		return b
+	}
+	store := replica(mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("obj"), "memory").
+		str("m").uint(testBS).str("0x70").str("").tokens(toks)
+	update := func(kinds ...string) mp {
+		return replica(mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockUpdateEvent").str("obj"), kinds...)
+	}
+	apply(store)
+	if got := tiers(); got != TierHost {
+		t.Fatalf("after store: %s", got)
+	}
+	apply(update("memory", "disk"))
+	if got := tiers(); got != TierHost|TierDisk {
+		t.Fatalf("after offload: %s", got)
+	}
+	apply(update("disk"))
+	if got := tiers(); got != TierDisk {
+		t.Fatalf("after eviction from memory: %s", got)
+	}
+	apply(update())
+	if got := tiers(); got != 0 {
+		t.Fatalf("after removal: %s", got)
+	}
+	apply(update("memory")) // unknown now: counted, ignored
+	if got := counter(t, r.m.eventsDropped.WithLabelValues(DropUnknownObject)); got != 1 {
+		t.Errorf("unknown object updates = %v", got)
+	}
+
+	// The newer store publisher names blocks the engine already reported.
+	dev := engine.BlockStored{BlockHashes: []uint64{0x70}, TokenIDs: toks, BlockSize: testBS}
+	if _, err := ix.Apply(indexEvent(w, TierDevice, dev)); err != nil {
+		t.Fatal(err)
+	}
+	ids := func(typ, medium string, id uint64) mp {
+		return mp{}.arr(3).uint(1).arr(1).mapN(3).str("event_type").str(typ).str("medium").str(medium).str("seq_hashes").uints(id).uint(0)
+	}
+	apply(ids("stored", "cpu", 0x70))
+	apply(ids("stored", "disk", 0x99)) // not held: Unknown
+	if got := tiers(); got != TierDevice|TierHost {
+		t.Fatalf("after store-publisher stored: %s", got)
+	}
+	apply(ids("removed", "cpu", 0x70))
+	if got := tiers(); got != TierDevice {
+		t.Fatalf("after store-publisher removed: %s", got)
+	}
+	apply(mp{}.arr(2).uint(1).arr(1).mapN(1).str("event_type").str("cleared")) // host and disk only
+	if got := tiers(); got != TierDevice {
+		t.Fatalf("store clear dropped device blocks: %s", got)
+	}
+}
