@@ -1,8 +1,11 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its dump and recovery format
-// (dump.go), and the set of indexes with the goroutines that apply events to
-// them in per-worker order (set.go).
+// (dump.go), the set of indexes with the goroutines that apply events to
+// them in per-worker order (set.go), and the event path that feeds it from
+// engines: decoding of vLLM, SGLang and Mooncake KV event batches (wire.go,
+// on a small allocation-free msgpack reader in msgpack.go) and the ZMQ
+// listeners with gap detection and replay (ingest.go, metrics.go).
 //
 // # The index
 //
@@ -20,6 +23,15 @@
 // by separate indexes. Matches run concurrently with event application; a
 // writer holds the lock for at most writeChunk blocks at a time.
 //
-// The package must not know wire formats of engines (ZMQ, msgpack) beyond
-// the dump's JSON, nor HTTP, nor scheduling: those live with their callers.
+// # The event path
+//
+// An Ingester runs one listener per registered publisher of a worker rank:
+// a ZMQ SUB socket that reconnects with backoff, a sequence cursor per
+// publisher that survives unregistering, replay over a DEALER socket when a
+// gap shows, and a restart check that clears a restarted engine's blocks.
+// Every batch, event and block that is not applied is counted in a metric
+// with its reason.
+//
+// The index itself (index.go, set.go) knows nothing of wire formats; the
+// package must not know HTTP or scheduling: those live with their callers.
 package indexer

@@ -12,7 +12,7 @@ At start it prints one JSON line, {"pub": "tcp://127.0.0.1:P", "replay":
 "tcp://127.0.0.1:R"}, then reads JSON commands from stdin, one per line, and
 answers each with one JSON line:
 
-    {"cmd": "wait_sub"}  -> {"ok": true} once a subscriber is subscribed
+    {"cmd": "wait_sub"}  -> {"ok": true} once a subscriber gets our topic
     {"cmd": "publish", "encoding": "map"|"array", "drop": false,
      "batch": {"ts": 1.5, "rank": null, "two_element": false, "events": [...]}}
                          -> {"seq": n}
@@ -83,7 +83,7 @@ class Publisher:
         self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
         self.next_seq = 0
         self.buffer = collections.deque(maxlen=BUFFER_STEPS)  # (seq, payload)
-        self.subscribed = False
+        self.subscriptions = set()  # topic prefixes subscribed to
 
     def close(self):
         self.xpub.close(linger=0)
@@ -96,9 +96,15 @@ class Publisher:
                 msg = self.xpub.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            # 1 = subscribe, 0 = the last subscriber of a topic left.
-            if msg[:1] in (b"\x00", b"\x01"):
-                self.subscribed = msg[:1] == b"\x01"
+            # 1 = subscribe, 0 = the last subscriber of a prefix left.
+            if msg[:1] == b"\x01":
+                self.subscriptions.add(msg[1:])
+            elif msg[:1] == b"\x00":
+                self.subscriptions.discard(msg[1:])
+
+    def subscribed(self):
+        """Whether some subscriber gets our topic."""
+        return any(self.topic.startswith(t) for t in self.subscriptions)
 
     def publish(self, cmd):
         payload = encode_batch(cmd["batch"], cmd.get("encoding", "map"))
@@ -171,7 +177,7 @@ def main():
                     poller.unregister(stdin)
                 *lines, partial = (partial + chunk).split(b"\n")
                 queue.extend(l for l in lines if l.strip())
-            if waiting_sub and p.subscribed:
+            if waiting_sub and p.subscribed():
                 waiting_sub = False
                 answer({"ok": True})
             # Commands run in order; a pending wait_sub holds back the rest.
@@ -182,12 +188,15 @@ def main():
                     return 0
                 if name == "wait_sub":
                     p.read_subscriptions()
-                    if p.subscribed:
+                    if p.subscribed():
                         answer({"ok": True})
                     else:
                         waiting_sub = True
                 elif name == "publish":
-                    answer({"seq": p.publish(cmd)})
+                    try:
+                        answer({"seq": p.publish(cmd)})
+                    except (KeyError, TypeError, ValueError) as e:
+                        answer({"error": "bad publish: %r" % e})
                 else:
                     answer({"error": "unknown command %r" % name})
             if eof and not queue:
