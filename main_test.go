@@ -55,7 +55,7 @@ func testMain(m *testing.M) int {
 	code := m.Run()
 	if code == 0 {
 		// The engine publisher's PUB writer goroutine never ends (zmq4 v0.17.0).
-		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run")); err != nil {
+		if err := goleak.Find(goleak.IgnoreAnyFunction(engine.LeakedGoroutine)); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 			return 1
 		}

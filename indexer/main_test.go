@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"github.com/kvgate/kvgate/bench/engine"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -12,5 +13,5 @@ func TestMain(m *testing.M) {
 		// goroutine never ends: zmq4 v0.17.0's socket Close does not stop it.
 		// kvgate's own listeners use SUB and DEALER sockets only, and those
 		// are checked here.
-		goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+		goleak.IgnoreAnyFunction(engine.LeakedGoroutine))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"github.com/kvgate/kvgate/bench/engine"
 	"strings"
 	"testing"
 
@@ -10,7 +11,7 @@ import (
 
 func TestMain(m *testing.M) {
 	// Engine publishers' PUB writer goroutines never end (zmq4 v0.17.0).
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction(engine.LeakedGoroutine))
 }
 
 func TestRunSmall(t *testing.T) {
