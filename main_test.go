@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/indexer"
 	"go.uber.org/goleak"
 )
 
@@ -658,4 +659,30 @@ func TestE2EWorkersFlagInvalid(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "bind address") {
 		t.Errorf("want one line naming the problem, got:\n%s", strings.Join(lines, "\n"))
 	}
+}
+
+func FuzzParseWorkers(f *testing.F) {
+	for _, s := range []string{"1=tcp://h:5557", "1=tcp://h:5557,2:1=tcp://h:5558|tcp://h:5559", "x", "1:=", ",,", "1=ipc:///tmp/kv"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ws, err := parseWorkers(s)
+		if err != nil {
+			if strings.Contains(err.Error(), "\n") {
+				t.Fatalf("multi-line error %q", err)
+			}
+			return
+		}
+		seen := map[[2]uint64]bool{}
+		for _, w := range ws {
+			if indexer.ValidateEndpoint(w.Endpoint) != nil || (w.ReplayEndpoint != "" && indexer.ValidateEndpoint(w.ReplayEndpoint) != nil) {
+				t.Fatalf("accepted invalid endpoint in %+v", w)
+			}
+			k := [2]uint64{w.ID, uint64(w.Rank)}
+			if seen[k] {
+				t.Fatalf("duplicate %v accepted", k)
+			}
+			seen[k] = true
+		}
+	})
 }

@@ -724,3 +724,67 @@ func TestMooncakeObjects(t *testing.T) {
 		t.Fatalf("store clear dropped device blocks: %s", got)
 	}
 }
+
+// TestIngestUnknownParentResync re-registers a worker whose blocks were
+// removed: its next event names a parent only the engine's replay buffer
+// still has, and one full-buffer replay restores it.
+func TestIngestUnknownParentResync(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	r.register(1, 0, p, true)
+	subscribed(t, p)
+	w := WorkerRank{1, 0}
+	a := root(10, 2)
+	publish(t, p, a)
+	r.waitApplied(1, 0, 0)
+	if _, err := r.g.Unregister(context.Background(), testKey, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.register(1, 0, p, true)
+	r.sync(p, 1, 0)
+	b := child(11, 20, 1) // under a's second block, which the index no longer has
+	publish(t, p, b)
+	// The resync runs when the next batch arrives after the failed apply.
+	waitFor(t, "a resync", func() bool {
+		r.sync(p, 1, 0)
+		return counter(t, r.m.resyncs) >= 1
+	})
+	last := r.sync(p, 1, 0)
+	r.waitApplied(1, 0, last)
+	r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, b)))
+	if got := counter(t, r.m.resyncs); got != 1 {
+		t.Errorf("resyncs = %v, want exactly 1", got)
+	}
+}
+
+// TestSGLangEpochRestart: a new epoch in SGLang's topic means a new
+// publisher, even when the sequence numbers do not go back.
+func TestSGLangEpochRestart(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	ix, err := r.set.Index(testKey, testBS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &listener{g: r.g, reg: Registration{Key: testKey, BlockSize: testBS, Worker: 1}, ix: ix, mark: &mark{ranks: map[uint32]bool{}}}
+	w := WorkerRank{1, 0}
+	batch := func(ev engine.BlockStored) []byte {
+		payload, err := engine.EncodeBatch(1, []engine.Event{ev}, engine.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return payload
+	}
+	a, b := root(10, 1), root(20, 1)
+	ctx := context.Background()
+	l.handle(ctx, []byte("kv\x00sgl-kv-epoch=1"), 0, batch(a), true)
+	l.handle(ctx, []byte("kv\x00sgl-kv-epoch=1"), 1, batch(root(30, 1)), false)
+	l.handle(ctx, []byte("kv\x00sgl-kv-epoch=2"), 5, batch(b), false)
+	r.flush(1)
+	r.check(expect(t, indexEvent(w, TierDevice, b)))
+	if got := counter(t, r.m.restarts); got != 1 {
+		t.Errorf("restarts = %v, want 1", got)
+	}
+	if got := counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 5 {
+		t.Errorf("lost = %v, want 5 (seq 0-4 of the new epoch)", got)
+	}
+}
