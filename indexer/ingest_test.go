@@ -788,3 +788,46 @@ func TestSGLangEpochRestart(t *testing.T) {
 		t.Errorf("lost = %v, want 5 (seq 0-4 of the new epoch)", got)
 	}
 }
+
+// TestIngestSilentPeer: an endpoint that accepts connections and never
+// speaks ZMTP leaves the listener retrying, not hung, and unregistering
+// it returns.
+func TestIngestSilentPeer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns sync.WaitGroup
+	var mu sync.Mutex
+	var held []net.Conn
+	conns.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		conns.Wait()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	r := newRig(t, IngestOptions{DialTimeout: 50 * time.Millisecond, FailAfter: 2})
+	endpoint := "tcp://" + ln.Addr().String()
+	if err := r.g.Register(Registration{Key: testKey, BlockSize: testBS, Worker: 1, Endpoint: endpoint, ReplayEndpoint: endpoint}); err != nil {
+		t.Fatal(err)
+	}
+	l := r.waitStatus(1, 0, StatusFailed)
+	if !strings.Contains(l.LastError, "timeout") {
+		t.Errorf("last error %q does not say the handshake timed out", l.LastError)
+	}
+	if ok, err := r.g.Unregister(context.Background(), testKey, 1, nil); !ok || err != nil {
+		t.Fatalf("unregister: %v %v", ok, err)
+	}
+}
