@@ -237,17 +237,19 @@ func (g *Ingester) Unregister(ctx context.Context, key Key, worker uint64, rank 
 	if ix == nil {
 		return len(stopped) > 0, nil
 	}
+	// Ranks this rank's publishers reported through batch overrides.
+	var ranks []uint32
+	for _, l := range stopped {
+		ranks = append(ranks, l.mark.rankList()...)
+	}
 	err := g.set.Do(ctx, worker, func() {
 		if rank == nil {
 			ix.RemoveWorker(worker)
 			return
 		}
 		ix.RemoveWorkerRank(WorkerRank{worker, *rank})
-		// Ranks this rank's publishers reported through batch overrides.
-		for _, l := range stopped {
-			for r := range l.mark.ranks { // safe: l is stopped
-				ix.RemoveWorkerRank(WorkerRank{worker, r})
-			}
+		for _, r := range ranks {
+			ix.RemoveWorkerRank(WorkerRank{worker, r})
 		}
 	})
 	if err != nil {
@@ -296,9 +298,8 @@ func (g *Ingester) stopMatching(match func(*listener) bool, forget bool) []*list
 	}
 	g.mu.Unlock()
 	for _, l := range hit {
-		l.stop()
-		if !forget {
-			l.setStatus(StatusPaused, "")
+		if stopped := l.stop(); !forget && stopped != nil {
+			l.pausedAfter(stopped)
 		}
 	}
 	return hit
@@ -351,13 +352,31 @@ func (g *Ingester) Close() {
 // listener writes it (one at a time: a listener is stopped before its
 // successor starts); last may be read from anywhere.
 type mark struct {
-	next   atomic.Uint64 // 1 + last applied sequence number; 0: none yet
-	epoch  string        // SGLang's topic epoch, when it sends one
-	ranks  map[uint32]bool
-	resync uint64 // sequence number through which an unknown-parent resync ran
+	next  atomic.Uint64 // 1 + last applied sequence number; 0: none yet
+	epoch string        // SGLang's topic epoch, when it sends one
+	// armed allows one full-buffer resync after an event with an unknown
+	// parent; a new connection, a gap or a restart arm it, a resync
+	// disarms it, so parents the engine no longer has cost one resync, not
+	// one per batch.
+	armed bool
 	// unknown is 1 + the sequence number of the latest batch with an event
 	// whose parent was unknown (set from the apply goroutines).
 	unknown atomic.Uint64
+
+	mu    sync.Mutex
+	ranks map[uint32]bool // ranks the publisher's batches named
+}
+
+func (m *mark) addRank(r uint32) {
+	m.mu.Lock()
+	m.ranks[r] = true
+	m.mu.Unlock()
+}
+
+func (m *mark) rankList() []uint32 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Sorted(maps.Keys(m.ranks))
 }
 
 func (m *mark) last() (seq uint64, ok bool) {
@@ -405,22 +424,46 @@ func (l *listener) start() {
 	}()
 }
 
-// stop stops the run goroutine, if running, and waits for it.
-func (l *listener) stop() {
+// stop stops the run goroutine, if any, and waits until it has exited,
+// however many callers stop it at once. It returns the stopped
+// goroutine's done channel (nil if none ran).
+func (l *listener) stop() chan struct{} {
 	l.mu.Lock()
 	cancel, done := l.cancel, l.done
-	l.cancel, l.done = nil, nil
 	l.mu.Unlock()
-	if cancel != nil {
-		cancel()
-		<-done
+	if done == nil {
+		return nil
+	}
+	cancel()
+	<-done
+	return done
+}
+
+// running reports whether a run goroutine exists and has not exited; one
+// being stopped still counts, so it is never started twice.
+func (l *listener) running() bool {
+	l.mu.Lock()
+	done := l.done
+	l.mu.Unlock()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
 	}
 }
 
-func (l *listener) running() bool {
+// pausedAfter marks the listener paused, unless it was restarted after the
+// goroutine of done stopped.
+func (l *listener) pausedAfter(done chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.cancel != nil
+	if l.done == done {
+		l.status = StatusPaused
+	}
 }
 
 func (l *listener) setStatus(s ListenerStatus, lastError string) {
@@ -450,6 +493,9 @@ func (l *listener) run(ctx context.Context) {
 	for {
 		sub, err := l.dial(ctx)
 		if ctx.Err() != nil {
+			if err == nil {
+				closeSocket(sub)
+			}
 			return
 		}
 		if err == nil {
@@ -531,6 +577,9 @@ func (boundedTransport) Dial(ctx context.Context, d transport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
+	// Cancelling the socket's context (stopping the listener) interrupts a
+	// handshake in progress; afterwards the socket's Close closes it anyway.
+	context.AfterFunc(ctx, func() { conn.Close() })
 	if hs, ok := ctx.Value(handshakeKey{}).(*handshake); ok && hs.timeout > 0 {
 		if err := conn.SetDeadline(time.Now().Add(hs.timeout)); err != nil {
 			conn.Close()
@@ -564,6 +613,11 @@ func dialBounded(s zmq4.Socket, hs *handshake, endpoint string) error {
 		endpoint = boundedTCP + "://" + rest
 	}
 	if err := s.Dial(endpoint); err != nil {
+		hs.mu.Lock()
+		if hs.conn != nil {
+			hs.conn.Close() // zmq4 leaves it open when the handshake fails
+		}
+		hs.mu.Unlock()
 		return err
 	}
 	hs.mu.Lock()
@@ -597,6 +651,10 @@ func (l *listener) consume(ctx context.Context, sub zmq4.Socket) error {
 		if err != nil {
 			return fmt.Errorf("receive: %w", err)
 		}
+		if ctx.Err() != nil {
+			// Stopping: leave the batch to the replay after a restart.
+			return ctx.Err()
+		}
 		m := l.g.m
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			m.batchesReceived.Inc()
@@ -606,6 +664,9 @@ func (l *listener) consume(ctx context.Context, sub zmq4.Socket) error {
 			continue
 		}
 		seq := binary.BigEndian.Uint64(msg.Frames[1])
+		if fresh {
+			l.mark.armed = true
+		}
 		l.handle(ctx, msg.Frames[0], seq, msg.Frames[2], fresh)
 		fresh = false
 	}
@@ -643,10 +704,12 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 		m.restarts.Inc()
 		l.g.log.Warn("kv event publisher restarted; clearing its blocks", "worker", l.reg.Worker, "rank", l.reg.Rank,
 			"endpoint", l.reg.Endpoint, "seq", seq, "last_seq", last)
-		l.clearRanks(ctx)
+		if !l.clearRanks(ctx) {
+			return // stopping; the next listener detects the restart again
+		}
 		mk.next.Store(0)
-		mk.resync = 0
 		mk.unknown.Store(0)
+		mk.armed = true
 		last, has = 0, false
 	}
 	if has && seq <= last {
@@ -661,17 +724,18 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 	if !has {
 		lost = LostBeforeJoin
 	}
-	if u := mk.unknown.Load(); u > 0 && u-1 > mk.resync && l.reg.ReplayEndpoint != "" && has {
+	if u := mk.unknown.Load(); u > 0 && u-1 <= last && mk.armed && l.reg.ReplayEndpoint != "" && has {
 		// An event's parent was unknown: events were missed before the
-		// cursor. Replay the engine's whole buffer once.
+		// cursor. Replay the engine's whole buffer, once until re-armed.
 		m.resyncs.Inc()
+		mk.armed = false
 		l.replay(ctx, 0, true, lost)
-		mk.resync, _ = mk.last()
 		last, has = mk.last()
 		want = last + 1
 	}
 	if seq > want {
 		m.gaps.Inc()
+		mk.armed = true
 		if l.reg.ReplayEndpoint != "" {
 			l.replay(ctx, want, false, lost)
 			if last, has = mk.last(); has {
@@ -692,14 +756,16 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 
 // clearRanks queues the removal of every block of the ranks this publisher
 // reported.
-func (l *listener) clearRanks(ctx context.Context) {
-	ranks := l.mark.ranks
-	ranks[l.reg.Rank] = true
-	for r := range ranks {
+func (l *listener) clearRanks(ctx context.Context) bool {
+	l.mark.addRank(l.reg.Rank)
+	for _, r := range l.mark.rankList() {
 		ev := Event{Kind: Cleared, Worker: WorkerRank{l.reg.Worker, r}, Tier: AllTiers}
-		l.submit(ctx, ev, 0)
+		if !l.submit(ctx, ev, 0) {
+			return false
+		}
 	}
 	clear(l.objects)
+	return true
 }
 
 // replay asks the publisher's replay socket for every buffered batch from
@@ -728,11 +794,22 @@ func (l *listener) replay(ctx context.Context, from uint64, resync bool, lost st
 		fail(err)
 		return
 	}
+	// A resync re-applies batches at or below the cursor: it is applied
+	// only once the end marker came, so that a partial one never brings
+	// back blocks whose removal it did not get to.
+	type held struct {
+		seq     uint64
+		payload []byte
+	}
+	var resyncs []held
 	for {
 		msg, err := dealer.Recv()
 		if err != nil {
 			fail(err)
 			return
+		}
+		if ctx.Err() != nil {
+			return // stopping
 		}
 		seq, payload, end, ok := parseReply(msg.Frames)
 		if !ok {
@@ -742,9 +819,19 @@ func (l *listener) replay(ctx context.Context, from uint64, resync bool, lost st
 			continue
 		}
 		if end {
+			for _, h := range resyncs {
+				m.batchesReplayed.Inc()
+				if !l.apply(ctx, h.seq, h.payload) {
+					return
+				}
+			}
 			return
 		}
 		if seq < from {
+			continue
+		}
+		if resync {
+			resyncs = append(resyncs, held{seq, payload}) // zmq4 frames are not reused
 			continue
 		}
 		last, has := l.mark.last()
@@ -756,7 +843,9 @@ func (l *listener) replay(ctx context.Context, from uint64, resync bool, lost st
 			l.warn("gap", "kv event batches no longer in the replay buffer", "from_seq", next, "to_seq", seq-1)
 		}
 		m.batchesReplayed.Inc()
-		l.apply(ctx, seq, payload)
+		if !l.apply(ctx, seq, payload) {
+			return
+		}
 	}
 }
 
@@ -787,25 +876,28 @@ func parseReply(frames [][]byte) (seq uint64, payload []byte, end, ok bool) {
 
 // apply decodes a batch, hashes its events and queues them, then advances
 // the cursor to seq. A batch that does not decode is counted and skipped.
-func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) {
+// It reports false, leaving the cursor, when the listener is stopping and
+// not every event could be queued: the batch is replayed when it resumes.
+func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) bool {
 	m, mk := l.g.m, l.mark
-	defer func() {
+	advance := func() bool {
 		if seq+1 > mk.next.Load() {
 			mk.next.Store(seq + 1)
 		}
-	}()
+		return true
+	}
 	b, err := l.dec.Decode(payload)
 	if err != nil {
 		m.decodeErrors.Inc()
 		m.batchesDropped.WithLabelValues(DropMalformed).Inc()
 		l.warn("decode", "malformed kv event batch", "seq", seq, "err", err)
-		return
+		return advance()
 	}
 	rank := l.reg.Rank
 	if b.HasRank {
 		rank = b.Rank
 	}
-	mk.ranks[rank] = true
+	mk.addRank(rank)
 	wr := WorkerRank{l.reg.Worker, rank}
 	for i := range b.Events {
 		we := &b.Events[i]
@@ -815,13 +907,17 @@ func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) {
 			continue
 		}
 		for _, ev := range l.convert(wr, we) {
-			l.submit(ctx, ev, seq)
+			if !l.submit(ctx, ev, seq) {
+				return false
+			}
 		}
 	}
+	return advance()
 }
 
-// submit queues ev; seq is its batch, for unknown-parent tracking.
-func (l *listener) submit(ctx context.Context, ev Event, seq uint64) {
+// submit queues ev; seq is its batch, for unknown-parent tracking. It
+// reports false when ctx ended first (the event is counted dropped).
+func (l *listener) submit(ctx context.Context, ev Event, seq uint64) bool {
 	m, mk := l.g.m, l.mark
 	kind := ev.Kind.String()
 	err := l.g.set.Submit(ctx, l.ix, ev, func(res ApplyResult, err error) {
@@ -845,7 +941,9 @@ func (l *listener) submit(ctx context.Context, ev Event, seq uint64) {
 	})
 	if err != nil {
 		m.eventsDropped.WithLabelValues(DropShutdown).Inc()
+		return false
 	}
+	return true
 }
 
 // convert turns a decoded event into index events: blocks hashed with the

@@ -831,3 +831,60 @@ func TestIngestSilentPeer(t *testing.T) {
 		t.Fatalf("unregister: %v %v", ok, err)
 	}
 }
+
+// TestIngestConcurrentControl pauses, resumes, re-registers and
+// unregisters one worker from several goroutines while its publisher
+// streams: the race detector and goleak check that no listener runs twice
+// and none is left behind.
+func TestIngestConcurrentControl(t *testing.T) {
+	r := newRig(t, IngestOptions{})
+	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	reg := r.register(1, 0, p, true)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publish(t, p, root(1000+i, 1))
+		}
+	})
+	ops := []func(){
+		func() { r.g.Pause(testKey, 1, nil) },
+		func() { r.g.Resume(testKey, 1, nil) },
+		func() {
+			if err := r.g.Register(reg); err != nil {
+				t.Error(err)
+			}
+		},
+		func() {
+			if _, err := r.g.Unregister(context.Background(), testKey, 1, nil); err != nil {
+				t.Error(err)
+			}
+		},
+	}
+	var ctl sync.WaitGroup
+	for g := range 4 {
+		ctl.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 30 {
+				ops[rng.IntN(len(ops))]()
+			}
+		})
+	}
+	ctl.Wait()
+	close(stop)
+	wg.Wait()
+	// Whatever the interleaving, the worker ends registered and consuming.
+	if err := r.g.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	r.g.Resume(testKey, 1, nil)
+	r.sync(p, 1, 0)
+	if n := len(r.g.Listeners()); n != 1 {
+		t.Errorf("%d listeners, want 1", n)
+	}
+}
