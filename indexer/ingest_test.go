@@ -62,6 +62,16 @@ func (r *rig) register(worker uint64, rank uint32, p *engine.Publisher, replay b
 	return reg
 }
 
+// follow starts a publisher with cfg, registers it as rank 0 of worker
+// (with its replay endpoint, if it has one) and waits for the subscription.
+func (r *rig) follow(cfg engine.Config, worker uint64) *engine.Publisher {
+	r.t.Helper()
+	p := newPub(r.t, cfg)
+	r.register(worker, 0, p, cfg.ReplayEndpoint != "")
+	subscribed(r.t, p)
+	return p
+}
+
 // waitFor polls cond until it holds, failing the test after a generous
 // deadline. It is condition polling, not a sleep: it returns as soon as
 // cond holds.
@@ -269,9 +279,7 @@ func TestIngestLive(t *testing.T) {
 		for _, he := range []engine.HashEncoding{engine.HashUint64, engine.HashInt64, engine.HashBytes} {
 			t.Run(fmt.Sprintf("%s/%s", enc, he), func(t *testing.T) {
 				r := newRig(t, IngestOptions{})
-				p := newPub(t, engine.Config{Encoding: enc, HashEncoding: he})
-				r.register(1, 0, p, false)
-				subscribed(t, p)
+				p := r.follow(engine.Config{Encoding: enc, HashEncoding: he}, 1)
 				big := uint64(1<<63 + 10)
 				a := root(big, 3)
 				b := child(big+2, 50, 2)
@@ -335,9 +343,7 @@ func TestIngestGapReplay(t *testing.T) {
 
 func TestIngestGapWithoutReplay(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{Drop: func(seq uint64) bool { return seq == 1 }})
-	r.register(1, 0, p, false)
-	subscribed(t, p)
+	p := r.follow(engine.Config{Drop: func(seq uint64) bool { return seq == 1 }}, 1)
 	w := WorkerRank{1, 0}
 	a, b, c := root(10, 1), root(20, 1), root(30, 1)
 	publish(t, p, a)
@@ -372,9 +378,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 
 func TestIngestPublisherRestart(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{})
-	r.register(1, 0, p, false)
-	subscribed(t, p)
+	p := r.follow(engine.Config{}, 1)
 	w := WorkerRank{1, 0}
 	publish(t, p, root(10, 2))
 	publish(t, p, root(20, 2))
@@ -399,9 +403,7 @@ func TestIngestPublisherRestart(t *testing.T) {
 
 func TestIngestWatermarkSurvivesReregister(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
-	r.register(1, 0, p, true)
-	subscribed(t, p)
+	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}, 1)
 	w := WorkerRank{1, 0}
 	publish(t, p, root(10, 1))
 	r.waitApplied(1, 0, 0)
@@ -488,9 +490,7 @@ func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
 
 func TestIngestMalformedAndMismatched(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{})
-	r.register(1, 0, p, false)
-	subscribed(t, p)
+	p := r.follow(engine.Config{}, 1)
 	w := WorkerRank{1, 0}
 	if _, err := p.PublishRaw([]byte{0xc1, 0x00}); err != nil {
 		t.Fatal(err)
@@ -730,9 +730,7 @@ func TestMooncakeObjects(t *testing.T) {
 // still has, and one full-buffer replay restores it.
 func TestIngestUnknownParentResync(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
-	r.register(1, 0, p, true)
-	subscribed(t, p)
+	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}, 1)
 	w := WorkerRank{1, 0}
 	a := root(10, 2)
 	publish(t, p, a)

@@ -114,38 +114,16 @@ func (r *mpReader) nil() bool {
 }
 
 // arrayLen reads an array header.
-func (r *mpReader) arrayLen() (int, error) {
-	if r.off >= len(r.b) {
-		return 0, errTruncated
-	}
-	c := r.b[r.off]
-	var l uint64
-	var err error
-	switch {
-	case c >= 0x90 && c <= 0x9f:
-		r.off++
-		l = uint64(c & 0x0f)
-	case c == 0xdc:
-		r.off++
-		l, err = r.n(2)
-	case c == 0xdd:
-		r.off++
-		l, err = r.n(4)
-	default:
-		return 0, r.typeErr("array")
-	}
-	if err != nil {
-		return 0, err
-	}
-	// Every element takes at least one byte.
-	if l > uint64(len(r.b)-r.off) {
-		return 0, errTruncated
-	}
-	return int(l), nil
-}
+func (r *mpReader) arrayLen() (int, error) { return r.header("array", 0x90, 0xdc, 1) }
 
 // mapLen reads a map header.
-func (r *mpReader) mapLen() (int, error) {
+func (r *mpReader) mapLen() (int, error) { return r.header("map", 0x80, 0xde, 2) }
+
+// header reads an array or map header: a fix form (fix | n, n < 16), a
+// 16-bit form (code16) or a 32-bit form (code16+1). Each of the n elements
+// takes at least per bytes, so a count the remaining bytes cannot hold is
+// rejected before anyone allocates for it.
+func (r *mpReader) header(want string, fix, code16 byte, per uint64) (int, error) {
 	if r.off >= len(r.b) {
 		return 0, errTruncated
 	}
@@ -153,22 +131,22 @@ func (r *mpReader) mapLen() (int, error) {
 	var l uint64
 	var err error
 	switch {
-	case c >= 0x80 && c <= 0x8f:
+	case c&0xf0 == fix:
 		r.off++
 		l = uint64(c & 0x0f)
-	case c == 0xde:
+	case c == code16:
 		r.off++
 		l, err = r.n(2)
-	case c == 0xdf:
+	case c == code16+1:
 		r.off++
 		l, err = r.n(4)
 	default:
-		return 0, r.typeErr("map")
+		return 0, r.typeErr(want)
 	}
 	if err != nil {
 		return 0, err
 	}
-	if l > uint64(len(r.b)-r.off)/2 {
+	if l > uint64(len(r.b)-r.off)/per {
 		return 0, errTruncated
 	}
 	return int(l), nil

@@ -236,15 +236,21 @@ func (d *Decoder) rank(b *WireBatch) error {
 	if d.r.nil() {
 		return nil
 	}
+	v, err := d.upTo(1<<31, "batch dp rank")
+	b.Rank, b.HasRank = uint32(v), err == nil
+	return err
+}
+
+// upTo reads an integer that must lie in [0, max]; what names it in errors.
+func (d *Decoder) upTo(max int64, what string) (int64, error) {
 	v, big, err := d.r.int()
 	if err != nil {
-		return fmt.Errorf("batch dp rank: %w", err)
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
-	if big || v < 0 || v > 1<<31 {
-		return fmt.Errorf("batch dp rank %d out of range", v)
+	if big || v < 0 || v > max {
+		return 0, fmt.Errorf("%s %d out of range", what, v)
 	}
-	b.Rank, b.HasRank = uint32(v), true
-	return nil
+	return v, nil
 }
 
 // key reads a map key, which must be a string. The result aliases the
@@ -595,12 +601,9 @@ func (d *Decoder) tokenList() error {
 		return fmt.Errorf("token ids: %w", err)
 	}
 	for range n {
-		v, big, err := d.r.int()
+		v, err := d.upTo(1<<32-1, "token id")
 		if err != nil {
-			return fmt.Errorf("token ids: %w", err)
-		}
-		if big || v < 0 || v > 1<<32-1 {
-			return fmt.Errorf("token id %d out of range", v)
+			return err
 		}
 		d.tokens = append(d.tokens, uint32(v))
 	}
@@ -611,15 +614,9 @@ func (d *Decoder) blockSize(ev *WireEvent) error {
 	if d.r.nil() {
 		return nil
 	}
-	v, big, err := d.r.int()
-	if err != nil {
-		return fmt.Errorf("block size: %w", err)
-	}
-	if big || v < 0 || v > 1<<20 {
-		return fmt.Errorf("block size %d out of range", v)
-	}
+	v, err := d.upTo(1<<20, "block size")
 	ev.BlockSize = int(v)
-	return nil
+	return err
 }
 
 // loraID reads the deprecated numeric adapter id. Like Dynamo, kvgate

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -162,11 +163,7 @@ func TestDecodeVariants(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var d Decoder
-			b, err := d.Decode(tt.payload)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := mustDecode(t, tt.payload)
 			if b.Rank != tt.want.rank || b.HasRank != tt.want.hasRank {
 				t.Errorf("rank = %d,%v, want %d,%v", b.Rank, b.HasRank, tt.want.rank, tt.want.hasRank)
 			}
@@ -176,6 +173,17 @@ func TestDecodeVariants(t *testing.T) {
 }
 
 func (b mp) raw(p mp) mp { return append(b, p...) }
+
+// mustDecode decodes msg with a fresh Decoder, failing the test on error.
+func mustDecode(t *testing.T, msg []byte) WireBatch {
+	t.Helper()
+	var d Decoder
+	b, err := d.Decode(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
 
 func checkEvents(t *testing.T, got, want []WireEvent) {
 	t.Helper()
@@ -229,11 +237,7 @@ func TestDecodeHybridAndExtraKeys(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var d Decoder
-			b, err := d.Decode(tt.msg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := mustDecode(t, tt.msg)
 			ev := b.Events[0]
 			if ev.Skip != tt.skip {
 				t.Errorf("skip = %q, want %q", ev.Skip, tt.skip)
@@ -280,11 +284,7 @@ func TestDecodeMooncake(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var d Decoder
-			b, err := d.Decode(tt.msg)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b := mustDecode(t, tt.msg)
 			checkEvents(t, b.Events, tt.want)
 		})
 	}
@@ -411,13 +411,7 @@ func TestFuzzCorpus(t *testing.T) {
 			}
 		}
 	}
-	names := slices.Sorted(func(yield func(string) bool) {
-		for n := range fuzzSeeds() {
-			if !yield(n) {
-				return
-			}
-		}
-	})
+	names := slices.Sorted(maps.Keys(fuzzSeeds()))
 	for _, name := range names {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("corpus file %s missing (run with KVGATE_UPDATE_CORPUS=1): %v", name, err)
