@@ -42,7 +42,17 @@ type serveConfig struct {
 	TenantID  string
 	BlockSize int
 	KVTopic   string
+
+	AdminToken        string   // bearer token required on mutating admin routes; "" for none
+	MaxBody           int64    // admin request body limit, bytes
+	Peers             []string // indexers to recover the index from at start
+	PeerTimeout       time.Duration
+	MinInitialWorkers int
 }
+
+// dynMinWorkersEnv is Dynamo's variable for the startup gate; kvgate honours
+// it when --min-initial-workers is not set any other way.
+const dynMinWorkersEnv = "DYN_ROUTER_MIN_INITIAL_WORKERS"
 
 // workerSpec is one entry of --workers: id[:dp_rank]=endpoint[|replay_endpoint].
 type workerSpec struct {
@@ -113,6 +123,11 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("tenant-id", indexer.DefaultTenant, "tenant of the workers given with --workers")
 	fs.Int("block-size", 16, "tokens per KV block of the workers given with --workers")
 	fs.String("kv-topic", "", "ZMQ topic prefix to subscribe to on the --workers publishers")
+	fs.String("admin-token", "", "bearer token required on mutating admin routes (register, unregister, peers); empty: none")
+	fs.String("max-body", "8MiB", "largest admin request body, in bytes or with a unit (KiB, MiB, GiB)")
+	fs.String("peers", "", "comma-separated base URLs of indexers (kvgate or Dynamo) to recover the index from at start, first reachable wins")
+	fs.Duration("peer-timeout", 10*time.Second, "how long to wait for one peer's /dump during recovery")
+	fs.Int("min-initial-workers", 0, "active workers needed before /ready first answers 200; env "+dynMinWorkersEnv+" is honoured too")
 }
 
 // envName maps a flag name to its environment variable.
@@ -262,7 +277,77 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if cfg.KVTopic, err = getString(v, "kv-topic"); err != nil {
 		return cfg, bad("kv-topic", v.Get("kv-topic"), err.Error())
 	}
+
+	if cfg.AdminToken, err = getString(v, "admin-token"); err != nil {
+		return cfg, bad("admin-token", "(hidden)", err.Error())
+	}
+	cfg.AdminToken = strings.TrimSpace(cfg.AdminToken)
+	maxBody, err := getString(v, "max-body")
+	if err != nil {
+		return cfg, bad("max-body", v.Get("max-body"), err.Error())
+	}
+	if cfg.MaxBody, err = parseSize(maxBody); err != nil {
+		return cfg, bad("max-body", maxBody, err.Error())
+	}
+	peers, err := getString(v, "peers")
+	if err != nil {
+		return cfg, bad("peers", v.Get("peers"), err.Error())
+	}
+	for p := range strings.SplitSeq(peers, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		u, err := indexer.NormalizePeerURL(p)
+		if err != nil {
+			return cfg, bad("peers", peers, err.Error())
+		}
+		cfg.Peers = append(cfg.Peers, u)
+	}
+	if cfg.PeerTimeout, err = getDuration(v, "peer-timeout"); err != nil {
+		return cfg, bad("peer-timeout", v.Get("peer-timeout"), err.Error())
+	}
+	if cfg.PeerTimeout <= 0 {
+		return cfg, bad("peer-timeout", cfg.PeerTimeout.String(), "must be > 0")
+	}
+	if source("min-initial-workers") == "default" {
+		if s, ok := lookupEnv(dynMinWorkersEnv); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 0 {
+				return cfg, fmt.Errorf("invalid %s %q: want a non-negative integer", dynMinWorkersEnv, s)
+			}
+			cfg.MinInitialWorkers = n
+			return cfg, nil
+		}
+	}
+	if cfg.MinInitialWorkers, err = getInt(v, "min-initial-workers"); err != nil {
+		return cfg, bad("min-initial-workers", v.Get("min-initial-workers"), err.Error())
+	}
+	if cfg.MinInitialWorkers < 0 {
+		return cfg, bad("min-initial-workers", cfg.MinInitialWorkers, "must be >= 0")
+	}
 	return cfg, nil
+}
+
+// parseSize parses a byte count: "1048576", "512KiB", "8MiB", "1GiB" (also
+// KB, MB, GB as powers of 1000). It must be positive.
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if rest, ok := strings.CutSuffix(s, u.suffix); ok {
+			s, mult = strings.TrimSpace(rest), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > (1<<40)/mult {
+		return 0, errors.New("want a positive size in bytes, e.g. 8388608 or 8MiB")
+	}
+	return n * mult, nil
 }
 
 // The getters below are strict: viper's GetInt/GetDuration silently turn

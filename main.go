@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,12 +19,15 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -158,32 +160,40 @@ func newLogger(w io.Writer, cfg serveConfig) *slog.Logger {
 // the admin server has stopped.
 func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	logger.Info("starting kvgate", "version", versionString(), "config_file", cfg.ConfigFile,
-		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads)
-	mux := newAdminMux()
+		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads, "peers", len(cfg.Peers),
+		"min_initial_workers", cfg.MinInitialWorkers, "admin_token", cfg.AdminToken != "")
 
-	// Components live for the whole run; deferred Close calls run after the
-	// admin server has shut down. Later components register their admin
-	// routes on mux here, before it starts serving.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}))
+	srv := admin.New(admin.Options{Token: cfg.AdminToken, MaxBody: cfg.MaxBody, Registerer: reg})
+	srv.Handle(processRoutes(reg, logger)...)
 
-	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads})
+	// Components live for the whole run; deferred Close calls run after the
+	// admin server has shut down, in reverse order. With peers, the index
+	// holds live events until the peer's dump is loaded.
+	peers, err := indexer.NewPeers(cfg.Peers)
+	if err != nil {
+		return fmt.Errorf("--peers: %w", err)
+	}
+	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads, Hold: len(cfg.Peers) > 0})
 	defer indexes.Close()
 	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
+	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
+	srv.Handle(indexer.NewAPI(indexes, peers, reg).Routes()...)
+	srv.Handle(catalog.Routes()...)
+
 	for _, w := range cfg.Workers {
-		err := ingest.Register(indexer.Registration{
-			Key:       indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID},
+		err := catalog.RegisterRank(scheduler.RankRegistration{
+			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: w.ID},
 			BlockSize: cfg.BlockSize,
-			Worker:    w.ID, Rank: w.Rank,
-			Endpoint: w.Endpoint, ReplayEndpoint: w.ReplayEndpoint,
-			Topic: cfg.KVTopic,
+			Rank:      w.Rank,
+			Publisher: scheduler.Publisher{Endpoint: w.Endpoint, Replay: w.ReplayEndpoint, Topic: cfg.KVTopic},
+			Source:    scheduler.SourceConfig,
 		})
 		if err != nil {
 			return fmt.Errorf("--workers: %w", err)
 		}
-		logger.Info("registered worker", "worker", w.ID, "rank", w.Rank, "endpoint", w.Endpoint, "replay_endpoint", w.ReplayEndpoint)
 	}
 
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
@@ -191,7 +201,20 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	logger.Info("admin listening", "addr", ln.Addr().String())
-	return serveAdmin(ctx, ln, adminHandler(mux), cfg.ShutdownTimeout, logger)
+
+	if len(cfg.Peers) > 0 {
+		// Listeners are already subscribed and their events queue on the
+		// held index; load a peer's dump, then let them apply.
+		catalog.HoldReady("recovering the index from peers")
+		var wg sync.WaitGroup
+		defer wg.Wait() // runs before ingest.Close and indexes.Close
+		wg.Go(func() {
+			indexer.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
+			indexes.Release()
+			catalog.HoldReady("")
+		})
+	}
+	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
 }
 
 // serveAdmin serves h on ln until ctx is cancelled, then shuts the server
@@ -224,60 +247,14 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 	return nil
 }
 
-// newAdminMux returns a mux with the routes kvgate always serves. Components
-// add theirs with Go 1.22 patterns ("GET /path"); adminHandler turns the
-// mux's 404 and 405 answers into JSON.
-func newAdminMux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	return mux
-}
-
-// adminHandler serves mux, answering requests that match no route with a JSON
-// error: 404, or 405 (with the mux's Allow header) when only the method is wrong.
-func adminHandler(mux *http.ServeMux) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h, pattern := mux.Handler(r)
-		if pattern != "" {
-			mux.ServeHTTP(w, r) // sets r.Pattern and path values
-			return
-		}
-		rec := &statusRecorder{header: http.Header{}}
-		h.ServeHTTP(rec, r)
-		if rec.status == http.StatusMethodNotAllowed {
-			allow := rec.header.Get("Allow")
-			w.Header().Set("Allow", allow)
-			writeJSON(w, rec.status, map[string]string{
-				"error": fmt.Sprintf("method %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, allow)})
-			return
-		}
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "not found: " + r.URL.Path})
-	})
-}
-
-// statusRecorder captures the status and headers a handler would send.
-type statusRecorder struct {
-	header http.Header
-	status int
-}
-
-func (s *statusRecorder) Header() http.Header { return s.header }
-
-func (s *statusRecorder) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
+// processRoutes are the routes of the process itself: liveness (always
+// 200) and the Prometheus metrics of reg.
+func processRoutes(reg *prometheus.Registry, logger *slog.Logger) []admin.Route {
+	return []admin.Route{
+		{Pattern: "GET /health", Handler: func(w http.ResponseWriter, _ *http.Request) {
+			admin.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+		}},
+		{Pattern: "GET /metrics", Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+			ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn)}).ServeHTTP},
 	}
-}
-
-func (s *statusRecorder) Write(p []byte) (int, error) {
-	s.WriteHeader(http.StatusOK)
-	return len(p), nil
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }

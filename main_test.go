@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,6 +25,8 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
 
@@ -68,7 +69,7 @@ func testMain(m *testing.M) int {
 func unsetKvgateEnv(t *testing.T) {
 	t.Helper()
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) {
+		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, envPrefix) || k == dynMinWorkersEnv {
 			t.Setenv(k, "") // restores the original value after the test
 			os.Unsetenv(k)
 		}
@@ -95,7 +96,7 @@ func TestLoadServeConfig(t *testing.T) {
 	empty := file("empty.yaml", "")
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
-		ModelName: "default", TenantID: "default", BlockSize: 16}
+		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	with := func(f func(*serveConfig)) serveConfig {
 		c := def
@@ -118,7 +119,7 @@ func TestLoadServeConfig(t *testing.T) {
 			args: []string{"--config", full},
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
-					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize}
+					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout}
 			}),
 		},
 		{
@@ -151,7 +152,7 @@ func TestLoadServeConfig(t *testing.T) {
 			env:  map[string]string{"KVGATE_CONFIG": typo},
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
-					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize}
+					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout}
 			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
@@ -192,6 +193,24 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "worker twice", args: []string{"--workers", "1=tcp://h:1,1:0=tcp://h:2"}, wantErr: "worker 1 rank 0 listed twice"},
 		{name: "block size 0", env: map[string]string{"KVGATE_BLOCK_SIZE": "0"}, wantErr: "invalid block-size 0 (from env KVGATE_BLOCK_SIZE)"},
 		{name: "empty model", args: []string{"--model-name", " "}, wantErr: "invalid model-name"},
+		{
+			name: "admin api settings",
+			args: []string{"--admin-token", " tok ", "--max-body", "512KiB", "--peers", "http://a:8090/, https://b", "--peer-timeout", "2s", "--min-initial-workers", "3"},
+			want: with(func(c *serveConfig) {
+				c.AdminToken, c.MaxBody, c.Peers, c.PeerTimeout, c.MinInitialWorkers = "tok", 512<<10, []string{"http://a:8090", "https://b"}, 2*time.Second, 3
+			}),
+		},
+		{name: "max-body in bytes", env: map[string]string{"KVGATE_MAX_BODY": "1000"}, want: with(func(c *serveConfig) { c.MaxBody = 1000 })},
+		{name: "max-body 1MB", args: []string{"--max-body", "1MB"}, want: with(func(c *serveConfig) { c.MaxBody = 1e6 })},
+		{name: "max-body zero", args: []string{"--max-body", "0"}, wantErr: `invalid max-body "0" (from flag --max-body): want a positive size`},
+		{name: "max-body junk", args: []string{"--max-body", "8 furlongs"}, wantErr: `invalid max-body "8 furlongs"`},
+		{name: "peer not a URL", args: []string{"--peers", "host:8090"}, wantErr: `invalid peers "host:8090" (from flag --peers): peer url "host:8090" is not an http(s)://host:port base URL`},
+		{name: "peer-timeout zero", args: []string{"--peer-timeout", "0s"}, wantErr: "invalid peer-timeout"},
+		{name: "min workers from Dynamo env", env: map[string]string{dynMinWorkersEnv: "2"}, want: with(func(c *serveConfig) { c.MinInitialWorkers = 2 })},
+		{name: "min workers flag beats Dynamo env", args: []string{"--min-initial-workers", "1"}, env: map[string]string{dynMinWorkersEnv: "2"}, want: with(func(c *serveConfig) { c.MinInitialWorkers = 1 })},
+		{name: "min workers KVGATE env beats Dynamo env", env: map[string]string{dynMinWorkersEnv: "2", "KVGATE_MIN_INITIAL_WORKERS": "5"}, want: with(func(c *serveConfig) { c.MinInitialWorkers = 5 })},
+		{name: "Dynamo env invalid", env: map[string]string{dynMinWorkersEnv: "many"}, wantErr: `invalid DYN_ROUTER_MIN_INITIAL_WORKERS "many": want a non-negative integer`},
+		{name: "min workers negative", args: []string{"--min-initial-workers", "-1"}, wantErr: "invalid min-initial-workers -1 (from flag --min-initial-workers): must be >= 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -282,50 +301,15 @@ func do(t *testing.T, c *http.Client, method, url string) (int, http.Header, str
 	return resp.StatusCode, resp.Header, string(body)
 }
 
-func TestAdminHandler(t *testing.T) {
-	mux := newAdminMux()
-	// A route added the way components will add theirs; checks that path
-	// values survive adminHandler.
-	mux.HandleFunc("GET /things/{id}", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"id": r.PathValue("id")})
-	})
-	srv := httptest.NewServer(adminHandler(mux))
-	defer srv.Close()
-	c := testClient(t)
-
-	tests := []struct {
-		method, path string
-		wantStatus   int
-		wantBody     string // exact JSON, "" for HEAD
-		wantAllow    string
-	}{
-		{"GET", "/health", 200, `{"status":"ok"}`, ""},
-		{"HEAD", "/health", 200, "", ""},
-		{"POST", "/health", 405, `{"error":"method POST not allowed on /health (allowed: GET, HEAD)"}`, "GET, HEAD"},
-		{"GET", "/nope", 404, `{"error":"not found: /nope"}`, ""},
-		{"GET", "/health/extra", 404, `{"error":"not found: /health/extra"}`, ""},
-		{"GET", "/things/42", 200, `{"id":"42"}`, ""},
-	}
-	for _, tc := range tests {
-		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
-			status, hdr, body := do(t, c, tc.method, srv.URL+tc.path)
-			if status != tc.wantStatus {
-				t.Errorf("status = %d, want %d", status, tc.wantStatus)
-			}
-			if ct := hdr.Get("Content-Type"); ct != "application/json" {
-				t.Errorf("Content-Type = %q, want application/json", ct)
-			}
-			if got := strings.TrimSpace(body); got != tc.wantBody {
-				t.Errorf("body = %s, want %s", got, tc.wantBody)
-			}
-			if got := hdr.Get("Allow"); got != tc.wantAllow {
-				t.Errorf("Allow = %q, want %q", got, tc.wantAllow)
-			}
-		})
-	}
-}
-
 func discardLogger() *slog.Logger { return newLogger(io.Discard, serveConfig{LogLevel: "error"}) }
+
+// testAdmin returns an admin server with the process routes and extra.
+func testAdmin(extra ...admin.Route) *admin.Server {
+	srv := admin.New(admin.Options{})
+	srv.Handle(processRoutes(prometheus.NewRegistry(), discardLogger())...)
+	srv.Handle(extra...)
+	return srv
+}
 
 func TestServeAdminGracefulShutdown(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -335,7 +319,7 @@ func TestServeAdminGracefulShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- serveAdmin(ctx, ln, adminHandler(newAdminMux()), 5*time.Second, discardLogger()) }()
+	go func() { done <- serveAdmin(ctx, ln, testAdmin(), 5*time.Second, discardLogger()) }()
 
 	status, _, body := do(t, testClient(t), "GET", "http://"+ln.Addr().String()+"/health")
 	if status != 200 || strings.TrimSpace(body) != `{"status":"ok"}` {
@@ -356,15 +340,14 @@ func TestServeAdminShutdownTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	entered, release := make(chan struct{}), make(chan struct{})
-	mux := newAdminMux()
-	mux.HandleFunc("GET /slow", func(w http.ResponseWriter, _ *http.Request) {
+	srv := testAdmin(admin.Route{Pattern: "GET /slow", Handler: func(w http.ResponseWriter, _ *http.Request) {
 		close(entered)
 		<-release
-	})
+	}})
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- serveAdmin(ctx, ln, adminHandler(mux), 50*time.Millisecond, discardLogger()) }()
+	go func() { done <- serveAdmin(ctx, ln, srv, 50*time.Millisecond, discardLogger()) }()
 
 	c := testClient(t)
 	reqDone := make(chan struct{})

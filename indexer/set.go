@@ -47,6 +47,11 @@ type Options struct {
 	// QueueLen is the number of pending jobs per goroutine before Submit
 	// blocks. Default 1024.
 	QueueLen int
+	// Hold starts the Set holding: events and Do functions queue (Submit
+	// blocks once a queue is full) but none applies until Release. Peer
+	// recovery uses it to subscribe to workers before loading a peer's dump
+	// and apply what arrived meanwhile afterwards.
+	Hold bool
 }
 
 // job is one unit of work for an apply goroutine: an event, or a function
@@ -68,6 +73,9 @@ type Set struct {
 	closed  bool
 	queues  []chan job
 	wg      sync.WaitGroup
+
+	release     chan struct{} // closed when the apply goroutines may run
+	releaseOnce sync.Once
 }
 
 // NewSet starts a Set's apply goroutines. Close stops them.
@@ -78,11 +86,15 @@ func NewSet(opts Options) *Set {
 	if opts.QueueLen <= 0 {
 		opts.QueueLen = 1024
 	}
-	s := &Set{indexes: make(map[Key]*Index), queues: make([]chan job, opts.EventThreads)}
+	s := &Set{indexes: make(map[Key]*Index), queues: make([]chan job, opts.EventThreads), release: make(chan struct{})}
+	if !opts.Hold {
+		s.Release()
+	}
 	for i := range s.queues {
 		q := make(chan job, opts.QueueLen)
 		s.queues[i] = q
 		s.wg.Go(func() {
+			<-s.release
 			for j := range q {
 				if j.fn != nil {
 					j.fn()
@@ -98,9 +110,24 @@ func NewSet(opts Options) *Set {
 	return s
 }
 
-// Close applies every job already submitted, then stops the goroutines.
-// Later Submit and Do calls fail with ErrClosed.
+// Release lets a Set created with Options.Hold apply what it queued and
+// everything after. Further calls do nothing.
+func (s *Set) Release() { s.releaseOnce.Do(func() { close(s.release) }) }
+
+// Held reports whether the Set is holding events (see Options.Hold).
+func (s *Set) Held() bool {
+	select {
+	case <-s.release:
+		return false
+	default:
+		return true
+	}
+}
+
+// Close releases a held Set, applies every job already submitted, then
+// stops the goroutines. Later Submit and Do calls fail with ErrClosed.
 func (s *Set) Close() {
+	s.Release()
 	s.closeMu.Lock()
 	if !s.closed {
 		s.closed = true

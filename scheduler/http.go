@@ -1,0 +1,281 @@
+package scheduler
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/admin"
+)
+
+// This file serves the catalog's views: the standalone indexer's and the
+// slot tracker's /register, /unregister and /workers, and /ready.
+
+// Routes returns the catalog routes.
+func (c *Catalog) Routes() []admin.Route {
+	return []admin.Route{
+		{Pattern: "POST /register", Handler: c.handleRegister, Mutates: true},
+		{Pattern: "POST /unregister", Handler: c.handleUnregister, Mutates: true},
+		{Pattern: "GET /workers", Handler: c.handleWorkers},
+		{Pattern: "GET /ready", Handler: c.handleReady},
+		{Pattern: "POST /test/pause_listener", Handler: c.handleListener(true), Mutates: true},
+		{Pattern: "POST /test/resume_listener", Handler: c.handleListener(false), Mutates: true},
+	}
+}
+
+// httpError maps catalog errors to API errors.
+func httpError(err error) error {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, ErrUnavailable):
+		status = http.StatusServiceUnavailable
+	}
+	msg := err.Error()
+	for _, prefix := range []error{ErrInvalid, ErrNotFound, ErrConflict, ErrUnavailable} {
+		msg = strings.TrimPrefix(msg, prefix.Error()+": ")
+	}
+	return admin.Errorf(status, "%s", msg)
+}
+
+// workerIdentity is the id and scope every catalog body carries; the
+// indexer calls the id instance_id, the slot tracker worker_id.
+type workerIdentity struct {
+	InstanceID *uint64 `json:"instance_id"`
+	WorkerID   *uint64 `json:"worker_id"`
+	ModelName  *string `json:"model_name"`
+	TenantID   *string `json:"tenant_id"`
+	DPRank     *uint32 `json:"dp_rank"`
+}
+
+func (b workerIdentity) id() (uint64, error) {
+	switch {
+	case b.InstanceID != nil && b.WorkerID != nil && *b.InstanceID != *b.WorkerID:
+		return 0, admin.Errorf(http.StatusBadRequest, "instance_id %d and worker_id %d differ; they name the same worker", *b.InstanceID, *b.WorkerID)
+	case b.InstanceID != nil:
+		return *b.InstanceID, nil
+	case b.WorkerID != nil:
+		return *b.WorkerID, nil
+	}
+	return 0, admin.Errorf(http.StatusBadRequest, "instance_id (or worker_id) is required")
+}
+
+func (b workerIdentity) model() (string, error) {
+	if b.ModelName == nil || *b.ModelName == "" {
+		return "", admin.Errorf(http.StatusBadRequest, "model_name is required")
+	}
+	return *b.ModelName, nil
+}
+
+// registerRequest is the union of the indexer's and the slot tracker's
+// /register bodies.
+type registerRequest struct {
+	workerIdentity
+	BlockSize      *int    `json:"block_size"`
+	Endpoint       *string `json:"endpoint"`
+	ReplayEndpoint *string `json:"replay_endpoint"`
+	DPStart        *uint32 `json:"dp_start"`
+	DPSize         *uint32 `json:"dp_size"`
+}
+
+func (c *Catalog) handleRegister(w http.ResponseWriter, r *http.Request) {
+	var req registerRequest
+	if err := admin.Decode(r, &req); err != nil {
+		admin.WriteError(w, err)
+		return
+	}
+	if err := c.register(req); err != nil {
+		admin.WriteError(w, err)
+		return
+	}
+	admin.OK(w, http.StatusCreated)
+}
+
+func (c *Catalog) register(req registerRequest) error {
+	id, err := req.id()
+	if err != nil {
+		return err
+	}
+	model, err := req.model()
+	if err != nil {
+		return err
+	}
+	if req.BlockSize == nil {
+		return admin.Errorf(http.StatusBadRequest, "block_size is required")
+	}
+	wk := WorkerKey{Key: indexer.Key{Model: model}, ID: id}
+	if req.TenantID != nil {
+		wk.Tenant = *req.TenantID
+	}
+	hasEndpoint := req.Endpoint != nil && *req.Endpoint != ""
+	hasRange := req.DPStart != nil || req.DPSize != nil
+	switch {
+	case hasEndpoint && hasRange:
+		return admin.Errorf(http.StatusBadRequest, "give endpoint (with dp_rank) or dp_start/dp_size, not both")
+	case hasEndpoint:
+		reg := RankRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, Publisher: Publisher{Endpoint: *req.Endpoint}, Source: SourceAPI}
+		if req.DPRank != nil {
+			reg.Rank = *req.DPRank
+		}
+		if req.ReplayEndpoint != nil {
+			reg.Replay = *req.ReplayEndpoint
+		}
+		err = c.RegisterRank(reg)
+	case hasRange:
+		if req.DPSize == nil {
+			return admin.Errorf(http.StatusBadRequest, "dp_size is required with dp_start")
+		}
+		reg := RangeRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, DPSize: *req.DPSize, Source: SourceAPI}
+		if req.DPStart != nil {
+			reg.DPStart = *req.DPStart
+		}
+		err = c.RegisterRange(reg)
+	default:
+		return admin.Errorf(http.StatusBadRequest, "endpoint is required (the worker's ZMQ KV event endpoint), or dp_start/dp_size to register a DP range")
+	}
+	if err != nil {
+		return httpError(err)
+	}
+	return nil
+}
+
+func (c *Catalog) handleUnregister(w http.ResponseWriter, r *http.Request) {
+	var req workerIdentity
+	if err := admin.Decode(r, &req); err != nil {
+		admin.WriteError(w, err)
+		return
+	}
+	id, err := req.id()
+	if err != nil {
+		admin.WriteError(w, err)
+		return
+	}
+	model, err := req.model()
+	if err != nil {
+		admin.WriteError(w, err)
+		return
+	}
+	if _, err := c.Unregister(model, req.TenantID, id, req.DPRank); err != nil {
+		admin.WriteError(w, httpError(err))
+		return
+	}
+	admin.OK(w, http.StatusOK)
+}
+
+// workerView is one entry of GET /workers: the union of the fields of the
+// indexer's, the slot tracker's and the selection service's views.
+type workerView struct {
+	InstanceID            uint64                  `json:"instance_id"`
+	WorkerID              uint64                  `json:"worker_id"`
+	ModelName             string                  `json:"model_name"`
+	TenantID              string                  `json:"tenant_id"`
+	BlockSize             int                     `json:"block_size"`
+	DPStart               uint32                  `json:"dp_start"`
+	DPSize                uint32                  `json:"dp_size"`
+	DataParallelStartRank uint32                  `json:"data_parallel_start_rank"`
+	DataParallelSize      uint32                  `json:"data_parallel_size"`
+	DPRanks               []uint32                `json:"dp_ranks"`
+	Endpoint              string                  `json:"endpoint,omitempty"`
+	Endpoints             map[string]string       `json:"endpoints"`
+	KVEventsEndpoints     map[string]string       `json:"kv_events_endpoints"`
+	ReplayEndpoint        string                  `json:"replay_endpoint,omitempty"`
+	Source                string                  `json:"source"`
+	Status                Status                  `json:"status"`
+	Listeners             map[string]listenerView `json:"listeners"`
+}
+
+type listenerView struct {
+	Endpoint       string  `json:"endpoint"`
+	ReplayEndpoint string  `json:"replay_endpoint,omitempty"`
+	Status         Status  `json:"status"`
+	LastError      string  `json:"last_error,omitempty"`
+	LastSeq        *uint64 `json:"last_seq,omitempty"`
+}
+
+func viewOf(ws WorkerState) workerView {
+	v := workerView{
+		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
+		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
+		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
+	}
+	if v.DPRanks == nil {
+		v.DPRanks = []uint32{}
+	}
+	if n := len(ws.Ranks); n > 0 {
+		v.DPStart, v.DPSize = ws.Ranks[0], ws.Ranks[n-1]-ws.Ranks[0]+1
+	}
+	v.DataParallelStartRank, v.DataParallelSize = v.DPStart, v.DPSize
+	replays := map[string]bool{}
+	for rank, p := range ws.Events {
+		rs := strconv.FormatUint(uint64(rank), 10)
+		v.Endpoints[rs], v.KVEventsEndpoints[rs] = p.Endpoint, p.Endpoint
+		replays[p.Replay] = true
+		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: indexer.StatusPending}
+		if l, ok := ws.Listeners[rank]; ok {
+			lv.Status, lv.LastError = l.Status, l.LastError
+			if l.HasSeq {
+				lv.LastSeq = &l.Seq
+			}
+		}
+		v.Listeners[rs] = lv
+	}
+	if len(replays) == 1 {
+		for r := range replays {
+			v.ReplayEndpoint = r
+		}
+	}
+	return v
+}
+
+func (c *Catalog) handleWorkers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	ws := c.Workers(q.Get("model_name"), q.Get("tenant_id"))
+	out := make([]workerView, len(ws))
+	for i, s := range ws {
+		out[i] = viewOf(s)
+	}
+	admin.WriteJSON(w, http.StatusOK, out)
+}
+
+func (c *Catalog) handleReady(w http.ResponseWriter, _ *http.Request) {
+	rd := c.Ready()
+	if !rd.Ready {
+		admin.WriteJSON(w, http.StatusServiceUnavailable, struct {
+			Error string `json:"error"`
+			Readiness
+		}{rd.Reason, rd})
+		return
+	}
+	admin.WriteJSON(w, http.StatusOK, struct {
+		Status string `json:"status"`
+		Readiness
+	}{"ready", rd})
+}
+
+func (c *Catalog) handleListener(pause bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req workerIdentity
+		if err := admin.Decode(r, &req); err != nil {
+			admin.WriteError(w, err)
+			return
+		}
+		id, err := req.id()
+		if err != nil {
+			admin.WriteError(w, err)
+			return
+		}
+		n, err := c.SetListeners(id, req.DPRank, pause)
+		if err != nil {
+			admin.WriteError(w, httpError(err))
+			return
+		}
+		admin.WriteJSON(w, http.StatusOK, map[string]any{"status": "ok", "listeners": n})
+	}
+}
