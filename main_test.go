@@ -383,13 +383,21 @@ type kvgateProc struct {
 
 func startKvgate(t *testing.T, ctx context.Context, args ...string) *kvgateProc {
 	t.Helper()
+	return startKvgateEnv(t, ctx, nil, args...)
+}
+
+// startKvgateEnv starts kvgate with args and, on top of the test's
+// environment without its KVGATE_* and DYN_* variables, env ("K=V").
+func startKvgateEnv(t *testing.T, ctx context.Context, env []string, args ...string) *kvgateProc {
+	t.Helper()
 	p := &kvgateProc{changed: make(chan struct{}, 1), eof: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, kvgateBin, args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, envPrefix) {
+		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "DYN_") {
 			p.cmd.Env = append(p.cmd.Env, kv)
 		}
 	}
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stdout = &p.stdout
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {

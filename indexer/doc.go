@@ -5,7 +5,9 @@
 // them in per-worker order (set.go), and the event path that feeds it from
 // engines: decoding of vLLM, SGLang and Mooncake KV event batches (wire.go,
 // on a small allocation-free msgpack reader in msgpack.go) and the ZMQ
-// listeners with gap detection and replay (ingest.go, metrics.go).
+// listeners with gap detection and replay (ingest.go, metrics.go); and the
+// index's HTTP views: Dynamo's and Mooncake's overlap queries, the dump, and
+// the peer list with startup recovery from a peer's dump (http.go).
 //
 // # The index
 //
@@ -32,6 +34,7 @@
 // Every batch, event and block that is not applied is counted in a metric
 // with its reason.
 //
-// The index itself (index.go, set.go) knows nothing of wire formats; the
-// package must not know HTTP or scheduling: those live with their callers.
+// The index itself (index.go, set.go) knows nothing of wire formats or
+// HTTP; http.go adapts it to the APIs through internal/admin. The package
+// must not know the worker catalog or scheduling (package scheduler).
 package indexer
