@@ -105,7 +105,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if code == 0 {
 			code = http.StatusOK
 		}
-		s.total.WithLabelValues(route, r.Method, strconv.Itoa(code)).Inc()
+		s.total.WithLabelValues(route, methodLabel(r.Method), strconv.Itoa(code)).Inc()
 		s.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
 	}()
 
@@ -122,6 +122,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(rec, r.Body, s.opts.MaxBody)
 	}
 	s.mux.ServeHTTP(rec, r)
+}
+
+// methodLabel bounds the method label: clients may send any token.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodOptions, http.MethodConnect, http.MethodTrace:
+		return m
+	}
+	return "other"
 }
 
 func (s *Server) authorized(r *http.Request) bool {

@@ -154,6 +154,7 @@ func TestMetrics(t *testing.T) {
 	call(t, "POST", srv.URL+"/echo", "", "{}")
 	call(t, "GET", srv.URL+"/nope", "", "")
 	call(t, "DELETE", srv.URL+"/things/1", "", "")
+	call(t, "BREW", srv.URL+"/health", "", "")
 
 	want := `
 # HELP kvgate_http_requests_total Admin HTTP requests by route pattern ("unmatched" for none), method and status code.
@@ -162,6 +163,7 @@ kvgate_http_requests_total{code="200",method="GET",route="GET /health"} 2
 kvgate_http_requests_total{code="401",method="POST",route="POST /echo"} 1
 kvgate_http_requests_total{code="404",method="GET",route="unmatched"} 1
 kvgate_http_requests_total{code="405",method="DELETE",route="unmatched"} 1
+kvgate_http_requests_total{code="405",method="other",route="unmatched"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "kvgate_http_requests_total"); err != nil {
 		t.Error(err)
