@@ -428,8 +428,13 @@ type Readiness struct {
 	Reason            string `json:"reason,omitempty"`
 	Workers           int    `json:"workers"`
 	ActiveWorkers     int    `json:"active_workers"`
+	Schedulable       int    `json:"schedulable_workers"`
 	MinInitialWorkers int    `json:"min_initial_workers"`
 }
+
+// Schedulable reports whether requests may be sent to a worker in status
+// s: its events flow (active), or were deliberately paused.
+func Schedulable(s Status) bool { return s == indexer.StatusActive || s == indexer.StatusPaused }
 
 // HoldReady keeps Ready false with reason until HoldReady("") (used while
 // recovering the index from a peer).
@@ -439,15 +444,19 @@ func (c *Catalog) HoldReady(reason string) {
 	c.mu.Unlock()
 }
 
-// Ready reports whether kvgate may serve: no hold, and the startup gate
-// open. The gate opens, for good, once MinInitialWorkers workers are
-// active at the same time.
+// Ready reports whether kvgate may serve (shared/spec/scheduling.md): no
+// hold, the startup gate open, and at least one schedulable worker. The
+// gate opens, for good, once MinInitialWorkers workers are active at the
+// same time.
 func (c *Catalog) Ready() Readiness {
 	ws := c.Workers("", "")
 	r := Readiness{Workers: len(ws), MinInitialWorkers: c.opts.MinInitialWorkers}
 	for _, w := range ws {
 		if w.Status == indexer.StatusActive {
 			r.ActiveWorkers++
+		}
+		if Schedulable(w.Status) {
+			r.Schedulable++
 		}
 	}
 	c.mu.Lock()
@@ -460,10 +469,13 @@ func (c *Catalog) Ready() Readiness {
 		c.open = true
 		c.log.Info("startup gate open", "active_workers", r.ActiveWorkers, "min_initial_workers", c.opts.MinInitialWorkers)
 	}
-	if !c.open {
+	switch {
+	case !c.open:
 		r.Reason = fmt.Sprintf("waiting for %d active workers (%d active of %d registered)", c.opts.MinInitialWorkers, r.ActiveWorkers, r.Workers)
-		return r
+	case r.Schedulable == 0:
+		r.Reason = fmt.Sprintf("no schedulable worker (%d registered, none active)", r.Workers)
+	default:
+		r.Ready = true
 	}
-	r.Ready = true
 	return r
 }
