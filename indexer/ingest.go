@@ -178,7 +178,8 @@ func ValidateEndpoint(endpoint string) error {
 // connect. Registering the same publisher again with the same settings is a
 // no-op; with other settings (replay endpoint, topic) it restarts the
 // listener. The index of r.Key is created with r.BlockSize if needed; a
-// block size conflict is an error wrapping ErrBlockSizeConflict.
+// block size conflict is an error wrapping ErrBlockSizeConflict. A failed
+// registration changes nothing.
 func (g *Ingester) Register(r Registration) error {
 	if err := ValidateEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("%w: worker %d rank %d: %w", ErrRegistration, r.Worker, r.Rank, err)
@@ -194,17 +195,14 @@ func (g *Ingester) Register(r Registration) error {
 	if r.Key.Tenant == "" {
 		r.Key.Tenant = DefaultTenant
 	}
-	ix, err := g.set.Index(r.Key, r.BlockSize)
-	if err != nil {
-		return fmt.Errorf("register worker %d rank %d: %w", r.Worker, r.Rank, err)
-	}
 	k := listenerKey{r.Worker, r.Rank, r.Endpoint}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return ErrClosed
 	}
-	if old := g.listeners[k]; old != nil {
+	old := g.listeners[k]
+	if old != nil {
 		if old.reg == r {
 			return nil
 		}
@@ -212,6 +210,13 @@ func (g *Ingester) Register(r Registration) error {
 			return fmt.Errorf("%w: worker %d rank %d endpoint %s is registered for %s, not %s",
 				ErrRegistration, r.Worker, r.Rank, r.Endpoint, old.reg.Key, r.Key)
 		}
+	}
+	// Only now, with every check passed, may the index come into being.
+	ix, err := g.set.Index(r.Key, r.BlockSize)
+	if err != nil {
+		return fmt.Errorf("register worker %d rank %d: %w", r.Worker, r.Rank, err)
+	}
+	if old != nil {
 		old.stop()
 	}
 	mk := g.marks[k]

@@ -80,6 +80,9 @@ type RankRegistration struct {
 	Source string
 }
 
+// MaxDPSize bounds a registered DP range: each rank is tracked on its own.
+const MaxDPSize = 4096
+
 // RangeRegistration registers a worker's DP range without event endpoints
 // (the slot tracker's /register).
 type RangeRegistration struct {
@@ -226,8 +229,8 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 	if err := c.checkIndex(r.Key, r.BlockSize); err != nil {
 		return err
 	}
-	if r.DPSize == 0 {
-		return fmt.Errorf("%w: dp_size must be positive", ErrInvalid)
+	if r.DPSize == 0 || r.DPSize > MaxDPSize {
+		return fmt.Errorf("%w: dp_size must be between 1 and %d, not %d", ErrInvalid, MaxDPSize, r.DPSize)
 	}
 	if uint64(r.DPStart)+uint64(r.DPSize) > 1<<32 {
 		return fmt.Errorf("%w: dp range %d+%d overflows", ErrInvalid, r.DPStart, r.DPSize)
@@ -268,6 +271,10 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 // left with no rank is removed. It reports how many workers it changed;
 // none is ErrNotFound.
 func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint32) (int, error) {
+	if tenant != nil && *tenant == "" {
+		def := indexer.DefaultTenant
+		tenant = &def
+	}
 	c.opMu.Lock()
 	defer c.opMu.Unlock()
 	c.mu.Lock()
@@ -387,6 +394,11 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 			}
 		}
 		ws.Status = aggregate(ws.Listeners)
+		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[indexer.StatusPending] {
+			// A rank whose listener is gone (being unregistered) or not
+			// yet visible is not active.
+			ws.Status = indexer.StatusPending
+		}
 		out = append(out, ws)
 	}
 	c.mu.Unlock()

@@ -129,6 +129,9 @@ func (c *Catalog) register(req registerRequest) error {
 		}
 		err = c.RegisterRank(reg)
 	case hasRange:
+		if req.DPRank != nil || req.ReplayEndpoint != nil {
+			return admin.Errorf(http.StatusBadRequest, "dp_rank and replay_endpoint go with endpoint, not with dp_start/dp_size")
+		}
 		if req.DPSize == nil {
 			return admin.Errorf(http.StatusBadRequest, "dp_size is required with dp_start")
 		}
