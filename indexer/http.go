@@ -119,7 +119,11 @@ func parseQuery(req queryRequest, byHash, conductor bool) (Query, error) {
 			hashes = req.BlockHash
 		}
 		if hashes == nil {
-			return q, admin.Errorf(http.StatusBadRequest, "block_hashes is required")
+			field := "block_hashes"
+			if q.Mooncake {
+				field = "block_hash"
+			}
+			return q, admin.Errorf(http.StatusBadRequest, "%s is required", field)
 		}
 		q.Local = make([]uint64, len(*hashes))
 		for i, h := range *hashes {
@@ -360,12 +364,17 @@ func NewPeers(urls []string) (*Peers, error) {
 	return p, nil
 }
 
-// NormalizePeerURL checks that s is an http(s) base URL with a host and no
-// query, and returns it without a trailing slash.
+// NormalizePeerURL checks that s is an http(s) base URL with a host name
+// and no query, fragment or user info, and returns it with the scheme and
+// host in lower case and without a trailing slash.
 func NormalizePeerURL(s string) (string, error) {
 	s = strings.TrimSpace(s)
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+	if err != nil || u.Hostname() == "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || u.User != nil || u.Opaque != "" {
+		return "", fmt.Errorf("peer url %q is not an http(s)://host:port base URL", truncate(s, 100))
+	}
+	u.Scheme, u.Host = strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	if u.Scheme != "http" && u.Scheme != "https" {
 		return "", fmt.Errorf("peer url %q is not an http(s)://host:port base URL", truncate(s, 100))
 	}
 	return strings.TrimRight(u.String(), "/"), nil

@@ -236,3 +236,63 @@ func TestConcurrentApplyAndMatch(t *testing.T) {
 	}
 	checkInvariants(t, ix)
 }
+
+// TestSetHold checks Options.Hold: submitted events queue, in order, until
+// Release (or Close) lets them apply.
+func TestSetHold(t *testing.T) {
+	for _, closeOnly := range []bool{false, true} {
+		t.Run(fmt.Sprintf("close only %v", closeOnly), func(t *testing.T) {
+			s := NewSet(Options{Hold: true, EventThreads: 2})
+			defer s.Close()
+			ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
+			ctx := context.Background()
+			// Two chains stored one block at a time: each event needs the one
+			// before it, so only an in-order application places them all.
+			var applied []uint64 // block ids, in application order; written by the apply goroutines
+			var failed atomic.Int32
+			a, b := wr(1, 0), wr(2, 0)
+			for _, w := range []WorkerRank{a, b} {
+				blocks := chain(10*w.Worker, prompt...)
+				for i, blk := range blocks {
+					ev := stored(w, TierDevice, nil, []Block{blk})
+					if i > 0 {
+						ev.Parent, ev.HasParent = blocks[i-1].Hash, true
+					}
+					done := func(_ ApplyResult, err error) {
+						if err != nil {
+							failed.Add(1)
+						}
+						if w == a {
+							applied = append(applied, blk.Hash)
+						}
+					}
+					if err := s.Submit(ctx, ix, ev, done); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if !s.Held() || ix.MatchTokens(prompt, "", nil) != nil || ix.Stats() != (Stats{}) {
+				t.Fatalf("held set applied events: held %v, stats %+v", s.Held(), ix.Stats())
+			}
+			if closeOnly {
+				s.Close()
+			} else {
+				s.Release()
+				s.Release() // idempotent
+				for _, w := range []WorkerRank{a, b} {
+					if err := s.Do(ctx, w.Worker, func() {}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if s.Held() || failed.Load() != 0 || !slices.Equal(applied, []uint64{10, 11, 12, 13}) {
+				t.Fatalf("held %v, %d failed, worker 1 applied %v", s.Held(), failed.Load(), applied)
+			}
+			got := ix.MatchTokens(prompt, "", nil)
+			sortOverlaps(got)
+			if !slices.Equal(got, []Overlap{{a, 4, 4, 4}, {b, 4, 4, 4}}) {
+				t.Fatalf("after release: %v", got)
+			}
+		})
+	}
+}
