@@ -107,16 +107,6 @@ func tokens(from, to uint32) []uint32 {
 	return out
 }
 
-func newPublisher(t *testing.T, ctx context.Context) *engine.Publisher {
-	t.Helper()
-	pub, err := engine.NewPublisher(ctx, engine.Config{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pub.Close() })
-	return pub
-}
-
 func publish(t *testing.T, pub *engine.Publisher, events ...engine.Event) {
 	t.Helper()
 	if _, err := pub.Publish(events...); err != nil {
@@ -139,7 +129,8 @@ func stop(t *testing.T, p *kvgateProc) {
 // one and queries again.
 func TestE2EAdminAPI(t *testing.T) {
 	ctx := e2eContext(t)
-	pub1, pub2 := newPublisher(t, ctx), newPublisher(t, ctx)
+	withReplay := engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}
+	pub1, pub2 := engine.Start(t, withReplay), engine.Start(t, withReplay)
 	p := startKvgateEnv(t, ctx, []string{dynMinWorkersEnv + "=2"},
 		"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--admin-token", "tok", "--max-body", "4KiB")
 	anon := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + p.adminAddr(t, ctx)}
@@ -270,7 +261,7 @@ func closedPort(t *testing.T) string {
 // then both apply live events and answer alike.
 func TestE2EPeerRecovery(t *testing.T) {
 	ctx := e2eContext(t)
-	pub := newPublisher(t, ctx)
+	pub := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	workers := fmt.Sprintf("1=%s|%s", pub.Endpoint(), pub.ReplayEndpoint())
 	args := []string{"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--workers", workers, "--model-name", "m:v1", "--block-size", "4"}
 

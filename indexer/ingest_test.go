@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -66,24 +67,10 @@ func (r *rig) register(worker uint64, rank uint32, p *engine.Publisher, replay b
 // (with its replay endpoint, if it has one) and waits for the subscription.
 func (r *rig) follow(cfg engine.Config, worker uint64) *engine.Publisher {
 	r.t.Helper()
-	p := newPub(r.t, cfg)
+	p := engine.Start(r.t, cfg)
 	r.register(worker, 0, p, cfg.ReplayEndpoint != "")
 	subscribed(r.t, p)
 	return p
-}
-
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline. It is condition polling, not a sleep: it returns as soon as
-// cond holds.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func (r *rig) listener(worker uint64, rank uint32) (ListenerInfo, bool) {
@@ -99,7 +86,7 @@ func (r *rig) listener(worker uint64, rank uint32) (ListenerInfo, bool) {
 // seq and the Set has applied every event queued for worker.
 func (r *rig) waitApplied(worker uint64, rank uint32, seq uint64) {
 	r.t.Helper()
-	waitFor(r.t, fmt.Sprintf("worker %d rank %d at seq %d", worker, rank, seq), func() bool {
+	poll.Until(r.t, fmt.Sprintf("worker %d rank %d at seq %d", worker, rank, seq), func() bool {
 		l, ok := r.listener(worker, rank)
 		return ok && l.HasSeq && l.Seq >= seq
 	})
@@ -116,25 +103,12 @@ func (r *rig) flush(worker uint64) {
 func (r *rig) waitStatus(worker uint64, rank uint32, want ListenerStatus) ListenerInfo {
 	r.t.Helper()
 	var l ListenerInfo
-	waitFor(r.t, fmt.Sprintf("worker %d rank %d %s", worker, rank, want), func() bool {
+	poll.Until(r.t, fmt.Sprintf("worker %d rank %d %s", worker, rank, want), func() bool {
 		var ok bool
 		l, ok = r.listener(worker, rank)
 		return ok && l.Status == want
 	})
 	return l
-}
-
-func newPub(t testing.TB, cfg engine.Config) *engine.Publisher {
-	t.Helper()
-	if cfg.Endpoint == "" {
-		cfg.Endpoint = "tcp://127.0.0.1:0"
-	}
-	p, err := engine.NewPublisher(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
 }
 
 func subscribed(t testing.TB, p *engine.Publisher) {
@@ -307,7 +281,7 @@ func TestIngestGapReplay(t *testing.T) {
 		t.Run(style.String(), func(t *testing.T) {
 			r := newRig(t, IngestOptions{})
 			drop := map[uint64]bool{0: true, 2: true, 3: true}
-			p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", ReplyStyle: style, Topic: "kv",
+			p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", ReplyStyle: style, Topic: "kv",
 				Drop: func(seq uint64) bool { return drop[seq] }})
 			reg := r.register(1, 0, p, true)
 			_ = reg
@@ -358,7 +332,7 @@ func TestIngestGapWithoutReplay(t *testing.T) {
 
 func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3})
+	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3})
 	w := WorkerRank{1, 0}
 	// Published before anyone listens: 0 and 1 fall out of the 3-batch
 	// buffer, 2 and 3 are replayed.
@@ -389,14 +363,14 @@ func TestIngestPublisherRestart(t *testing.T) {
 	}
 	// The listener notices the broken connection and keeps redialling.
 	r.waitStatus(1, 0, StatusPending)
-	p2 := newPub(t, engine.Config{Endpoint: endpoint})
+	p2 := engine.Start(t, engine.Config{Endpoint: endpoint})
 	r.waitStatus(1, 0, StatusActive)
 	subscribed(t, p2)
 	fresh := root(30, 1)
 	if seq := publish(t, p2, fresh); seq != 0 {
 		t.Fatalf("restarted publisher at seq %d", seq)
 	}
-	waitFor(t, "restart detected", func() bool { return counter(t, r.m.restarts) == 1 })
+	poll.Until(t, "restart detected", func() bool { return counter(t, r.m.restarts) == 1 })
 	r.waitApplied(1, 0, 0)
 	r.check(expect(t, indexEvent(w, TierDevice, fresh)))
 }
@@ -441,7 +415,7 @@ func TestIngestStatusTransitions(t *testing.T) {
 	if !strings.Contains(l.LastError, "connect") {
 		t.Errorf("last error %q does not say why", l.LastError)
 	}
-	p := newPub(t, engine.Config{Endpoint: endpoint})
+	p := engine.Start(t, engine.Config{Endpoint: endpoint})
 	if l := r.waitStatus(5, 0, StatusActive); l.LastError != "" {
 		t.Errorf("active with last error %q", l.LastError)
 	}
@@ -465,9 +439,9 @@ func TestIngestStatusTransitions(t *testing.T) {
 func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	three := 3
-	p := newPub(t, engine.Config{Rank: &three})
+	p := engine.Start(t, engine.Config{Rank: &three})
 	r.register(1, 0, p, false)
-	q := newPub(t, engine.Config{})
+	q := engine.Start(t, engine.Config{})
 	r.register(1, 1, q, false)
 	subscribed(t, p)
 	subscribed(t, q)
@@ -577,7 +551,7 @@ func TestIngestManyPublishers(t *testing.T) {
 				drops[s] = true
 			}
 		}
-		pubs[i].p = newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Encoding: engine.Encoding(i % 2),
+		pubs[i].p = engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Encoding: engine.Encoding(i % 2),
 			Drop: func(seq uint64) bool { return drops[seq] }})
 		// A simulated cache: chains grow from stored blocks, some removed.
 		var live []uint64
@@ -743,7 +717,7 @@ func TestIngestUnknownParentResync(t *testing.T) {
 	b := child(11, 20, 1) // under a's second block, which the index no longer has
 	publish(t, p, b)
 	// The resync runs when the next batch arrives after the failed apply.
-	waitFor(t, "a resync", func() bool {
+	poll.Until(t, "a resync", func() bool {
 		r.sync(p, 1, 0)
 		return counter(t, r.m.resyncs) >= 1
 	})
@@ -836,7 +810,7 @@ func TestIngestSilentPeer(t *testing.T) {
 // and none is left behind.
 func TestIngestConcurrentControl(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := newPub(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	reg := r.register(1, 0, p, true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -163,6 +163,36 @@ func normKey(k WorkerKey) WorkerKey {
 	return k
 }
 
+// lock takes opMu and mu for a registration of wk and returns wk's entry,
+// nil if none, after checking that blockSize agrees with wk's index and
+// entry. The caller must call unlock, also on error.
+func (c *Catalog) lock(wk WorkerKey, blockSize int) (*Worker, error) {
+	c.opMu.Lock()
+	c.mu.Lock()
+	if err := c.checkIndex(wk.Key, blockSize); err != nil {
+		return nil, err
+	}
+	w := c.workers[wk]
+	if w != nil && w.BlockSize != blockSize {
+		return nil, fmt.Errorf("%w: %s has block_size %d, not %d", ErrConflict, wk, w.BlockSize, blockSize)
+	}
+	return w, nil
+}
+
+func (c *Catalog) unlock() {
+	c.mu.Unlock()
+	c.opMu.Unlock()
+}
+
+// add returns the entry of wk, created if needed. Call with mu held.
+func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Worker {
+	if w == nil {
+		w = &Worker{WorkerKey: wk, BlockSize: blockSize, Events: make(map[uint32]Publisher), Source: source}
+		c.workers[wk] = w
+	}
+	return w
+}
+
 // RegisterRank adds one DP rank of a worker with its event publisher and
 // starts its listener, creating the worker if needed. Registering the
 // same rank again with the same endpoint updates its replay endpoint and
@@ -170,11 +200,6 @@ func normKey(k WorkerKey) WorkerKey {
 // first). On error nothing changes.
 func (c *Catalog) RegisterRank(r RankRegistration) error {
 	r.WorkerKey = normKey(r.WorkerKey)
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if err := c.checkIndex(r.Key, r.BlockSize); err != nil {
-		return err
-	}
 	if err := indexer.ValidateEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("%w: endpoint: %w", ErrInvalid, err)
 	}
@@ -183,18 +208,17 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 			return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := c.workers[r.WorkerKey]
+	w, err := c.lock(r.WorkerKey, r.BlockSize)
+	defer c.unlock()
+	if err != nil {
+		return err
+	}
 	if w != nil {
-		if w.BlockSize != r.BlockSize {
-			return fmt.Errorf("%w: %s has block_size %d, not %d", ErrConflict, r.WorkerKey, w.BlockSize, r.BlockSize)
-		}
 		if p, ok := w.Events[r.Rank]; ok && p.Endpoint != r.Endpoint {
 			return fmt.Errorf("%w: %s rank %d already publishes on %s; unregister the rank first", ErrConflict, r.WorkerKey, r.Rank, p.Endpoint)
 		}
 	}
-	err := c.ingest.Register(indexer.Registration{
+	err = c.ingest.Register(indexer.Registration{
 		Key: r.Key, BlockSize: r.BlockSize, Worker: r.ID, Rank: r.Rank,
 		Endpoint: r.Endpoint, ReplayEndpoint: r.Replay, Topic: r.Topic,
 	})
@@ -206,10 +230,7 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 	case err != nil:
 		return err
 	}
-	if w == nil {
-		w = &Worker{WorkerKey: r.WorkerKey, BlockSize: r.BlockSize, Events: make(map[uint32]Publisher), Source: r.Source}
-		c.workers[r.WorkerKey] = w
-	}
+	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
 	w.Events[r.Rank] = r.Publisher
 	if i, found := slices.BinarySearch(w.Ranks, r.Rank); !found {
 		w.Ranks = slices.Insert(w.Ranks, i, r.Rank)
@@ -224,24 +245,18 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 // must stay inside the range. On error nothing changes.
 func (c *Catalog) RegisterRange(r RangeRegistration) error {
 	r.WorkerKey = normKey(r.WorkerKey)
-	c.opMu.Lock()
-	defer c.opMu.Unlock()
-	if err := c.checkIndex(r.Key, r.BlockSize); err != nil {
-		return err
-	}
 	if r.DPSize == 0 || r.DPSize > MaxDPSize {
 		return fmt.Errorf("%w: dp_size must be between 1 and %d, not %d", ErrInvalid, MaxDPSize, r.DPSize)
 	}
 	if uint64(r.DPStart)+uint64(r.DPSize) > 1<<32 {
 		return fmt.Errorf("%w: dp range %d+%d overflows", ErrInvalid, r.DPStart, r.DPSize)
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	w := c.workers[r.WorkerKey]
+	w, err := c.lock(r.WorkerKey, r.BlockSize)
+	defer c.unlock()
+	if err != nil {
+		return err
+	}
 	if w != nil {
-		if w.BlockSize != r.BlockSize {
-			return fmt.Errorf("%w: %s has block_size %d, not %d", ErrConflict, r.WorkerKey, w.BlockSize, r.BlockSize)
-		}
 		for rank := range w.Events {
 			if rank < r.DPStart || rank-r.DPStart >= r.DPSize {
 				return fmt.Errorf("%w: %s rank %d publishes events outside dp range %d..%d; unregister it first",
@@ -252,10 +267,7 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 	if _, err := c.set.Index(r.Key, r.BlockSize); err != nil {
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
-	if w == nil {
-		w = &Worker{WorkerKey: r.WorkerKey, BlockSize: r.BlockSize, Events: make(map[uint32]Publisher), Source: r.Source}
-		c.workers[r.WorkerKey] = w
-	}
+	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
 	w.Ranks = w.Ranks[:0]
 	for i := range r.DPSize {
 		w.Ranks = append(w.Ranks, r.DPStart+i)

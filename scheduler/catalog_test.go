@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/poll"
 )
 
 // This file holds the test rig (a catalog behind a real admin HTTP server)
@@ -322,7 +323,7 @@ func (r *rig) worker(model, tenant string, id uint64) (workerView, bool) {
 func (r *rig) waitWorker(model, tenant string, id uint64, what string, cond func(workerView) bool) workerView {
 	r.t.Helper()
 	var w workerView
-	waitFor(r.t, fmt.Sprintf("worker %d of %s:%s: %s", id, model, tenant, what), func() bool {
+	poll.Until(r.t, fmt.Sprintf("worker %d of %s:%s: %s", id, model, tenant, what), func() bool {
 		var ok bool
 		w, ok = r.worker(model, tenant, id)
 		return ok && cond(w)
@@ -402,38 +403,11 @@ func (r *rig) run(t *testing.T, steps []step) {
 	}
 }
 
-// waitFor polls cond until it holds, failing the test after a generous
-// deadline. It returns as soon as cond holds; it does not time anything.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// newPub starts an engine publisher on a free loopback port.
-func newPub(t testing.TB, cfg engine.Config) *engine.Publisher {
-	t.Helper()
-	if cfg.Endpoint == "" {
-		cfg.Endpoint = "tcp://127.0.0.1:0"
-	}
-	p, err := engine.NewPublisher(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
-	return p
-}
-
 // follow registers rank of worker id with a new publisher's endpoint and
 // waits until the worker's listener has subscribed to it.
 func (r *rig) follow(model, tenant string, id uint64, rank uint32) *engine.Publisher {
 	r.t.Helper()
-	p := newPub(r.t, engine.Config{})
+	p := engine.Start(r.t, engine.Config{})
 	r.register(rankBody(model, tenant, id, rank, p.Endpoint()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -459,7 +433,7 @@ func (r *rig) storeBlocks(p *engine.Publisher, key indexer.Key, wr indexer.Worke
 	if _, err := p.Publish(engine.BlockStored{BlockHashes: ids, TokenIDs: tokens, BlockSize: testBS}); err != nil {
 		r.t.Fatal(err)
 	}
-	waitFor(r.t, fmt.Sprintf("%d blocks of %s in %s", n, wr, key), func() bool { return r.blocks(key)[wr] == n })
+	poll.Until(r.t, fmt.Sprintf("%d blocks of %s in %s", n, wr, key), func() bool { return r.blocks(key)[wr] == n })
 	return tokens
 }
 
@@ -705,7 +679,7 @@ func (r *rig) waitGauges(nActive, nPending, nFailed, nPaused float64) {
 			r.t.Logf("last kvgate_workers gauges: %v", got)
 		}
 	}()
-	waitFor(r.t, fmt.Sprintf("kvgate_workers gauges %v", want), func() bool {
+	poll.Until(r.t, fmt.Sprintf("kvgate_workers gauges %v", want), func() bool {
 		got = r.gauges()
 		return maps.Equal(got, want)
 	})
@@ -826,7 +800,7 @@ func TestUnregisteringWorkerIsNotActive(t *testing.T) {
 			t.Errorf("unregister: %d %s %v", rep.status, rep.body, err)
 		}
 	})
-	waitFor(t, "the leaving worker's listener to stop", func() bool { return len(r.ing.Listeners()) == 0 })
+	poll.Until(t, "the leaving worker's listener to stop", func() bool { return len(r.ing.Listeners()) == 0 })
 	// Its listener never connected: whether still listed or not, it must
 	// not count as active, nor open the startup gate.
 	if w, ok := r.worker("m", "default", 1); ok {

@@ -149,13 +149,18 @@ func (c *Catalog) register(req registerRequest) error {
 	return nil
 }
 
-func (c *Catalog) handleUnregister(w http.ResponseWriter, r *http.Request) {
+// decodeIdentity decodes a body that names a worker by id.
+func decodeIdentity(r *http.Request) (workerIdentity, uint64, error) {
 	var req workerIdentity
 	if err := admin.Decode(r, &req); err != nil {
-		admin.WriteError(w, err)
-		return
+		return req, 0, err
 	}
 	id, err := req.id()
+	return req, id, err
+}
+
+func (c *Catalog) handleUnregister(w http.ResponseWriter, r *http.Request) {
+	req, id, err := decodeIdentity(r)
 	if err != nil {
 		admin.WriteError(w, err)
 		return
@@ -264,12 +269,7 @@ func (c *Catalog) handleReady(w http.ResponseWriter, _ *http.Request) {
 
 func (c *Catalog) handleListener(pause bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req workerIdentity
-		if err := admin.Decode(r, &req); err != nil {
-			admin.WriteError(w, err)
-			return
-		}
-		id, err := req.id()
+		req, id, err := decodeIdentity(r)
 		if err != nil {
 			admin.WriteError(w, err)
 			return
