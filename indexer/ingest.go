@@ -103,7 +103,14 @@ type Ingester struct {
 	// marks keeps each publisher's sequence watermark across unregister and
 	// register, as the spec requires.
 	marks map[listenerKey]*mark
+
+	gen atomic.Uint64 // bumped on every listener state change; see Generation
 }
+
+// Generation returns a number that changes whenever a listener is added,
+// removed or changes state, so that callers can cache what they derive from
+// Listeners.
+func (g *Ingester) Generation() uint64 { return g.gen.Load() }
 
 // listenerKey identifies a listener: one publisher of one worker rank.
 type listenerKey struct {
@@ -226,6 +233,7 @@ func (g *Ingester) Register(r Registration) error {
 	}
 	l := &listener{g: g, reg: r, ix: ix, mark: mk, status: StatusPending}
 	g.listeners[k] = l
+	g.gen.Add(1)
 	l.start()
 	return nil
 }
@@ -298,6 +306,7 @@ func (g *Ingester) stopMatching(match func(*listener) bool, forget bool) []*list
 			hit = append(hit, l)
 			if forget {
 				delete(g.listeners, k)
+				g.gen.Add(1)
 			}
 		}
 	}
@@ -468,6 +477,7 @@ func (l *listener) pausedAfter(done chan struct{}) {
 	defer l.mu.Unlock()
 	if l.done == done {
 		l.status = StatusPaused
+		l.g.gen.Add(1)
 	}
 }
 
@@ -476,6 +486,7 @@ func (l *listener) setStatus(s ListenerStatus, lastError string) {
 	defer l.mu.Unlock()
 	if l.status != s {
 		l.g.m.transitions.WithLabelValues(string(s)).Inc()
+		l.g.gen.Add(1)
 	}
 	l.status = s
 	if s != StatusPaused {

@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -100,6 +101,9 @@ type CatalogOptions struct {
 	MinInitialWorkers int
 	// UnregisterTimeout bounds the removal of a worker's blocks. Default 30s.
 	UnregisterTimeout time.Duration
+	// Loads is the active-load accounting the catalog keeps in step with
+	// its workers' ranks; default a new one (see Catalog.Loads).
+	Loads *Loads
 }
 
 // Catalog is the process's one worker catalog. It is safe for concurrent
@@ -117,6 +121,17 @@ type Catalog struct {
 	workers map[WorkerKey]*Worker
 	open    bool   // the startup gate opened
 	holdFor string // why readiness is held ("" when not)
+
+	loads *Loads
+	gen   atomic.Uint64 // bumped on every change of workers
+	sched atomic.Pointer[schedCache]
+}
+
+// schedCache is the set of schedulable workers, valid while neither the
+// catalog nor the ingester's listeners changed.
+type schedCache struct {
+	gen, ingestGen uint64
+	set            map[WorkerKey]bool
 }
 
 // NewCatalog returns an empty catalog whose workers' events feed set
@@ -128,7 +143,10 @@ func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Regis
 	if opts.UnregisterTimeout <= 0 {
 		opts.UnregisterTimeout = 30 * time.Second
 	}
-	c := &Catalog{set: set, ingest: ingest, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker)}
+	if opts.Loads == nil {
+		opts.Loads = NewLoads(LoadOptions{})
+	}
+	c := &Catalog{set: set, ingest: ingest, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker), loads: opts.Loads}
 	if reg != nil {
 		for _, s := range []Status{indexer.StatusActive, indexer.StatusPending, indexer.StatusFailed, indexer.StatusPaused} {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -180,8 +198,39 @@ func (c *Catalog) lock(wk WorkerKey, blockSize int) (*Worker, error) {
 }
 
 func (c *Catalog) unlock() {
+	c.gen.Add(1)
 	c.mu.Unlock()
 	c.opMu.Unlock()
+}
+
+// Loads returns the active-load accounting of the catalog's workers.
+func (c *Catalog) Loads() *Loads { return c.loads }
+
+// schedulable returns the schedulable workers (see Schedulable). The map is
+// shared: do not modify it.
+func (c *Catalog) schedulable() map[WorkerKey]bool {
+	gen, ig := c.gen.Load(), c.ingest.Generation()
+	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.ingestGen == ig {
+		return sc.set
+	}
+	set := make(map[WorkerKey]bool)
+	for _, w := range c.Workers("", "") {
+		if Schedulable(w.Status) {
+			set[w.WorkerKey] = true
+		}
+	}
+	c.sched.Store(&schedCache{gen: gen, ingestGen: ig, set: set})
+	return set
+}
+
+// endpoint returns where wk's requests go ("" if unknown).
+func (c *Catalog) endpoint(wk WorkerKey) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.workers[wk]; w != nil {
+		return w.Endpoint
+	}
+	return ""
 }
 
 // add returns the entry of wk, created if needed. Call with mu held.
@@ -235,6 +284,7 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 	if i, found := slices.BinarySearch(w.Ranks, r.Rank); !found {
 		w.Ranks = slices.Insert(w.Ranks, i, r.Rank)
 	}
+	c.loads.AddRanks(r.Key, r.BlockSize, indexer.WorkerRank{Worker: r.ID, Rank: r.Rank})
 	c.log.Info("registered worker rank", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID, "rank", r.Rank,
 		"endpoint", r.Endpoint, "replay_endpoint", r.Replay, "source", r.Source)
 	return nil
@@ -268,10 +318,18 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
 	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	for _, rank := range w.Ranks {
+		if rank < r.DPStart || rank-r.DPStart >= r.DPSize {
+			c.loads.RemoveRanks(r.Key, r.ID, &rank)
+		}
+	}
 	w.Ranks = w.Ranks[:0]
+	wrs := make([]indexer.WorkerRank, 0, r.DPSize)
 	for i := range r.DPSize {
 		w.Ranks = append(w.Ranks, r.DPStart+i)
+		wrs = append(wrs, indexer.WorkerRank{Worker: r.ID, Rank: r.DPStart + i})
 	}
+	c.loads.AddRanks(r.Key, r.BlockSize, wrs...)
 	c.log.Info("registered worker", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID,
 		"dp_start", r.DPStart, "dp_size", r.DPSize, "source", r.Source)
 	return nil
@@ -320,7 +378,9 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 		if _, err := c.ingest.Unregister(ctx, w.Key, w.ID, rank); err != nil {
 			errs = append(errs, err)
 		}
+		c.loads.RemoveRanks(w.Key, w.ID, rank)
 		c.mu.Lock()
+		c.gen.Add(1)
 		if rank == nil {
 			delete(c.workers, w.WorkerKey)
 		} else {
