@@ -87,6 +87,7 @@ type tracker struct {
 
 	mu    sync.Mutex
 	ranks map[indexer.WorkerRank]*rankLoad
+	order []*rankLoad // ranks sorted by worker and rank, for deterministic scans
 	reqs  map[string]*request
 	// holders lists, per sequence hash, the ranks whose active requests
 	// hold it, with reference counts: the held blocks of a prompt on every
@@ -186,9 +187,16 @@ func (l *Loads) AddRanks(key indexer.Key, blockSize int, ranks ...indexer.Worker
 	defer t.mu.Unlock()
 	for _, wr := range ranks {
 		if t.ranks[wr] == nil {
-			t.ranks[wr] = &rankLoad{wr: wr}
+			rl := &rankLoad{wr: wr}
+			t.ranks[wr] = rl
+			i, _ := slices.BinarySearchFunc(t.order, wr, func(x *rankLoad, wr indexer.WorkerRank) int { return cmpRank(x.wr, wr) })
+			t.order = slices.Insert(t.order, i, rl)
 		}
 	}
+}
+
+func cmpRank(a, b indexer.WorkerRank) int {
+	return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 }
 
 // RemoveRanks forgets the ranks of worker in key (one rank when rank is not
@@ -210,6 +218,7 @@ func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {
 			delete(t.ranks, wr)
 		}
 	}
+	t.order = slices.DeleteFunc(t.order, func(rl *rankLoad) bool { return t.ranks[rl.wr] != rl })
 }
 
 // Add books a request. A duplicate id is ErrConflict; an unknown (model,
@@ -444,8 +453,8 @@ func (l *Loads) Potentials(key indexer.Key, hashes []uint64, newPrefill int64) (
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.countHeld(hashes)
-	out := make([]Potential, 0, len(t.ranks))
-	for _, rl := range t.ranks {
+	out := make([]Potential, 0, len(t.order))
+	for _, rl := range t.order {
 		out = append(out, Potential{Worker: rl.wr, PrefillTokens: rl.prefill + newPrefill,
 			DecodeBlocks: float64(rl.blocks) + rl.output + float64(len(hashes)-t.held(rl))})
 	}

@@ -182,8 +182,9 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.countHeld(seq)
-	cands := make([]candidate, 0, len(t.ranks))
-	for wr, rl := range t.ranks {
+	cands := make([]candidate, 0, len(t.order))
+	for _, rl := range t.order {
+		wr := rl.wr
 		if !sched[WorkerKey{req.Key, wr.Worker}] || (len(req.Workers) > 0 && !slices.Contains(req.Workers, wr.Worker)) {
 			continue
 		}
