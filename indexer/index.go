@@ -747,6 +747,16 @@ func (ix *Index) BlockCounts() map[WorkerRank]int {
 	return out
 }
 
+// RankBlocks returns how many blocks one worker rank holds (on any tier).
+func (ix *Index) RankBlocks(wr WorkerRank) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	if w := ix.workers[wr]; w != nil {
+		return len(w.blocks)
+	}
+	return 0
+}
+
 // Stats describes the size of an index.
 type Stats struct {
 	Workers int // worker ranks with state

@@ -115,8 +115,10 @@ type request struct {
 	rank    *rankLoad
 	hashes  []uint64
 	prefill int64 // remaining prefill tokens; 0 once prefill completed
-	output  float64
-	added   time.Time
+	// prefillDone is set by the first prefill completion.
+	prefillDone bool
+	output      float64
+	added       time.Time
 }
 
 // NewLoads returns empty accounting.
@@ -150,7 +152,8 @@ func (l *Loads) Apply(ev Lifecycle) error {
 	case LifecycleAdd:
 		return l.add(ev.Key, ev.Booking)
 	case LifecyclePrefillComplete:
-		return l.prefillComplete(ev.Key, ev.Booking.ID)
+		_, err := l.prefillComplete(ev.Key, ev.Booking.ID)
+		return err
 	case LifecycleFree:
 		_, err := l.free(ev.Key, ev.Booking.ID)
 		return err
@@ -337,27 +340,32 @@ func (l *Loads) Expire() int {
 // PrefillComplete clears a request's remaining prefill tokens. Repeating it
 // does nothing; an unknown request is ErrNotFound.
 func (l *Loads) PrefillComplete(key indexer.Key, id string) error {
-	if err := l.prefillComplete(key, id); err != nil {
+	first, err := l.prefillComplete(key, id)
+	if err != nil {
 		return err
 	}
-	l.notify(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: Booking{ID: id}})
+	if first {
+		l.notify(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: Booking{ID: id}})
+	}
 	return nil
 }
 
-func (l *Loads) prefillComplete(key indexer.Key, id string) error {
+// prefillComplete reports whether this was the request's first completion.
+func (l *Loads) prefillComplete(key indexer.Key, id string) (bool, error) {
 	t, err := l.trackerOrErr(key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.reqs[id]
 	if r == nil {
-		return fmt.Errorf("%w: request %q is not active", ErrNotFound, id)
+		return false, fmt.Errorf("%w: request %q is not active", ErrNotFound, id)
 	}
+	first := !r.prefillDone
 	r.rank.prefill -= r.prefill
-	r.prefill = 0
-	return nil
+	r.prefill, r.prefillDone = 0, true
+	return first, nil
 }
 
 // OutputBlock adds one output block to a request's decode load, weighted

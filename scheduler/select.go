@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -171,14 +172,38 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		byRank[o.Worker] = o
 	}
 	sched := s.cat.schedulable()
-	var tree map[indexer.WorkerRank]int
-
-	var booked *Booking
-	defer func() { // after the unlock below
-		if booked != nil {
-			s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *booked})
+	var b *Booking
+	if req.Reserve {
+		b = &Booking{ID: req.ReservationID, Hashes: seq}
+	}
+	c, err := s.decide(t, ix, req, seq, isl, w, temp, byRank, sched, b)
+	if err != nil {
+		return Decision{}, err
+	}
+	// No tracker lock from here on: the catalog's lock is taken while
+	// holding it elsewhere (registration adds ranks to the tracker).
+	if b != nil {
+		s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *b})
+	}
+	d := Decision{Worker: c.rl.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, DP: map[uint32]int{}}
+	d.Overlap.Worker = c.rl.wr
+	for _, o := range overlaps {
+		if o.Worker.Worker == d.Worker.Worker {
+			d.DP[o.Worker.Rank] = o.Device
 		}
-	}()
+	}
+	d.DP[d.Worker.Rank] = c.ov.Device // present even with no overlap
+	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})
+	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, strconv.FormatUint(d.Worker.Worker, 10)).Inc()
+	return d, nil
+}
+
+// decide costs every schedulable rank of t and picks one, under t's lock;
+// with book not nil it also books the request there (filling in book's
+// Worker and PrefillTokens), in the same critical section.
+func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq []uint64, isl int64, w, temp float64,
+	byRank map[indexer.WorkerRank]indexer.Overlap, sched map[WorkerKey]bool, book *Booking) (candidate, error) {
+	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.countHeld(seq)
@@ -197,39 +222,23 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		cands = append(cands, c)
 	}
 	if len(cands) == 0 {
-		return Decision{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
+		return candidate{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
 	}
-	pick := s.pick(cands, temp, func() map[indexer.WorkerRank]int {
-		if tree == nil {
-			tree = ix.BlockCounts()
-		}
-		return tree
-	})
-	c := cands[pick]
-	d := Decision{Worker: c.rl.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, DP: map[uint32]int{}}
-	d.Overlap.Worker = c.rl.wr
-	for _, o := range overlaps {
-		if o.Worker.Worker == d.Worker.Worker {
-			d.DP[o.Worker.Rank] = o.Device
+	c := cands[s.pick(cands, temp, ix)]
+	if book != nil {
+		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
+		now := s.loads.now()
+		t.sweep(now.Add(-s.loads.ttl))
+		if err := t.add(*book, now); err != nil {
+			return candidate{}, err
 		}
 	}
-	d.DP[d.Worker.Rank] = c.ov.Device // present even with no overlap
-	if req.Reserve {
-		b := Booking{ID: req.ReservationID, Worker: d.Worker, Hashes: seq, PrefillTokens: d.EffectivePrefillTokens}
-		t.sweep(s.loads.now().Add(-s.loads.ttl))
-		if err := t.add(b, s.loads.now()); err != nil {
-			return Decision{}, err
-		}
-		booked = &b
-	}
-	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})
-	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, fmt.Sprint(d.Worker.Worker)).Inc()
-	return d, nil
+	return c, nil
 }
 
 // pick returns the index of the chosen candidate: the cheapest (ties: the
 // smaller tree, then random) at temperature 0, else a softmax sample.
-func (s *Scheduler) pick(cands []candidate, temp float64, trees func() map[indexer.WorkerRank]int) int {
+func (s *Scheduler) pick(cands []candidate, temp float64, ix *indexer.Index) int {
 	s.randMu.Lock()
 	defer s.randMu.Unlock()
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -263,12 +272,12 @@ func (s *Scheduler) pick(cands []candidate, temp float64, trees func() map[index
 		}
 	}
 	if len(ties) > 1 {
-		tree := trees()
 		small := math.MaxInt
 		for _, i := range ties {
-			small = min(small, tree[cands[i].rl.wr])
+			cands[i].tree = ix.RankBlocks(cands[i].rl.wr)
+			small = min(small, cands[i].tree)
 		}
-		ties = slices.DeleteFunc(ties, func(i int) bool { return tree[cands[i].rl.wr] != small })
+		ties = slices.DeleteFunc(ties, func(i int) bool { return cands[i].tree != small })
 	}
 	return ties[s.rand.IntN(len(ties))]
 }
