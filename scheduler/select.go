@@ -58,8 +58,11 @@ func (o CostOptions) withDefaults() CostOptions {
 // SelectRequest asks for a rank for one prompt.
 type SelectRequest struct {
 	Key indexer.Key
-	// Local are the prompt's local block hashes (one per full block); the
-	// sequence hashes are derived from them when Seq is nil.
+	// Local are the prompt's local block hashes (one per full block): the
+	// index is matched on the sequence hashes derived from them. Seq, when
+	// not nil, are the client's sequence hashes, used to account the
+	// request's blocks (derived from Local when nil; and matched when
+	// Local is nil).
 	Local []uint64
 	Seq   []uint64
 	// ISL is the prompt length in tokens; 0 means len(Local) * block size.
@@ -148,9 +151,16 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", ErrNotFound, req.Key.Model, req.Key.Tenant)
 	}
 	bs := ix.BlockSize()
+	// The index is matched on hashes derived from the local ones
+	// (shared/spec/hashing.md); the client's own sequence hashes, when
+	// given, are what active requests are accounted by.
+	match := req.Seq
+	if req.Local != nil || match == nil {
+		match = indexer.SequenceHashes(make([]uint64, 0, len(req.Local)), req.Local)
+	}
 	seq := req.Seq
 	if seq == nil {
-		seq = indexer.SequenceHashes(make([]uint64, 0, len(req.Local)), req.Local)
+		seq = match
 	}
 	isl := req.ISL
 	if isl == 0 {
@@ -166,7 +176,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	if w < 0 || temp < 0 || math.IsNaN(w) || math.IsNaN(temp) || math.IsInf(w, 0) || math.IsInf(temp, 0) {
 		return Decision{}, fmt.Errorf("%w: overlap weight and temperature must be finite and >= 0", ErrInvalid)
 	}
-	overlaps := ix.Match(seq, nil)
+	overlaps := ix.Match(match, nil)
 	byRank := make(map[indexer.WorkerRank]indexer.Overlap, len(overlaps))
 	for _, o := range overlaps {
 		byRank[o.Worker] = o

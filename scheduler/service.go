@@ -1,0 +1,736 @@
+package scheduler
+
+import (
+	"bytes"
+	"cmp"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+
+	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/admin"
+)
+
+// This file serves the slot tracker's lifecycle and load routes (seed 002)
+// and the selection service's worker, selection, reservation and overlap
+// routes (seed 003) over the catalog, the loads and the scheduler
+// (shared/spec/http-api.md). A reservation is a booking in the loads under
+// its reservation id, as a slot tracker request is under its request id.
+
+// Service serves the slot tracker and selection service routes.
+type Service struct {
+	cat   *Catalog
+	sched *Scheduler
+}
+
+// NewService returns the routes over cat and sched, whose loads hold the
+// bookings.
+func NewService(cat *Catalog, sched *Scheduler) *Service {
+	return &Service{cat: cat, sched: sched}
+}
+
+// Routes returns the slot tracker and selection service routes.
+func (s *Service) Routes() []admin.Route {
+	return []admin.Route{
+		{Pattern: "POST /add", Handler: serve(admin.Decode, s.add), Mutates: true},
+		{Pattern: "POST /prefill_complete", Handler: serve(admin.Decode, s.prefillComplete), Mutates: true},
+		{Pattern: "POST /free", Handler: serve(admin.Decode, s.free), Mutates: true},
+		{Pattern: "GET /loads", Handler: s.handleLoads},
+		{Pattern: "POST /potential_loads", Handler: serve(admin.Decode, s.potentialLoads)},
+		{Pattern: "POST /workers", Handler: serve(admin.Decode, s.putWorker), Mutates: true},
+		{Pattern: "PATCH /workers/{worker_id}", Handler: serve(decodeOptional, s.patchWorker), Mutates: true},
+		{Pattern: "DELETE /workers/{worker_id}", Handler: serve(decodeOptional, s.deleteWorker), Mutates: true},
+		{Pattern: "POST /select", Handler: serve(admin.Decode, s.choose(false))},
+		{Pattern: "POST /select_and_reserve", Handler: serve(admin.Decode, s.choose(true)), Mutates: true},
+		{Pattern: "POST /reservations", Handler: serve(admin.Decode, s.reserve), Mutates: true},
+		{Pattern: "POST /reservations/{id}/prefill_complete", Handler: serve(decodeOptional, s.reservationPrefillComplete), Mutates: true},
+		{Pattern: "POST /reservations/{id}/output_block", Handler: serve(decodeOptional, s.reservationOutputBlock), Mutates: true},
+		{Pattern: "DELETE /reservations/{id}", Handler: serve(decodeOptional, s.reservationFree), Mutates: true},
+		{Pattern: "POST /overlap_scores", Handler: serve(admin.Decode, s.overlapScores)},
+	}
+}
+
+func (s *Service) loads() *Loads { return s.sched.loads }
+
+// serve decodes a request's body into a new T and answers with what f
+// returns: a status and a value to encode, or an error.
+func serve[T any](decode func(*http.Request, any) error, f func(*http.Request, *T) (int, any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req T
+		if err := decode(r, &req); err != nil {
+			admin.WriteError(w, err)
+			return
+		}
+		status, v, err := f(r, &req)
+		if err != nil {
+			var ae *admin.Error
+			if !errors.As(err, &ae) {
+				err = httpError(err)
+			}
+			admin.WriteError(w, err)
+			return
+		}
+		admin.WriteJSON(w, status, v)
+	}
+}
+
+var okBody = map[string]string{"status": "ok"}
+
+// done answers okBody with status, unless err.
+func done(status int, err error) (int, any, error) { return status, okBody, err }
+
+// decodeOptional is admin.Decode for a body that may be empty.
+func decodeOptional(r *http.Request, v any) error {
+	if r.Body == nil {
+		return nil
+	}
+	data, err := io.ReadAll(r.Body)
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		return admin.Errorf(http.StatusRequestEntityTooLarge, "request body exceeds %d bytes", tooBig.Limit)
+	case err != nil:
+		return admin.Errorf(http.StatusBadRequest, "read request body: %v", err)
+	case len(bytes.TrimSpace(data)) == 0:
+		return nil
+	}
+	return admin.DecodeBytes(data, v)
+}
+
+func badRequest(format string, args ...any) error {
+	return admin.Errorf(http.StatusBadRequest, format, args...)
+}
+
+// defaultModel is the model of a selection service request without one.
+const defaultModel = "default"
+
+// scope names a request's (model, tenant).
+type scope struct {
+	ModelName *string `json:"model_name"`
+	TenantID  *string `json:"tenant_id"`
+}
+
+// key returns the scope's key, with the query's model_name and tenant_id
+// when the body leaves them out (both: they must agree). The tenant
+// defaults to "default"; so does the model when def, else it is required.
+func (sc scope) key(q url.Values, def bool) (indexer.Key, error) {
+	pick := func(field string, body *string, dflt string) (string, error) {
+		v := ""
+		if body != nil {
+			v = *body
+		}
+		if qv := q.Get(field); qv != "" {
+			if v != "" && v != qv {
+				return "", badRequest("%s is %q in the query and %q in the body", field, qv, v)
+			}
+			v = qv
+		}
+		return cmp.Or(v, dflt), nil
+	}
+	dflt := ""
+	if def {
+		dflt = defaultModel
+	}
+	model, err := pick("model_name", sc.ModelName, dflt)
+	if err != nil {
+		return indexer.Key{}, err
+	}
+	if model == "" {
+		return indexer.Key{}, badRequest("model_name is required")
+	}
+	tenant, err := pick("tenant_id", sc.TenantID, indexer.DefaultTenant)
+	return indexer.Key{Model: model, Tenant: tenant}, err
+}
+
+func u64s(hs []indexer.Hash) []uint64 {
+	out := make([]uint64, len(hs))
+	for i, h := range hs {
+		out[i] = uint64(h)
+	}
+	return out
+}
+
+// tokens checks an optional token count.
+func tokens(field string, v *int64) (int64, error) {
+	if v == nil {
+		return 0, nil
+	}
+	if *v < 0 {
+		return 0, badRequest("%s must not be negative, not %d", field, *v)
+	}
+	return *v, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// --- Slot tracker lifecycle (seed 002) ---
+
+type lifecycleRequest struct {
+	scope
+	RequestID *string `json:"request_id"`
+}
+
+func (req lifecycleRequest) target() (indexer.Key, string, error) {
+	key, err := req.key(nil, false)
+	if err != nil {
+		return key, "", err
+	}
+	if req.RequestID == nil || *req.RequestID == "" {
+		return key, "", badRequest("request_id is required")
+	}
+	return key, *req.RequestID, nil
+}
+
+type addRequest struct {
+	lifecycleRequest
+	WorkerID       *uint64         `json:"worker_id"`
+	DPRank         *uint32         `json:"dp_rank"`
+	SequenceHashes *[]indexer.Hash `json:"sequence_hashes"`
+	NewISLTokens   *int64          `json:"new_isl_tokens"`
+}
+
+func (s *Service) add(_ *http.Request, req *addRequest) (int, any, error) {
+	key, id, err := req.target()
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.WorkerID == nil {
+		return 0, nil, badRequest("worker_id is required")
+	}
+	if req.SequenceHashes == nil {
+		return 0, nil, badRequest("sequence_hashes is required (it may be empty)")
+	}
+	prefill, err := tokens("new_isl_tokens", req.NewISLTokens)
+	if err != nil {
+		return 0, nil, err
+	}
+	return done(http.StatusCreated, s.loads().Add(key, Booking{
+		ID: id, Worker: indexer.WorkerRank{Worker: *req.WorkerID, Rank: deref(req.DPRank)},
+		Hashes: u64s(*req.SequenceHashes), PrefillTokens: prefill,
+	}))
+}
+
+func (s *Service) prefillComplete(_ *http.Request, req *lifecycleRequest) (int, any, error) {
+	key, id, err := req.target()
+	if err != nil {
+		return 0, nil, err
+	}
+	return done(http.StatusOK, s.loads().PrefillComplete(key, id))
+}
+
+func (s *Service) free(_ *http.Request, req *lifecycleRequest) (int, any, error) {
+	key, id, err := req.target()
+	if err != nil {
+		return 0, nil, err
+	}
+	_, err = s.loads().Free(key, id)
+	return done(http.StatusOK, err)
+}
+
+// --- Loads ---
+
+type loadView struct {
+	ModelName           string  `json:"model_name"`
+	TenantID            string  `json:"tenant_id"`
+	WorkerID            uint64  `json:"worker_id"`
+	DPRank              uint32  `json:"dp_rank"`
+	ActivePrefillTokens int64   `json:"active_prefill_tokens"`
+	ActiveDecodeBlocks  float64 `json:"active_decode_blocks"`
+}
+
+func (s *Service) handleLoads(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	snap := s.loads().Snapshot(q.Get("model_name"), q.Get("tenant_id"))
+	out := make([]loadView, len(snap))
+	for i, l := range snap {
+		out[i] = loadView{l.Key.Model, l.Key.Tenant, l.Worker.Worker, l.Worker.Rank, l.PrefillTokens, l.DecodeBlocks}
+	}
+	admin.WriteJSON(w, http.StatusOK, out)
+}
+
+type potentialRequest struct {
+	scope
+	SequenceHashes *[]indexer.Hash `json:"sequence_hashes"`
+	BlockHashes    *[]indexer.Hash `json:"block_hashes"`
+	NewISLTokens   *int64          `json:"new_isl_tokens"`
+	ISLTokens      *int64          `json:"isl_tokens"`
+}
+
+type potentialView struct {
+	WorkerID               uint64  `json:"worker_id"`
+	DPRank                 uint32  `json:"dp_rank"`
+	PotentialPrefillTokens int64   `json:"potential_prefill_tokens"`
+	PotentialDecodeBlocks  float64 `json:"potential_decode_blocks"`
+}
+
+// potentialLoads projects every rank's load with the prompt added. Its new
+// prefill is new_isl_tokens (the slot tracker's form) or, with isl_tokens
+// instead (the selection service's), isl_tokens less the rank's cached
+// prefix, credited as the scheduler credits it.
+func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, any, error) {
+	key, err := req.key(nil, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	// As for /select, block_hashes (the selection service's form) give the
+	// sequence hashes; sequence_hashes alone are the slot tracker's.
+	var seq []uint64
+	switch {
+	case req.BlockHashes != nil:
+		seq = indexer.SequenceHashes(nil, u64s(*req.BlockHashes))
+		if req.SequenceHashes != nil && len(*req.SequenceHashes) != len(seq) {
+			return 0, nil, badRequest("sequence_hashes has %d hashes and block_hashes %d; they must match", len(*req.SequenceHashes), len(seq))
+		}
+	case req.SequenceHashes != nil:
+		seq = u64s(*req.SequenceHashes)
+	default:
+		return 0, nil, badRequest("sequence_hashes (or block_hashes) is required")
+	}
+	newISL, err := tokens("new_isl_tokens", req.NewISLTokens)
+	if err != nil {
+		return 0, nil, err
+	}
+	isl, err := tokens("isl_tokens", req.ISLTokens)
+	if err != nil {
+		return 0, nil, err
+	}
+	pots, err := s.loads().Potentials(key, seq, newISL)
+	if err != nil {
+		return 0, nil, err
+	}
+	slices.SortFunc(pots, func(a, b Potential) int { return cmpRank(a.Worker, b.Worker) })
+	credit := req.NewISLTokens == nil && req.ISLTokens != nil
+	var cached map[indexer.WorkerRank]indexer.Overlap
+	bs := 1
+	if ix := s.sched.set.Lookup(key); credit && ix != nil {
+		bs, cached = ix.BlockSize(), byRank(ix.Match(seq, nil))
+	}
+	out := make([]potentialView, len(pots))
+	for i, p := range pots {
+		if credit {
+			p.PrefillTokens += uncached(s.sched.opts, cached[p.Worker], isl, bs)
+		}
+		out[i] = potentialView{p.Worker.Worker, p.Worker.Rank, p.PrefillTokens, p.DecodeBlocks}
+	}
+	return http.StatusOK, out, nil
+}
+
+func byRank(os []indexer.Overlap) map[indexer.WorkerRank]indexer.Overlap {
+	m := make(map[indexer.WorkerRank]indexer.Overlap, len(os))
+	for _, o := range os {
+		m[o.Worker] = o
+	}
+	return m
+}
+
+// uncached returns the tokens of isl a rank with overlap ov must compute,
+// with host and disk blocks discounted as Scheduler.Select does.
+func uncached(o CostOptions, ov indexer.Overlap, isl int64, bs int) int64 {
+	eff := float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
+	return max(0, isl-int64(math.Round(eff*float64(bs))))
+}
+
+// --- Workers (seed 003) ---
+
+type workerRequest struct {
+	workerIdentity
+	Endpoint          *string            `json:"endpoint"`
+	BlockSize         *int               `json:"block_size"`
+	DPStart           *uint32            `json:"data_parallel_start_rank"`
+	DPSize            *uint32            `json:"data_parallel_size"`
+	KVEventsEndpoints *map[string]string `json:"kv_events_endpoints"`
+	KVEventsEndpoint  *string            `json:"kv_events_endpoint"` // one rank's, for a worker with one
+	ReplayEndpoint    *string            `json:"replay_endpoint"`
+}
+
+// events parses kv_events_endpoints: rank (decimal) to endpoint.
+func events(m map[string]string) (map[uint32]string, error) {
+	out := make(map[uint32]string, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		rank, err := strconv.ParseUint(k, 10, 32)
+		if err != nil {
+			return nil, badRequest("kv_events_endpoints: key %.40q is not a dp rank", k)
+		}
+		if _, dup := out[uint32(rank)]; dup {
+			return nil, badRequest("kv_events_endpoints: dp rank %d is given twice", rank)
+		}
+		out[uint32(rank)] = m[k]
+	}
+	return out, nil
+}
+
+func (s *Service) putWorker(_ *http.Request, req *workerRequest) (int, any, error) {
+	id, err := req.id()
+	if err != nil {
+		return 0, nil, err
+	}
+	key, err := scope{req.ModelName, req.TenantID}.key(nil, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.BlockSize == nil {
+		return 0, nil, badRequest("block_size is required")
+	}
+	if req.Endpoint == nil {
+		return 0, nil, badRequest("endpoint is required (where the worker's requests go: http URL or host:port)")
+	}
+	spec := WorkerSpec{
+		WorkerKey: WorkerKey{key, id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
+		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: SourceAPI,
+	}
+	if req.DPSize != nil {
+		spec.DPSize = *req.DPSize
+	}
+	if req.KVEventsEndpoints != nil && len(*req.KVEventsEndpoints) > 0 {
+		if spec.Events, err = events(*req.KVEventsEndpoints); err != nil {
+			return 0, nil, err
+		}
+	} else if req.KVEventsEndpoint != nil {
+		if spec.DPSize != 1 {
+			return 0, nil, badRequest("kv_events_endpoint names the publisher of a one-rank worker; give kv_events_endpoints by rank")
+		}
+		spec.Events = map[uint32]string{spec.DPStart: *req.KVEventsEndpoint}
+	}
+	return done(http.StatusCreated, s.cat.PutWorker(spec))
+}
+
+// pathWorker returns the worker named by the path and the scope.
+func pathWorker(r *http.Request, sc scope) (WorkerKey, error) {
+	id, err := strconv.ParseUint(r.PathValue("worker_id"), 10, 64)
+	if err != nil {
+		return WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
+	}
+	key, err := sc.key(r.URL.Query(), true)
+	return WorkerKey{key, id}, err
+}
+
+func (s *Service) patchWorker(r *http.Request, req *workerRequest) (int, any, error) {
+	wk, err := pathWorker(r, scope{req.ModelName, req.TenantID})
+	if err != nil {
+		return 0, nil, err
+	}
+	if body, err := req.id(); err == nil && body != wk.ID {
+		return 0, nil, badRequest("worker_id %d in the body is not the path's %d", body, wk.ID)
+	}
+	p := WorkerPatch{WorkerKey: wk, BlockSize: req.BlockSize, Endpoint: req.Endpoint,
+		DPStart: req.DPStart, DPSize: req.DPSize, Replay: req.ReplayEndpoint}
+	if req.KVEventsEndpoints != nil {
+		if p.Events, err = events(*req.KVEventsEndpoints); err != nil {
+			return 0, nil, err
+		}
+	}
+	return done(http.StatusOK, s.cat.PatchWorker(p))
+}
+
+func (s *Service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
+	wk, err := pathWorker(r, *req)
+	if err != nil {
+		return 0, nil, err
+	}
+	_, err = s.cat.Unregister(wk.Key.Model, &wk.Key.Tenant, wk.ID, nil)
+	return done(http.StatusOK, err)
+}
+
+// --- Selection (seed 003) ---
+
+type selectRequest struct {
+	scope
+	SelectionID        *string         `json:"selection_id"`
+	ReservationID      *string         `json:"reservation_id"`
+	BlockHashes        *[]indexer.Hash `json:"block_hashes"`
+	SequenceHashes     *[]indexer.Hash `json:"sequence_hashes"`
+	ISLTokens          *int64          `json:"isl_tokens"`
+	OverlapScoreWeight *float64        `json:"overlap_score_weight"`
+	RouterTemperature  *float64        `json:"router_temperature"`
+	Temperature        *float64        `json:"temperature"`
+	WorkerIDs          *[]uint64       `json:"worker_ids"`
+	Candidates         *[]uint64       `json:"candidates"`
+	AllowedWorkerIDs   *[]uint64       `json:"allowed_worker_ids"` // Dynamo's name
+	Override           *struct {
+		OverlapScoreWeight *float64 `json:"overlap_score_weight"`
+		RouterTemperature  *float64 `json:"router_temperature"`
+	} `json:"router_config_override"`
+}
+
+type tiers struct {
+	LongestMatched int `json:"longest_matched"`
+	GPU            int `json:"gpu"`
+	CPU            int `json:"cpu"`
+	Disk           int `json:"disk"`
+}
+
+// tiersOf returns an overlap in tokens.
+func tiersOf(o indexer.Overlap, bs int) tiers {
+	return tiers{LongestMatched: max(o.Device, o.Host, o.Disk) * bs, GPU: o.Device * bs, CPU: o.Host * bs, Disk: o.Disk * bs}
+}
+
+type selectResponse struct {
+	SelectionID   string `json:"selection_id,omitempty"`
+	ReservationID string `json:"reservation_id,omitempty"`
+	ModelName     string `json:"model_name"`
+	TenantID      string `json:"tenant_id"`
+	WorkerID      uint64 `json:"worker_id"`
+	DPRank        uint32 `json:"dp_rank"`
+	Endpoint      string `json:"endpoint"`
+	BlockSize     int    `json:"block_size"`
+	Overlap       struct {
+		tiers
+		DP map[string]int `json:"dp"`
+	} `json:"overlap"`
+	EffectivePrefillTokens int64 `json:"effective_prefill_tokens"`
+}
+
+// choose answers /select and, with reserve, /select_and_reserve.
+func (s *Service) choose(reserve bool) func(*http.Request, *selectRequest) (int, any, error) {
+	return func(_ *http.Request, req *selectRequest) (int, any, error) { return s.selection(req, reserve) }
+}
+
+func (s *Service) selection(req *selectRequest, reserve bool) (int, any, error) {
+	key, err := req.key(nil, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	sr := SelectRequest{Key: key, Reserve: reserve, ReservationID: deref(req.ReservationID)}
+	if req.BlockHashes == nil {
+		return 0, nil, badRequest("block_hashes is required")
+	}
+	sr.Local = u64s(*req.BlockHashes)
+	// The overlap is looked up by block_hashes; the given sequence
+	// hashes are those SequenceHashes derives from them for every client
+	// hashing as Dynamo does (shared/spec/hashing.md), so they are only
+	// checked.
+	if req.SequenceHashes != nil && len(*req.SequenceHashes) != len(sr.Local) {
+		return 0, nil, badRequest("sequence_hashes has %d hashes and block_hashes %d; they must match", len(*req.SequenceHashes), len(sr.Local))
+	}
+	if sr.ISL, err = tokens("isl_tokens", req.ISLTokens); err != nil {
+		return 0, nil, err
+	}
+	sr.OverlapWeight, sr.Temperature = req.OverlapScoreWeight, cmp.Or(req.RouterTemperature, req.Temperature)
+	if o := req.Override; o != nil {
+		sr.OverlapWeight, sr.Temperature = cmp.Or(sr.OverlapWeight, o.OverlapScoreWeight), cmp.Or(sr.Temperature, o.RouterTemperature)
+	}
+	if reserve && sr.ReservationID == "" {
+		sr.ReservationID = rand.Text()
+	}
+	if sr.Workers, err = s.candidates(key, req); err != nil {
+		return 0, nil, err
+	}
+	d, err := s.sched.Select(sr)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp := selectResponse{
+		SelectionID: deref(req.SelectionID), ReservationID: sr.ReservationID, ModelName: key.Model, TenantID: key.Tenant,
+		WorkerID: d.Worker.Worker, DPRank: d.Worker.Rank, Endpoint: d.Endpoint, BlockSize: d.BlockSize,
+		EffectivePrefillTokens: d.EffectivePrefillTokens,
+	}
+	resp.Overlap.tiers = tiersOf(d.Overlap, d.BlockSize)
+	resp.Overlap.DP = make(map[string]int, len(d.DP))
+	for rank, blocks := range d.DP {
+		resp.Overlap.DP[strconv.FormatUint(uint64(rank), 10)] = blocks * d.BlockSize
+	}
+	return http.StatusOK, resp, nil
+}
+
+// candidates returns the worker ids a selection is restricted to (nil: any),
+// keeping only the registered ones; none is ErrUnavailable (or ErrNotFound
+// for an unknown model and tenant, as Select answers).
+func (s *Service) candidates(key indexer.Key, req *selectRequest) ([]uint64, error) {
+	var ids *[]uint64
+	for _, l := range []*[]uint64{req.WorkerIDs, req.Candidates, req.AllowedWorkerIDs} {
+		if l != nil && ids != nil {
+			return nil, badRequest("give one of worker_ids, candidates and allowed_worker_ids")
+		}
+		ids = cmp.Or(ids, l)
+	}
+	if ids == nil {
+		return nil, nil
+	}
+	if len(*ids) == 0 {
+		return nil, badRequest("worker_ids must not be empty; leave it out to consider every worker")
+	}
+	var known []uint64
+	for _, w := range s.cat.Workers(key.Model, key.Tenant) {
+		if slices.Contains(*ids, w.ID) {
+			known = append(known, w.ID)
+		}
+	}
+	switch {
+	case len(known) > 0:
+		return known, nil
+	case s.sched.set.Lookup(key) == nil || s.loads().tracker(key) == nil:
+		return nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+	}
+	return nil, fmt.Errorf("%w: none of worker ids %v is registered for model_name %q tenant_id %q", ErrUnavailable, *ids, key.Model, key.Tenant)
+}
+
+// --- Reservations (seed 003) ---
+
+type reservationRequest struct {
+	scope
+	ReservationID          *string         `json:"reservation_id"`
+	SelectionID            *string         `json:"selection_id"` // Dynamo's later name of the booking id
+	WorkerID               *uint64         `json:"worker_id"`
+	DPRank                 *uint32         `json:"dp_rank"`
+	SequenceHashes         *[]indexer.Hash `json:"sequence_hashes"`
+	BlockHashes            *[]indexer.Hash `json:"block_hashes"`
+	ISLTokens              *int64          `json:"isl_tokens"`
+	EffectivePrefillTokens *int64          `json:"effective_prefill_tokens"`
+}
+
+type reservationResponse struct {
+	Status        string `json:"status"`
+	ReservationID string `json:"reservation_id"`
+	ModelName     string `json:"model_name"`
+	TenantID      string `json:"tenant_id"`
+	WorkerID      uint64 `json:"worker_id"`
+	DPRank        uint32 `json:"dp_rank"`
+	Endpoint      string `json:"endpoint"`
+}
+
+// reserve books a selection made earlier: prefill is the given
+// effective_prefill_tokens, else isl_tokens (default: the prompt's blocks).
+func (s *Service) reserve(_ *http.Request, req *reservationRequest) (int, any, error) {
+	key, err := req.key(nil, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	id := cmp.Or(deref(req.ReservationID), deref(req.SelectionID))
+	if id == "" {
+		return 0, nil, badRequest("reservation_id is required")
+	}
+	if req.WorkerID == nil {
+		return 0, nil, badRequest("worker_id is required")
+	}
+	var seq []uint64
+	switch {
+	case req.SequenceHashes != nil:
+		seq = u64s(*req.SequenceHashes)
+	case req.BlockHashes != nil:
+		seq = indexer.SequenceHashes(nil, u64s(*req.BlockHashes))
+	default:
+		return 0, nil, badRequest("sequence_hashes is required")
+	}
+	isl, err := tokens("isl_tokens", req.ISLTokens)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.ISLTokens == nil {
+		ix := s.sched.set.Lookup(key)
+		if ix == nil {
+			return 0, nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+		}
+		isl = int64(len(seq) * ix.BlockSize())
+	}
+	prefill := isl
+	if req.EffectivePrefillTokens != nil {
+		if prefill, err = tokens("effective_prefill_tokens", req.EffectivePrefillTokens); err != nil {
+			return 0, nil, err
+		}
+		if prefill > isl {
+			return 0, nil, badRequest("effective_prefill_tokens %d exceeds isl_tokens %d", prefill, isl)
+		}
+	}
+	wr := indexer.WorkerRank{Worker: *req.WorkerID, Rank: deref(req.DPRank)}
+	if err := s.loads().Add(key, Booking{ID: id, Worker: wr, Hashes: seq, PrefillTokens: prefill}); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, reservationResponse{
+		Status: "ok", ReservationID: id, ModelName: key.Model, TenantID: key.Tenant,
+		WorkerID: wr.Worker, DPRank: wr.Rank, Endpoint: s.cat.endpoint(WorkerKey{key, wr.Worker}),
+	}, nil
+}
+
+// reservationBody is the optional body of a reservation's lifecycle
+// routes: its scope (also taken from the query) and output_block's decay.
+type reservationBody struct {
+	scope
+	DecayFraction *float64 `json:"decay_fraction"`
+}
+
+// reservation returns the reservation the path names and its key.
+func reservation(r *http.Request, req *reservationBody) (indexer.Key, string, error) {
+	key, err := req.key(r.URL.Query(), true)
+	return key, r.PathValue("id"), err
+}
+
+func (s *Service) reservationPrefillComplete(r *http.Request, req *reservationBody) (int, any, error) {
+	key, id, err := reservation(r, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	return done(http.StatusOK, s.loads().PrefillComplete(key, id))
+}
+
+func (s *Service) reservationOutputBlock(r *http.Request, req *reservationBody) (int, any, error) {
+	key, id, err := reservation(r, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	return done(http.StatusOK, s.loads().OutputBlock(key, id, deref(req.DecayFraction)))
+}
+
+func (s *Service) reservationFree(r *http.Request, req *reservationBody) (int, any, error) {
+	key, id, err := reservation(r, req)
+	if err != nil {
+		return 0, nil, err
+	}
+	_, err = s.loads().Free(key, id)
+	return done(http.StatusOK, err)
+}
+
+// --- Overlap scores (seed 003) ---
+
+type overlapRequest struct {
+	scope
+	BlockHashes *[]indexer.Hash `json:"block_hashes"`
+	TokenIDs    *[]uint32       `json:"token_ids"`
+	LoRAName    *string         `json:"lora_name"` // adapter of token_ids; block_hashes carry theirs
+}
+
+type overlapRow struct {
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+	tiers
+}
+
+// overlapScores answers every rank's cached prefix of the prompt, per tier,
+// in tokens, for the ranks holding at least its first block.
+func (s *Service) overlapScores(_ *http.Request, req *overlapRequest) (int, any, error) {
+	key, err := req.key(nil, true)
+	if err != nil {
+		return 0, nil, err
+	}
+	if req.BlockHashes == nil && req.TokenIDs == nil {
+		return 0, nil, badRequest("block_hashes (or token_ids) is required")
+	}
+	ix := s.sched.set.Lookup(key)
+	if ix == nil {
+		return 0, nil, fmt.Errorf("%w: no index for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+	}
+	var ovs []indexer.Overlap
+	if req.BlockHashes != nil {
+		ovs = ix.Match(indexer.SequenceHashes(nil, u64s(*req.BlockHashes)), nil)
+	} else {
+		ovs = ix.MatchTokens(*req.TokenIDs, deref(req.LoRAName), nil)
+	}
+	slices.SortFunc(ovs, func(a, b indexer.Overlap) int { return cmpRank(a.Worker, b.Worker) })
+	rows := make([]overlapRow, len(ovs))
+	for i, o := range ovs {
+		rows[i] = overlapRow{o.Worker.Worker, o.Worker.Rank, tiersOf(o, ix.BlockSize())}
+	}
+	return http.StatusOK, rows, nil
+}
