@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -48,6 +49,11 @@ type serveConfig struct {
 	Peers             []string // indexers to recover the index from at start
 	PeerTimeout       time.Duration
 	MinInitialWorkers int
+
+	// Replica sync: the port of this replica's ZMQ PUB socket (0: off)
+	// and the PUB endpoints of the other replicas.
+	ReplicaSyncPort  int
+	ReplicaSyncPeers []string
 }
 
 // dynMinWorkersEnv is Dynamo's variable for the startup gate; kvgate honours
@@ -128,6 +134,8 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("peers", "", "comma-separated base URLs of indexers (kvgate or Dynamo) to recover the index from at start, first reachable wins")
 	fs.Duration("peer-timeout", 10*time.Second, "how long to wait for one peer's /dump during recovery")
 	fs.Int("min-initial-workers", 0, "active workers needed before /ready first answers 200; env "+dynMinWorkersEnv+" is honoured too")
+	fs.Int("replica-sync-port", 0, "port of the ZMQ PUB socket (bound on tcp://*:<port>) sharing active-load events with other kvgate replicas; 0: replica sync off")
+	fs.String("replica-sync-peers", "", `comma-separated replica sync PUB endpoints of the other replicas, e.g. "tcp://kvgate-b:9092"; requires --replica-sync-port`)
 }
 
 // envName maps a flag name to its environment variable.
@@ -309,21 +317,45 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if cfg.PeerTimeout <= 0 {
 		return cfg, bad("peer-timeout", cfg.PeerTimeout.String(), "must be > 0")
 	}
-	if source("min-initial-workers") == "default" {
-		if s, ok := lookupEnv(dynMinWorkersEnv); ok {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil || n < 0 {
-				return cfg, fmt.Errorf("invalid %s %q: want a non-negative integer", dynMinWorkersEnv, s)
-			}
-			cfg.MinInitialWorkers = n
-			return cfg, nil
+	if s, ok := lookupEnv(dynMinWorkersEnv); ok && source("min-initial-workers") == "default" {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("invalid %s %q: want a non-negative integer", dynMinWorkersEnv, s)
+		}
+		cfg.MinInitialWorkers = n
+	} else {
+		if cfg.MinInitialWorkers, err = getInt(v, "min-initial-workers"); err != nil {
+			return cfg, bad("min-initial-workers", v.Get("min-initial-workers"), err.Error())
+		}
+		if cfg.MinInitialWorkers < 0 {
+			return cfg, bad("min-initial-workers", cfg.MinInitialWorkers, "must be >= 0")
 		}
 	}
-	if cfg.MinInitialWorkers, err = getInt(v, "min-initial-workers"); err != nil {
-		return cfg, bad("min-initial-workers", v.Get("min-initial-workers"), err.Error())
+
+	if cfg.ReplicaSyncPort, err = getInt(v, "replica-sync-port"); err != nil {
+		return cfg, bad("replica-sync-port", v.Get("replica-sync-port"), err.Error())
 	}
-	if cfg.MinInitialWorkers < 0 {
-		return cfg, bad("min-initial-workers", cfg.MinInitialWorkers, "must be >= 0")
+	if cfg.ReplicaSyncPort < 0 || cfg.ReplicaSyncPort > 65535 {
+		return cfg, bad("replica-sync-port", cfg.ReplicaSyncPort, "must be between 1 and 65535, or 0 for off")
+	}
+	syncPeers, err := getString(v, "replica-sync-peers")
+	if err != nil {
+		return cfg, bad("replica-sync-peers", v.Get("replica-sync-peers"), err.Error())
+	}
+	for p := range strings.SplitSeq(syncPeers, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		ep, err := scheduler.NormalizeReplicaEndpoint(p)
+		if err != nil {
+			return cfg, bad("replica-sync-peers", syncPeers, err.Error())
+		}
+		if !slices.Contains(cfg.ReplicaSyncPeers, ep) {
+			cfg.ReplicaSyncPeers = append(cfg.ReplicaSyncPeers, ep)
+		}
+	}
+	if len(cfg.ReplicaSyncPeers) > 0 && cfg.ReplicaSyncPort == 0 {
+		return cfg, bad("replica-sync-peers", syncPeers, "requires --replica-sync-port (this replica's own PUB port)")
 	}
 	return cfg, nil
 }

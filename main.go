@@ -8,6 +8,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -161,7 +163,8 @@ func newLogger(w io.Writer, cfg serveConfig) *slog.Logger {
 func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	logger.Info("starting kvgate", "version", versionString(), "config_file", cfg.ConfigFile,
 		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads, "peers", len(cfg.Peers),
-		"min_initial_workers", cfg.MinInitialWorkers, "admin_token", cfg.AdminToken != "")
+		"min_initial_workers", cfg.MinInitialWorkers, "admin_token", cfg.AdminToken != "",
+		"replica_sync_port", cfg.ReplicaSyncPort, "replica_sync_peers", len(cfg.ReplicaSyncPeers))
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -182,6 +185,33 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
 	srv.Handle(indexer.NewAPI(indexes, peers, reg).Routes()...)
 	srv.Handle(catalog.Routes()...)
+
+	// Scheduling: the catalog's loads, the scheduler over them and the
+	// index, the slot tracker and selection service routes, the periodic
+	// expiry of requests never freed, and replica sync of the loads.
+	loads := catalog.Loads()
+	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{}, randomSeed(), reg)
+	srv.Handle(scheduler.NewService(catalog, sched).Routes()...)
+	bgCtx, stopBg := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer stopBg()
+	bg.Go(func() { expireLoads(bgCtx, loads, loadExpiryInterval, logger) })
+	if cfg.ReplicaSyncPort == 0 {
+		srv.Handle(scheduler.ReplicaSyncOffRoutes()...)
+	} else {
+		replica, err := scheduler.NewReplica(loads, reg, scheduler.ReplicaOptions{
+			Port: cfg.ReplicaSyncPort, Peers: cfg.ReplicaSyncPeers, Logger: logger})
+		if err != nil {
+			return fmt.Errorf("--replica-sync-port: %w", err)
+		}
+		defer func() {
+			if err := replica.Close(); err != nil {
+				logger.Warn("replica sync close", "err", err)
+			}
+		}()
+		srv.Handle(replica.Routes()...)
+	}
 
 	for _, w := range cfg.Workers {
 		err := catalog.RegisterRank(scheduler.RankRegistration{
@@ -215,6 +245,33 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		})
 	}
 	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
+}
+
+// loadExpiryInterval is how often requests older than the TTL are freed.
+const loadExpiryInterval = 10 * time.Second
+
+// expireLoads frees, every interval until ctx ends, the requests that
+// outlived the TTL (a lost free must not hold load forever).
+func expireLoads(ctx context.Context, loads *scheduler.Loads, interval time.Duration, logger *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n := loads.Expire(); n > 0 {
+				logger.Info("expired active requests never freed", "requests", n, "ttl", scheduler.DefaultRequestTTL.String())
+			}
+		}
+	}
+}
+
+// randomSeed seeds the scheduler's tie-breaks and sampling.
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go >= 1.24)
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 // serveAdmin serves h on ln until ctx is cancelled, then shuts the server

@@ -98,6 +98,7 @@ func TestLoadServeConfig(t *testing.T) {
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
+	syncFile := file("sync.yaml", "replica-sync-port: 9092\nreplica-sync-peers: \"tcp://b:9092\"\n")
 	with := func(f func(*serveConfig)) serveConfig {
 		c := def
 		f(&c)
@@ -211,6 +212,34 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "min workers KVGATE env beats Dynamo env", env: map[string]string{dynMinWorkersEnv: "2", "KVGATE_MIN_INITIAL_WORKERS": "5"}, want: with(func(c *serveConfig) { c.MinInitialWorkers = 5 })},
 		{name: "Dynamo env invalid", env: map[string]string{dynMinWorkersEnv: "many"}, wantErr: `invalid DYN_ROUTER_MIN_INITIAL_WORKERS "many": want a non-negative integer`},
 		{name: "min workers negative", args: []string{"--min-initial-workers", "-1"}, wantErr: "invalid min-initial-workers -1 (from flag --min-initial-workers): must be >= 0"},
+		{
+			name: "replica sync",
+			args: []string{"--replica-sync-port", "9092", "--replica-sync-peers", " tcp://Kvgate-B:9092, tcp://10.0.0.3:9092,,tcp://kvgate-b:9092"},
+			want: with(func(c *serveConfig) {
+				c.ReplicaSyncPort, c.ReplicaSyncPeers = 9092, []string{"tcp://kvgate-b:9092", "tcp://10.0.0.3:9092"}
+			}),
+		},
+		{
+			name: "replica sync from env",
+			env:  map[string]string{"KVGATE_REPLICA_SYNC_PORT": "9092", "KVGATE_REPLICA_SYNC_PEERS": "tcp://[::1]:9093"},
+			want: with(func(c *serveConfig) { c.ReplicaSyncPort, c.ReplicaSyncPeers = 9092, []string{"tcp://[::1]:9093"} }),
+		},
+		{
+			name: "replica sync from file",
+			args: []string{"--config", syncFile},
+			want: with(func(c *serveConfig) {
+				c.ConfigFile, c.ReplicaSyncPort, c.ReplicaSyncPeers = syncFile, 9092, []string{"tcp://b:9092"}
+			}),
+		},
+		{name: "replica sync port only", args: []string{"--replica-sync-port", "9092"}, want: with(func(c *serveConfig) { c.ReplicaSyncPort = 9092 })},
+		{name: "replica sync port too big", args: []string{"--replica-sync-port", "70000"}, wantErr: "invalid replica-sync-port 70000 (from flag --replica-sync-port): must be between 1 and 65535, or 0 for off"},
+		{name: "replica sync port negative", env: map[string]string{"KVGATE_REPLICA_SYNC_PORT": "-1"}, wantErr: `invalid replica-sync-port -1 (from env KVGATE_REPLICA_SYNC_PORT)`},
+		{name: "replica sync port not a number", env: map[string]string{"KVGATE_REPLICA_SYNC_PORT": "ninety"}, wantErr: `invalid replica-sync-port "ninety" (from env KVGATE_REPLICA_SYNC_PORT): want an integer`},
+		{name: "replica sync peers without port", args: []string{"--replica-sync-peers", "tcp://b:9092"}, wantErr: `invalid replica-sync-peers "tcp://b:9092" (from flag --replica-sync-peers): requires --replica-sync-port`},
+		{name: "replica sync peer without scheme", args: []string{"--replica-sync-port", "1", "--replica-sync-peers", "b:9092"}, wantErr: `invalid replica-sync-peers "b:9092" (from flag --replica-sync-peers): replica sync endpoint "b:9092" is not tcp://host:port: want the tcp:// scheme`},
+		{name: "replica sync peer bind address", args: []string{"--replica-sync-port", "1", "--replica-sync-peers", "tcp://*:9092"}, wantErr: "is not a host name or address"},
+		{name: "replica sync peer without port", args: []string{"--replica-sync-port", "1", "--replica-sync-peers", "tcp://b"}, wantErr: "no host:port"},
+		{name: "Dynamo env does not skip later checks", args: []string{"--replica-sync-peers", "tcp://b:1"}, env: map[string]string{dynMinWorkersEnv: "2"}, wantErr: "requires --replica-sync-port"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

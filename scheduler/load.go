@@ -136,7 +136,14 @@ func NewLoads(opts LoadOptions) *Loads {
 // Free that changed something (and every booking by Scheduler.Select),
 // outside any lock, in the caller's goroutine. Changes made with Apply are
 // not observed. Replica sync uses it to publish.
-func (l *Loads) Observe(f func(Lifecycle)) { l.observer.Store(&f) }
+// Observe(nil) removes the observer.
+func (l *Loads) Observe(f func(Lifecycle)) {
+	if f == nil {
+		l.observer.Store(nil)
+		return
+	}
+	l.observer.Store(&f)
+}
 
 func (l *Loads) notify(ev Lifecycle) {
 	if f := l.observer.Load(); f != nil {
