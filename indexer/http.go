@@ -170,7 +170,8 @@ func (a *API) query(byHash, conductor bool) http.HandlerFunc {
 }
 
 // QueryResult is the answer to a Query: per worker rank overlaps (in
-// blocks) and block counts, with the index's block size.
+// blocks) and, for those ranks, their block counts, with the index's block
+// size.
 type QueryResult struct {
 	BlockSize int
 	Overlaps  []Overlap
@@ -191,8 +192,9 @@ func (a *API) Answer(q Query) (QueryResult, error) {
 		res.Overlaps = ix.MatchTokens(q.Tokens, q.LoRA, nil)
 	}
 	slices.SortFunc(res.Overlaps, func(a, b Overlap) int { return cmpWorkerRank(a.Worker, b.Worker) })
-	if len(res.Overlaps) > 0 {
-		res.Blocks = ix.BlockCounts()
+	res.Blocks = make(map[WorkerRank]int, len(res.Overlaps))
+	for _, o := range res.Overlaps {
+		res.Blocks[o.Worker] = ix.RankBlocks(o.Worker)
 	}
 	return res, nil
 }

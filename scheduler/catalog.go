@@ -131,7 +131,7 @@ type Catalog struct {
 // catalog nor the ingester's listeners changed.
 type schedCache struct {
 	gen, ingestGen uint64
-	set            map[WorkerKey]bool
+	set            map[indexer.Key]map[uint64]bool // schedulable worker ids per index
 }
 
 // NewCatalog returns an empty catalog whose workers' events feed set
@@ -206,18 +206,22 @@ func (c *Catalog) unlock() {
 // Loads returns the active-load accounting of the catalog's workers.
 func (c *Catalog) Loads() *Loads { return c.loads }
 
-// schedulable returns the schedulable workers (see Schedulable). The map is
-// shared: do not modify it.
-func (c *Catalog) schedulable() map[WorkerKey]bool {
+// schedulable returns the ids of the schedulable workers (see Schedulable)
+// of every (model, tenant). The maps are shared: do not modify them.
+func (c *Catalog) schedulable() map[indexer.Key]map[uint64]bool {
 	gen, ig := c.gen.Load(), c.ingest.Generation()
 	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.ingestGen == ig {
 		return sc.set
 	}
-	set := make(map[WorkerKey]bool)
+	set := make(map[indexer.Key]map[uint64]bool)
 	for _, w := range c.Workers("", "") {
-		if Schedulable(w.Status) {
-			set[w.WorkerKey] = true
+		if !Schedulable(w.Status) {
+			continue
 		}
+		if set[w.Key] == nil {
+			set[w.Key] = make(map[uint64]bool)
+		}
+		set[w.Key][w.ID] = true
 	}
 	c.sched.Store(&schedCache{gen: gen, ingestGen: ig, set: set})
 	return set

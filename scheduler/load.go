@@ -358,21 +358,34 @@ func (l *Loads) PrefillComplete(key indexer.Key, id string) error {
 }
 
 // prefillComplete reports whether this was the request's first completion.
-func (l *Loads) prefillComplete(key indexer.Key, id string) (bool, error) {
+func (l *Loads) prefillComplete(key indexer.Key, id string) (first bool, err error) {
+	err = l.withRequest(key, id, true, func(_ *tracker, r *request) {
+		first = !r.prefillDone
+		r.rank.prefill -= r.prefill
+		r.prefill, r.prefillDone = 0, true
+	})
+	return first, err
+}
+
+// withRequest runs fn on request id of key under its tracker's lock. An
+// unknown key is ErrNotFound; an unknown request is too when must, else fn
+// is not called.
+func (l *Loads) withRequest(key indexer.Key, id string, must bool, fn func(*tracker, *request)) error {
 	t, err := l.trackerOrErr(key)
 	if err != nil {
-		return false, err
+		return err
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := t.reqs[id]
 	if r == nil {
-		return false, fmt.Errorf("%w: request %q is not active", ErrNotFound, id)
+		if must {
+			return fmt.Errorf("%w: request %q is not active", ErrNotFound, id)
+		}
+		return nil
 	}
-	first := !r.prefillDone
-	r.rank.prefill -= r.prefill
-	r.prefill, r.prefillDone = 0, true
-	return first, nil
+	fn(t, r)
+	return nil
 }
 
 // OutputBlock adds one output block to a request's decode load, weighted
@@ -382,19 +395,10 @@ func (l *Loads) OutputBlock(key indexer.Key, id string, decay float64) error {
 	if !(decay >= 0 && decay <= 1) {
 		return fmt.Errorf("%w: decay_fraction %v is not in [0, 1]", ErrInvalid, decay)
 	}
-	t, err := l.trackerOrErr(key)
-	if err != nil {
-		return err
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := t.reqs[id]
-	if r == nil {
-		return fmt.Errorf("%w: request %q is not active", ErrNotFound, id)
-	}
-	r.output += 1 - decay
-	r.rank.output += 1 - decay
-	return nil
+	return l.withRequest(key, id, true, func(_ *tracker, r *request) {
+		r.output += 1 - decay
+		r.rank.output += 1 - decay
+	})
 }
 
 // Free releases a request. It is idempotent: an unknown request id is not
@@ -408,19 +412,12 @@ func (l *Loads) Free(key indexer.Key, id string) (bool, error) {
 	return freed, err
 }
 
-func (l *Loads) free(key indexer.Key, id string) (bool, error) {
-	t, err := l.trackerOrErr(key)
-	if err != nil {
-		return false, err
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	r := t.reqs[id]
-	if r == nil {
-		return false, nil
-	}
-	t.release(id, r)
-	return true, nil
+func (l *Loads) free(key indexer.Key, id string) (freed bool, err error) {
+	err = l.withRequest(key, id, false, func(t *tracker, r *request) {
+		t.release(id, r)
+		freed = true
+	})
+	return freed, err
 }
 
 // Snapshot returns the load of every known rank of model and tenant (""

@@ -40,6 +40,23 @@ const (
 	NoDiscount      = -1.0 // HostWeight / DiskWeight 0
 )
 
+// uncached returns the tokens of isl a rank with overlap ov (in blocks of
+// bs tokens) must compute: the cache credit, with host-only and disk-only
+// blocks discounted. It is the prefill booked for a request.
+func (o CostOptions) uncached(ov indexer.Overlap, isl int64, bs int) int64 {
+	eff := float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
+	return max(0, isl-int64(math.Round(eff*float64(bs))))
+}
+
+// overlapsByRank indexes Match's answer by worker rank.
+func overlapsByRank(os []indexer.Overlap) map[indexer.WorkerRank]indexer.Overlap {
+	m := make(map[indexer.WorkerRank]indexer.Overlap, len(os))
+	for _, o := range os {
+		m[o.Worker] = o
+	}
+	return m
+}
+
 func (o CostOptions) withDefaults() CostOptions {
 	def := func(v *float64, d float64) {
 		switch {
@@ -133,12 +150,11 @@ func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions
 
 // candidate is one rank's inputs and cost.
 type candidate struct {
-	rl       *rankLoad
-	ov       indexer.Overlap
-	effBlock float64 // effective overlap in blocks
-	prefill  int64   // effective new prefill tokens
-	cost     float64
-	tree     int
+	rl      *rankLoad
+	ov      indexer.Overlap
+	prefill int64 // effective new prefill tokens
+	cost    float64
+	tree    int
 }
 
 // Select chooses a rank for req, and books it when req.Reserve.
@@ -177,11 +193,8 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		return Decision{}, fmt.Errorf("%w: overlap weight and temperature must be finite and >= 0", ErrInvalid)
 	}
 	overlaps := ix.Match(match, nil)
-	byRank := make(map[indexer.WorkerRank]indexer.Overlap, len(overlaps))
-	for _, o := range overlaps {
-		byRank[o.Worker] = o
-	}
-	sched := s.cat.schedulable()
+	byRank := overlapsByRank(overlaps)
+	sched := s.cat.schedulable()[req.Key]
 	var b *Booking
 	if req.Reserve {
 		b = &Booking{ID: req.ReservationID, Hashes: seq}
@@ -212,7 +225,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // with book not nil it also books the request there (filling in book's
 // Worker and PrefillTokens), in the same critical section.
 func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq []uint64, isl int64, w, temp float64,
-	byRank map[indexer.WorkerRank]indexer.Overlap, sched map[WorkerKey]bool, book *Booking) (candidate, error) {
+	byRank map[indexer.WorkerRank]indexer.Overlap, sched map[uint64]bool, book *Booking) (candidate, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -220,12 +233,11 @@ func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq
 	cands := make([]candidate, 0, len(t.order))
 	for _, rl := range t.order {
 		wr := rl.wr
-		if !sched[WorkerKey{req.Key, wr.Worker}] || (len(req.Workers) > 0 && !slices.Contains(req.Workers, wr.Worker)) {
+		if !sched[wr.Worker] || (len(req.Workers) > 0 && !slices.Contains(req.Workers, wr.Worker)) {
 			continue
 		}
 		c := candidate{rl: rl, ov: byRank[wr]}
-		c.effBlock = float64(c.ov.Device) + s.opts.HostWeight*float64(c.ov.Host-c.ov.Device) + s.opts.DiskWeight*float64(c.ov.Disk-c.ov.Host)
-		c.prefill = max(0, isl-int64(math.Round(c.effBlock*float64(bs))))
+		c.prefill = s.opts.uncached(c.ov, isl, bs)
 		prefill := float64(rl.prefill + c.prefill)
 		decode := float64(rl.blocks) + rl.output + float64(len(seq)-t.held(rl))
 		c.cost = w*prefill/float64(bs) + decode

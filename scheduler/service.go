@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -316,31 +315,16 @@ func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	var cached map[indexer.WorkerRank]indexer.Overlap
 	bs := 1
 	if ix := s.sched.set.Lookup(key); credit && ix != nil {
-		bs, cached = ix.BlockSize(), byRank(ix.Match(seq, nil))
+		bs, cached = ix.BlockSize(), overlapsByRank(ix.Match(seq, nil))
 	}
 	out := make([]potentialView, len(pots))
 	for i, p := range pots {
 		if credit {
-			p.PrefillTokens += uncached(s.sched.opts, cached[p.Worker], isl, bs)
+			p.PrefillTokens += s.sched.opts.uncached(cached[p.Worker], isl, bs)
 		}
 		out[i] = potentialView{p.Worker.Worker, p.Worker.Rank, p.PrefillTokens, p.DecodeBlocks}
 	}
 	return http.StatusOK, out, nil
-}
-
-func byRank(os []indexer.Overlap) map[indexer.WorkerRank]indexer.Overlap {
-	m := make(map[indexer.WorkerRank]indexer.Overlap, len(os))
-	for _, o := range os {
-		m[o.Worker] = o
-	}
-	return m
-}
-
-// uncached returns the tokens of isl a rank with overlap ov must compute,
-// with host and disk blocks discounted as Scheduler.Select does.
-func uncached(o CostOptions, ov indexer.Overlap, isl int64, bs int) int64 {
-	eff := float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
-	return max(0, isl-int64(math.Round(eff*float64(bs))))
 }
 
 // --- Workers (seed 003) ---
