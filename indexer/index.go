@@ -159,6 +159,7 @@ type node struct {
 	parent  uint64   // sequence hash of the parent; a root node's key equals local
 	holders []holder // sorted by slot
 	one     [1]holder
+	bits    *classBits // the holders again, once there are many (see Index.sync)
 }
 
 // worker is one worker rank's view: engine id -> sequence hash of every
@@ -219,6 +220,10 @@ type Index struct {
 	workers map[WorkerRank]*worker
 	slots   []slot
 	free    []uint32 // reusable slots
+
+	// denseHolders, if positive, overrides denseAt (tests use it to give
+	// every node classBits).
+	denseHolders int
 }
 
 // NewIndex returns an empty index for blocks of blockSize tokens.
@@ -312,6 +317,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 			res.Stored++
 			sl.retier(h.tiers, h.tiers|ev.Tier)
 			h.tiers |= ev.Tier
+			ix.sync(n, w.slot, h.tiers)
 		}
 		if isNew && hasPrev {
 			if ph := parent.find(w.slot); ph != nil {
@@ -343,10 +349,10 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 	for _, h := range hashes {
 		key, ok := w.blocks[h]
 		var hd *holder
+		var n *node
 		if ok {
-			if n := ix.nodes[key]; n != nil {
-				hd = n.find(w.slot)
-			}
+			n = ix.nodes[key]
+			hd = n.find(w.slot)
 		}
 		if hd == nil {
 			res.Unknown++
@@ -355,6 +361,7 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		if hd.tiers&tier == 0 {
 			sl.retier(hd.tiers, hd.tiers|tier)
 			hd.tiers |= tier
+			ix.sync(n, w.slot, hd.tiers)
 			res.Stored++
 		}
 	}
@@ -416,6 +423,9 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 						ph.kids--
 					}
 				}
+			}
+			if removed > 0 {
+				ix.sync(n, w.slot, left)
 			}
 		}
 		if len(n.holders) == 0 {
@@ -532,37 +542,95 @@ func (n *node) find(s uint32) *holder {
 
 func cmpSlot(h holder, s uint32) int { return cmp.Compare(h.slot, s) }
 
-// cand is a worker rank still matching during a walk, with its reach so far.
-type cand struct {
-	slot            uint32
-	dev, host, disk int32
-	exact           bool // must be walked block by block (see slot.jumpable)
+// Tier classes: Match reports, per rank, the longest prefix held in each.
+const (
+	classDev  = iota // on device
+	classHost        // on device or host
+	classAny         // on any tier
+	nClasses
+)
+
+// classesOf returns the tier classes a holder with tiers t belongs to, as a
+// bit per class.
+func classesOf(t Tier) uint8 {
+	var c uint8
+	if t&TierDevice != 0 {
+		c |= 1 << classDev
+	}
+	if t&(TierDevice|TierHost) != 0 {
+		c |= 1 << classHost
+	}
+	if t != 0 {
+		c |= 1 << classAny
+	}
+	return c
 }
 
-// reach extends c's per-tier reach with a block at depth held on tiers.
-func (c *cand) reach(tiers Tier, depth int) {
-	d := int32(depth)
-	if c.dev == d && tiers&TierDevice != 0 {
-		c.dev++
+// classBits is a node's holders as bit sets over slots, one per tier class,
+// interleaved: word w of class c is at index nClasses*w+c. Nodes held by
+// many ranks keep one so that Match intersects them a word at a time.
+type classBits []uint64
+
+// set records that slot s holds the node on tiers t (0: not at all).
+func (b *classBits) set(s uint32, t Tier) {
+	w := int(s / 64)
+	if need := nClasses * (w + 1); len(*b) < need {
+		if t == 0 {
+			return
+		}
+		*b = append(*b, make([]uint64, need-len(*b))...)
 	}
-	if c.host == d && tiers&(TierDevice|TierHost) != 0 {
-		c.host++
+	bit, cl := uint64(1)<<(s%64), classesOf(t)
+	for c := range nClasses {
+		if cl&(1<<c) != 0 {
+			(*b)[nClasses*w+c] |= bit
+		} else {
+			(*b)[nClasses*w+c] &^= bit
+		}
 	}
-	c.disk = d + 1
+}
+
+// denseAt returns how many holders make a node keep classBits: enough that
+// the bit sets cost at most a few bytes per holder. Called with mu held.
+func (ix *Index) denseAt() int {
+	if ix.denseHolders > 0 {
+		return ix.denseHolders
+	}
+	return max(8, nClasses*((len(ix.slots)+63)/64))
+}
+
+// sync keeps n's classBits in step after slot s's holder changed to tiers t
+// (0: the holder was deleted). Called with mu held.
+func (ix *Index) sync(n *node, s uint32, t Tier) {
+	at := ix.denseAt()
+	switch {
+	case n.bits == nil && len(n.holders) >= at:
+		b := make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
+		for _, h := range n.holders {
+			b.set(h.slot, h.tiers)
+		}
+		n.bits = &b
+	case n.bits != nil && len(n.holders) < at/2:
+		n.bits = nil
+	case n.bits != nil:
+		n.bits.set(s, t)
+	}
 }
 
 // matcher is the state of one Match; its slices are reused between matches.
+// Sets of ranks are bit sets over slots; per-class sets are interleaved as
+// in classBits.
 type matcher struct {
 	ix     *Index
 	seq    []uint64
-	cands  []cand
-	live   []int32 // candidates holding every block so far, in slot order
-	next   []int32
-	drop   []int32
-	rest   []int32
-	tiers  []Tier // tiers of live[i] on the node looked up last; 0 = absent
-	exact  int    // live candidates that must be walked block by block
-	stride int    // next jump length; doubles after each jump
+	lo, hi int      // words of live that may be non-zero
+	cands  []uint64 // ranks holding the first block: each gets an Overlap
+	live   []uint64 // per class: ranks holding every block so far in it
+	exact  []uint64 // live ranks that must be walked block by block
+	node   []uint64 // a sparse node's holders as classBits (see bitsOf)
+	levels [][]uint64
+	reach  [nClasses][]int32 // per slot and class: blocks matched
+	stride int              // next jump length; doubles after each jump
 }
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
@@ -571,162 +639,268 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // SequenceHashes) and appends to dst one Overlap per worker rank holding at
 // least its first block, in slot order. It returns the extended slice.
 //
-// While any rank still matching needs it, the walk goes block by block.
-// Otherwise it searches exponentially (1, 2, 4, ... blocks ahead), and finds
-// where ranks dropped out by bisection: exact, because those ranks hold
-// only device-tier, prefix-closed blocks.
+// The ranks still matching are a bit set, intersected with each node's
+// holders a word at a time. While any of them needs it (see
+// slot.jumpable), the walk goes block by block. Otherwise it searches
+// exponentially (1, 2, 4, ... blocks ahead) and finds where ranks dropped
+// out by bisection: exact, because those ranks hold only device-tier,
+// prefix-closed blocks.
 func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
 	m := matcherPool.Get().(*matcher)
-	m.ix, m.seq, m.exact, m.stride = ix, seq, 0, 1
-	m.cands, m.live = m.cands[:0], m.live[:0]
-
+	m.ix, m.seq, m.stride = ix, seq, 1
 	ix.mu.RLock()
-	m.run()
-	dst = slices.Grow(dst, len(m.cands))
-	slots := ix.slots
-	for _, c := range m.cands {
-		dst = append(dst, Overlap{Worker: slots[c.slot].w, Device: int(c.dev), Host: int(c.host), Disk: int(c.disk)})
+	if m.start() {
+		m.run()
+		dst = m.emit(dst)
 	}
 	ix.mu.RUnlock()
-
 	m.ix, m.seq = nil, nil
 	matcherPool.Put(m)
 	return dst
 }
 
-func (m *matcher) run() {
+// words resizes s to n zeroed words.
+func words(s []uint64, n int) []uint64 {
+	s = slices.Grow(s[:0], n)[:n]
+	clear(s)
+	return s
+}
+
+// start sets up the candidates from the first block's holders and applies
+// that block. It reports whether any rank holds it.
+func (m *matcher) start() bool {
 	n := m.ix.nodes[m.seq[0]]
 	if n == nil {
-		return
+		return false
 	}
-	cands, live := slices.Grow(m.cands, len(n.holders)), slices.Grow(m.live, len(n.holders))
 	slots := m.ix.slots
+	nw := (len(slots) + 63) / 64
+	m.cands, m.exact = words(m.cands, nw), words(m.exact, nw)
+	m.live, m.node = words(m.live, nClasses*nw), words(m.node, nClasses*nw)
+	for c := range m.reach {
+		m.reach[c] = slices.Grow(m.reach[c][:0], len(slots))[:len(slots)]
+	}
+	m.lo, m.hi = nw, 0
 	for _, h := range n.holders {
 		s := &slots[h.slot]
 		if s.retired {
 			continue
 		}
-		c := cand{slot: h.slot, exact: !s.jumpable()}
-		c.reach(h.tiers, 0)
-		if c.exact {
-			m.exact++
+		w, bit := int(h.slot/64), uint64(1)<<(h.slot%64)
+		m.cands[w] |= bit
+		if !s.jumpable() {
+			m.exact[w] |= bit
 		}
-		live = append(live, int32(len(cands)))
-		cands = append(cands, c)
+		m.lo, m.hi = min(m.lo, w), max(m.hi, w+1)
 	}
-	m.cands, m.live = cands, live
-	for depth := 0; len(m.live) > 0 && depth < len(m.seq)-1; {
-		if m.exact > 0 {
+	for w := m.lo; w < m.hi; w++ {
+		for c := range nClasses {
+			m.live[nClasses*w+c] = m.cands[w]
+		}
+	}
+	if m.lo >= m.hi {
+		return false
+	}
+	m.step(0, n)
+	return true
+}
+
+func (m *matcher) run() {
+	last := len(m.seq) - 1
+	for depth := 0; m.lo < m.hi && depth < last; {
+		if m.anyExact() {
 			depth++
-			m.step(depth)
+			m.step(depth, m.ix.nodes[m.seq[depth]])
 			m.stride = 1
 		} else {
 			depth = m.jump(depth)
 		}
 	}
+	// Whoever is still live holds the whole prompt in that class.
+	all := int32(len(m.seq))
+	for w := m.lo; w < m.hi; w++ {
+		for c := range nClasses {
+			m.settle(c, w, m.live[nClasses*w+c], all)
+		}
+	}
 }
 
-// lookup sets m.tiers[i] to the tiers on which live[i] holds node n.
-func (m *matcher) lookup(n *node, live []int32) {
-	m.tiers = slices.Grow(m.tiers[:0], len(live))[:len(live)]
-	clear(m.tiers)
-	if n == nil {
-		return
+func (m *matcher) anyExact() bool {
+	for _, x := range m.exact[m.lo:m.hi] {
+		if x != 0 {
+			return true
+		}
 	}
-	hs := n.holders
-	if len(live)*8 < len(hs) {
-		for i, ci := range live {
-			if j, ok := slices.BinarySearchFunc(hs, m.cands[ci].slot, cmpSlot); ok {
-				m.tiers[i] = hs[j].tiers
+	return false
+}
+
+// bitsOf returns n's holders as classBits valid over words [m.lo, m.hi)
+// (entries past its end are zero). For a node without its own classBits it
+// fills m.node, which the next call overwrites.
+func (m *matcher) bitsOf(n *node) classBits {
+	if n == nil {
+		return nil
+	}
+	if n.bits != nil {
+		return *n.bits
+	}
+	b := m.node[:nClasses*m.hi]
+	clear(b[nClasses*m.lo:])
+	for _, h := range n.holders {
+		w := int(h.slot / 64)
+		if w < m.lo || w >= m.hi {
+			continue
+		}
+		bit, cl := uint64(1)<<(h.slot%64), classesOf(h.tiers)
+		for c := range nClasses {
+			if cl&(1<<c) != 0 {
+				b[nClasses*w+c] |= bit
 			}
 		}
-		return
 	}
-	j := 0
-	for i, ci := range live {
-		s := m.cands[ci].slot
-		for j < len(hs) && hs[j].slot < s {
-			j++
+	return b
+}
+
+// at returns word i of b, zero past its end.
+func (b classBits) at(i int) uint64 {
+	if i < len(b) {
+		return b[i]
+	}
+	return 0
+}
+
+// step applies the block at depth (node n, nil if no rank holds it) to every
+// live rank: who does not hold it in a class has matched depth blocks in it.
+func (m *matcher) step(depth int, n *node) {
+	b, d := m.bitsOf(n), int32(depth)
+	live := m.live[:nClasses*m.hi]
+	for w := m.lo; w < m.hi; w++ {
+		i := nClasses * w
+		la := live[i+classAny]
+		if la == 0 {
+			continue
 		}
-		if j < len(hs) && hs[j].slot == s {
-			m.tiers[i] = hs[j].tiers
+		var bd, bh, ba uint64
+		if i+classAny < len(b) {
+			bd, bh, ba = b[i+classDev], b[i+classHost], b[i+classAny]
 		}
+		ld, lh := live[i+classDev], live[i+classHost]
+		if ld&^bd|lh&^bh|la&^ba == 0 {
+			continue // every live rank of this word holds the block
+		}
+		m.settle(classDev, w, ld&^bd, d)
+		m.settle(classHost, w, lh&^bh, d)
+		m.settle(classAny, w, la&^ba, d)
+		live[i+classDev], live[i+classHost], live[i+classAny] = ld&bd, lh&bh, la&ba
+		m.exact[w] &= la & ba
+	}
+	m.shrink()
+}
+
+// settle records that the ranks in word w of gone matched d blocks in class c.
+func (m *matcher) settle(c, w int, gone uint64, d int32) {
+	r := m.reach[c]
+	for gone != 0 {
+		r[w*64+bits.TrailingZeros64(gone)] = d
+		gone &= gone - 1
 	}
 }
 
-// step extends every live candidate by the block at depth.
-func (m *matcher) step(depth int) {
-	m.lookup(m.ix.nodes[m.seq[depth]], m.live)
-	m.next = m.next[:0]
-	for i, ci := range m.live {
-		c := &m.cands[ci]
-		if t := m.tiers[i]; t != 0 {
-			c.reach(t, depth)
-			m.next = append(m.next, ci)
-		} else if c.exact {
-			m.exact--
-		}
+// shrink narrows [lo, hi) to the words with live ranks.
+func (m *matcher) shrink() {
+	for m.lo < m.hi && m.live[nClasses*m.lo+classAny] == 0 {
+		m.lo++
 	}
-	m.live, m.next = m.next, m.live
+	for m.hi > m.lo && m.live[nClasses*(m.hi-1)+classAny] == 0 {
+		m.hi--
+	}
 }
 
-// jump moves every live (jumpable) candidate from depth, which they all
-// hold, to depth+stride (or the last block), and settles those that dropped
-// out in between. It returns the new depth.
+// level returns bisection scratch set i, sized like m.cands.
+func (m *matcher) level(i int) []uint64 {
+	for len(m.levels) <= i {
+		m.levels = append(m.levels, nil)
+	}
+	m.levels[i] = slices.Grow(m.levels[i][:0], len(m.cands))[:len(m.cands)]
+	return m.levels[i]
+}
+
+// jump moves every live (hence jumpable: device-only, so equal in every
+// class) rank from depth, which they all hold, to depth+stride (or the last
+// block), and settles those that dropped out in between. It returns the new
+// depth.
 func (m *matcher) jump(depth int) int {
 	to := min(depth+m.stride, len(m.seq)-1)
 	m.stride *= 2
-	m.lookup(m.ix.nodes[m.seq[to]], m.live)
-	m.next, m.drop = m.next[:0], m.drop[:0]
-	for i, ci := range m.live {
-		if m.tiers[i] != 0 {
-			m.cands[ci].settle(to + 1)
-			m.next = append(m.next, ci)
-		} else {
-			m.drop = append(m.drop, ci)
+	b := m.bitsOf(m.ix.nodes[m.seq[to]])
+	drop, dropped := m.level(0), false
+	for w := m.lo; w < m.hi; w++ {
+		l := m.live[nClasses*w+classAny]
+		keep := l & b.at(nClasses*w+classAny)
+		drop[w] = l &^ keep
+		dropped = dropped || drop[w] != 0
+		for c := range nClasses {
+			m.live[nClasses*w+c] = keep
 		}
 	}
-	m.live, m.next = m.next, m.live
-	m.bisect(depth, to, m.drop)
+	if dropped {
+		m.bisect(depth, to, 1, drop)
+	}
+	m.shrink()
 	return to
 }
 
-// bisect settles candidates d that all hold the block at lo and none at hi.
-func (m *matcher) bisect(lo, hi int, d []int32) {
-	for len(d) > 0 {
+// bisect settles the ranks of d (jumpable ones) that all hold the block at
+// lo and none at hi, using scratch sets from level on.
+func (m *matcher) bisect(lo, hi, level int, d []uint64) {
+	for {
 		if hi-lo == 1 {
-			for _, ci := range d {
-				m.cands[ci].settle(hi)
+			for w := m.lo; w < m.hi; w++ {
+				for c := range nClasses {
+					m.settle(c, w, d[w], int32(hi))
+				}
 			}
 			return
 		}
 		mid := (lo + hi) / 2
-		m.lookup(m.ix.nodes[m.seq[mid]], d)
-		// Stable partition (lookup's merge needs slot order): holders of
-		// mid first, the rest after.
-		held, rest := 0, m.rest[:0]
-		for i, ci := range d {
-			if m.tiers[i] != 0 {
-				d[held] = ci
-				held++
-			} else {
-				rest = append(rest, ci)
-			}
+		b := m.bitsOf(m.ix.nodes[m.seq[mid]])
+		held, anyHeld, anyRest := m.level(level), false, false
+		for w := m.lo; w < m.hi; w++ {
+			x := d[w] & b.at(nClasses*w+classAny)
+			held[w], d[w] = x, d[w]&^x
+			anyHeld = anyHeld || x != 0
+			anyRest = anyRest || d[w] != 0
 		}
-		copy(d[held:], rest)
-		m.rest = rest
-		m.bisect(mid, hi, d[:held])
-		d, hi = d[held:], mid
+		if anyHeld {
+			m.bisect(mid, hi, level+1, held)
+		}
+		if !anyRest {
+			return
+		}
+		hi = mid
 	}
 }
 
-// settle sets a jumpable candidate's reach: all its blocks are on device.
-func (c *cand) settle(blocks int) {
-	b := int32(blocks)
-	c.dev, c.host, c.disk = b, b, b
+// emit appends an Overlap per candidate, in slot order.
+func (m *matcher) emit(dst []Overlap) []Overlap {
+	n := 0
+	for _, x := range m.cands {
+		n += bits.OnesCount64(x)
+	}
+	dst = slices.Grow(dst, n)
+	slots := m.ix.slots
+	for w, x := range m.cands {
+		for x != 0 {
+			s := w*64 + bits.TrailingZeros64(x)
+			x &= x - 1
+			dst = append(dst, Overlap{Worker: slots[s].w,
+				Device: int(m.reach[classDev][s]), Host: int(m.reach[classHost][s]), Disk: int(m.reach[classAny][s])})
+		}
+	}
+	return dst
 }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the

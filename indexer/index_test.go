@@ -372,6 +372,18 @@ func checkInvariants(t testing.TB, ix *Index) {
 		if len(n.holders) == 0 {
 			t.Errorf("node %d has no holders", key)
 		}
+		if n.bits != nil {
+			want := classBits{}
+			for _, h := range n.holders {
+				want.set(h.slot, h.tiers)
+			}
+			got := *n.bits
+			for i := range max(len(got), len(want)) {
+				if got.at(i) != want.at(i) {
+					t.Errorf("node %d class bits word %d = %x, holders say %x", key, i, got.at(i), want.at(i))
+				}
+			}
+		}
 		for i, h := range n.holders {
 			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
 				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)

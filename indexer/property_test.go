@@ -195,6 +195,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix := NewIndex(4)
 		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
+		layout(t, ix, m)
 		var queries []string
 		steps := rapid.IntRange(1, 60).Draw(t, "steps")
 		for step := 0; step < steps; step++ {
@@ -268,6 +269,22 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 	})
 }
 
+// layout varies what the tests above cannot reach with a handful of ranks:
+// how many holders give a node classBits (from 1, so every node has them,
+// to the default), and how many other ranks were registered first (each
+// holding a block no query starts with), so that the ranks under test sit
+// in the first bit-set word or further on, across word boundaries.
+func layout(t *rapid.T, ix *Index, m *refModel) {
+	ix.denseHolders = rapid.IntRange(0, 3).Draw(t, "denseHolders")
+	for i := range rapid.IntRange(0, 130).Draw(t, "padRanks") {
+		w := WorkerRank{Worker: 1000 + uint64(i)}
+		if _, err := ix.Apply(stored(w, TierDevice, nil, blocksOf("", "9"))); err != nil {
+			t.Fatal(err)
+		}
+		m.store(w, TierDevice, "", false, "9")
+	}
+}
+
 // checkQueries compares every query's match in ix with the model's.
 func checkQueries(t *rapid.T, ix *Index, m *refModel, queries []string, when string) {
 	for _, q := range queries {
@@ -316,6 +333,7 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		ix := NewIndex(4)
 		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
+		layout(t, ix, m)
 		var queries []string
 		steps := rapid.IntRange(1, 25).Draw(t, "steps")
 		for step := 0; step < steps; step++ {
