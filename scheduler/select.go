@@ -48,13 +48,28 @@ func (o CostOptions) uncached(ov indexer.Overlap, isl int64, bs int) int64 {
 	return max(0, isl-int64(math.Round(eff*float64(bs))))
 }
 
-// overlapsByRank indexes Match's answer by worker rank.
-func overlapsByRank(os []indexer.Overlap) map[indexer.WorkerRank]indexer.Overlap {
-	m := make(map[indexer.WorkerRank]indexer.Overlap, len(os))
+// overlapsByRank indexes Match's answer by worker rank, into m (cleared
+// first; a new map when nil).
+func overlapsByRank(m map[indexer.WorkerRank]indexer.Overlap, os []indexer.Overlap) map[indexer.WorkerRank]indexer.Overlap {
+	if m == nil {
+		m = make(map[indexer.WorkerRank]indexer.Overlap, len(os))
+	}
+	clear(m)
 	for _, o := range os {
 		m[o.Worker] = o
 	}
 	return m
+}
+
+// scratch is one decision's working memory, reused between decisions so
+// that a decision over thousands of ranks allocates next to nothing.
+type scratch struct {
+	match    []uint64
+	overlaps []indexer.Overlap
+	byRank   map[indexer.WorkerRank]indexer.Overlap
+	cands    []candidate
+	weights  []float64
+	ties     []int
 }
 
 func (o CostOptions) withDefaults() CostOptions {
@@ -120,6 +135,8 @@ type Scheduler struct {
 	randMu sync.Mutex
 	rand   *rand.Rand
 
+	scratch sync.Pool // of *scratch
+
 	m schedMetrics
 }
 
@@ -170,9 +187,15 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	// The index is matched on hashes derived from the local ones
 	// (shared/spec/hashing.md); the client's own sequence hashes, when
 	// given, are what active requests are accounted by.
+	sc, _ := s.scratch.Get().(*scratch)
+	if sc == nil {
+		sc = new(scratch)
+	}
+	defer s.release(sc)
 	match := req.Seq
 	if req.Local != nil || match == nil {
-		match = indexer.SequenceHashes(make([]uint64, 0, len(req.Local)), req.Local)
+		sc.match = indexer.SequenceHashes(sc.match[:0], req.Local)
+		match = sc.match
 	}
 	seq := req.Seq
 	if seq == nil {
@@ -192,14 +215,19 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	if w < 0 || temp < 0 || math.IsNaN(w) || math.IsNaN(temp) || math.IsInf(w, 0) || math.IsInf(temp, 0) {
 		return Decision{}, fmt.Errorf("%w: overlap weight and temperature must be finite and >= 0", ErrInvalid)
 	}
-	overlaps := ix.Match(match, nil)
-	byRank := overlapsByRank(overlaps)
+	sc.overlaps = ix.Match(match, sc.overlaps[:0])
+	overlaps := sc.overlaps
+	sc.byRank = overlapsByRank(sc.byRank, overlaps)
 	sched := s.cat.schedulable()[req.Key]
 	var b *Booking
 	if req.Reserve {
+		// The booking keeps its hashes: never the scratch's.
 		b = &Booking{ID: req.ReservationID, Hashes: seq}
+		if req.Seq == nil {
+			b.Hashes = slices.Clone(seq)
+		}
 	}
-	c, err := s.decide(t, ix, req, seq, isl, w, temp, byRank, sched, b)
+	c, err := s.decide(sc, t, ix, req, seq, isl, w, temp, sched, b)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -224,13 +252,13 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // decide costs every schedulable rank of t and picks one, under t's lock;
 // with book not nil it also books the request there (filling in book's
 // Worker and PrefillTokens), in the same critical section.
-func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq []uint64, isl int64, w, temp float64,
-	byRank map[indexer.WorkerRank]indexer.Overlap, sched map[uint64]bool, book *Booking) (candidate, error) {
+func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, seq []uint64, isl int64, w, temp float64,
+	sched map[uint64]bool, book *Booking) (candidate, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.countHeld(seq)
-	cands := make([]candidate, 0, len(t.order))
+	cands, byRank := sc.cands[:0], sc.byRank
 	for _, rl := range t.order {
 		wr := rl.wr
 		if !sched[wr.Worker] || (len(req.Workers) > 0 && !slices.Contains(req.Workers, wr.Worker)) {
@@ -243,10 +271,11 @@ func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq
 		c.cost = w*prefill/float64(bs) + decode
 		cands = append(cands, c)
 	}
+	sc.cands = cands
 	if len(cands) == 0 {
 		return candidate{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
 	}
-	c := cands[s.pick(cands, temp, ix)]
+	c := cands[s.pick(sc, cands, temp, ix)]
 	if book != nil {
 		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
 		now := s.loads.now()
@@ -260,7 +289,7 @@ func (s *Scheduler) decide(t *tracker, ix *indexer.Index, req SelectRequest, seq
 
 // pick returns the index of the chosen candidate: the cheapest (ties: the
 // smaller tree, then random) at temperature 0, else a softmax sample.
-func (s *Scheduler) pick(cands []candidate, temp float64, ix *indexer.Index) int {
+func (s *Scheduler) pick(sc *scratch, cands []candidate, temp float64, ix *indexer.Index) int {
 	s.randMu.Lock()
 	defer s.randMu.Unlock()
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -271,7 +300,8 @@ func (s *Scheduler) pick(cands []candidate, temp float64, ix *indexer.Index) int
 		if hi == lo {
 			return s.rand.IntN(len(cands))
 		}
-		weights := make([]float64, len(cands))
+		weights := slices.Grow(sc.weights[:0], len(cands))[:len(cands)]
+		sc.weights = weights
 		var sum float64
 		for i, c := range cands {
 			// Shifted by the minimum so the largest weight is 1.
@@ -287,7 +317,8 @@ func (s *Scheduler) pick(cands []candidate, temp float64, ix *indexer.Index) int
 		}
 		return len(cands) - 1
 	}
-	var ties []int
+	ties := sc.ties[:0]
+	defer func() { sc.ties = ties }()
 	for i, c := range cands {
 		if c.cost == lo {
 			ties = append(ties, i)
@@ -302,6 +333,12 @@ func (s *Scheduler) pick(cands []candidate, temp float64, ix *indexer.Index) int
 		ties = slices.DeleteFunc(ties, func(i int) bool { return cands[i].tree != small })
 	}
 	return ties[s.rand.IntN(len(ties))]
+}
+
+// release returns sc to the pool, dropping its references to loads.
+func (s *Scheduler) release(sc *scratch) {
+	clear(sc.cands)
+	s.scratch.Put(sc)
 }
 
 // loadCollector reports active loads per worker rank at scrape time.

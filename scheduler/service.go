@@ -315,7 +315,7 @@ func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	var cached map[indexer.WorkerRank]indexer.Overlap
 	bs := 1
 	if ix := s.sched.set.Lookup(key); credit && ix != nil {
-		bs, cached = ix.BlockSize(), overlapsByRank(ix.Match(seq, nil))
+		bs, cached = ix.BlockSize(), overlapsByRank(nil, ix.Match(seq, nil))
 	}
 	out := make([]potentialView, len(pots))
 	for i, p := range pots {
