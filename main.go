@@ -39,13 +39,13 @@ import (
 var version string
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 // run executes the command line args and returns the process exit code.
 // Errors are printed as a single line "kvgate: <error>" on stderr.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := newRootCmd(stdout, stderr)
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdin, stdout, stderr)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(stderr, "kvgate: %s\n", strings.Join(strings.Fields(err.Error()), " "))
@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 }
 
 // newRootCmd builds a fresh command tree; it holds no global state.
-func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:               "kvgate",
 		Short:             "KV-cache-aware router for LLM inference (Envoy ext_proc endpoint picker)",
@@ -63,9 +63,10 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 		SilenceErrors:     true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
+	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newServeCmd(), newVersionCmd())
+	root.AddCommand(newServeCmd(), newVersionCmd(), newTokenizeCmd())
 	return root
 }
 

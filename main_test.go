@@ -295,7 +295,7 @@ func TestRunInProcess(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := run(t.Context(), tc.args, &stdout, &stderr)
+			code := run(t.Context(), tc.args, strings.NewReader(""), &stdout, &stderr)
 			if code != tc.wantCode || stdout.String() != tc.wantStdout || stderr.String() != tc.wantStderr {
 				t.Errorf("run(%q) = %d, stdout %q, stderr %q; want %d, %q, %q",
 					tc.args, code, stdout.String(), stderr.String(), tc.wantCode, tc.wantStdout, tc.wantStderr)

@@ -630,7 +630,7 @@ type matcher struct {
 	node   []uint64 // a sparse node's holders as classBits (see bitsOf)
 	levels [][]uint64
 	reach  [nClasses][]int32 // per slot and class: blocks matched
-	stride int              // next jump length; doubles after each jump
+	stride int               // next jump length; doubles after each jump
 }
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
