@@ -43,6 +43,9 @@ type bpeModel struct {
 	rawVocab map[string]uint32
 	byteIDs  [256]uint32
 
+	// cross, when not nil, enables exact segmentation of long words (encodeSegments).
+	cross *crossSet
+
 	cache *wordCache
 }
 
@@ -141,6 +144,10 @@ func (m *bpeModel) decorate(buf []byte, s string, first, last bool) []byte {
 // maxCachedWord is the longest word (in bytes) the word cache keeps.
 const maxCachedWord = 256
 
+// segMinLen is the word length (bytes) from which encodeWord cuts the word at safe
+// boundaries before merging.
+const segMinLen = 48
+
 // encodeWord appends the ids of one pre-tokenized word.
 func (m *bpeModel) encodeWord(dst []uint32, w string, st *encScratch) ([]uint32, error) {
 	if w == "" {
@@ -159,6 +166,50 @@ func (m *bpeModel) encodeWord(dst []uint32, w string, st *encScratch) ([]uint32,
 		if id, ok := m.vocab[w]; ok {
 			return append(dst, id), nil
 		}
+	}
+	if m.cross != nil && len(w) >= segMinLen {
+		return m.encodeSegments(dst, w, st)
+	}
+	return m.encodeMerged(dst, w, st)
+}
+
+// encodeSegments cuts w at every safe boundary (see crossSet) and merges the segments
+// independently. No merge can ever join symbols across a safe boundary, and merges on
+// one side never change which merges happen on the other, so the result is the
+// whole-word result; the segments are short and hit the word cache.
+func (m *bpeModel) encodeSegments(dst []uint32, w string, st *encScratch) ([]uint32, error) {
+	var err error
+	start := 0
+	if m.byteMode {
+		for i := 1; i < len(w); i++ {
+			if !m.cross.bytes(w[i-1], w[i]) {
+				if dst, err = m.encodeMerged(dst, w[start:i], st); err != nil {
+					return dst, err
+				}
+				start = i
+			}
+		}
+	} else {
+		prev, n := runeAt(w, 0)
+		for i := n; i < len(w); i += n {
+			var r rune
+			r, n = runeAt(w, i)
+			if !m.cross.runes(prev, r) {
+				if dst, err = m.encodeMerged(dst, w[start:i], st); err != nil {
+					return dst, err
+				}
+				start = i
+			}
+			prev = r
+		}
+	}
+	return m.encodeMerged(dst, w[start:], st)
+}
+
+// encodeMerged appends the merged symbols of w, through the word cache.
+func (m *bpeModel) encodeMerged(dst []uint32, w string, st *encScratch) ([]uint32, error) {
+	if m.byteMode && len(w) == 1 {
+		return append(dst, m.byteIDs[w[0]]), nil
 	}
 	cacheable := m.cache != nil && len(w) <= maxCachedWord
 	var h uint64
@@ -186,6 +237,125 @@ func (m *bpeModel) encodeWord(dst []uint32, w string, st *encScratch) ([]uint32,
 		m.cache.put(h, w, syms)
 	}
 	return append(dst, syms...), nil
+}
+
+// crossSet records, for every merge (A, B), the pair (last atom of A, first atom of B):
+// the only adjacent atoms a merge can ever join across. Atoms are bytes in byte mode and
+// characters in char mode.
+type crossSet struct {
+	byteBits []uint64            // byte mode: bit p<<8|c
+	first    []uint64            // char mode: bit r set if r < 0x10000 starts some B
+	pairs    map[uint64]struct{} // char mode: p<<32 | c
+}
+
+func (c *crossSet) bytes(p, b byte) bool {
+	k := uint(p)<<8 | uint(b)
+	return c.byteBits[k>>6]&(1<<(k&63)) != 0
+}
+
+func (c *crossSet) runes(p, r rune) bool {
+	if r < 0x10000 && c.first[r>>6]&(1<<(uint(r)&63)) == 0 {
+		return false
+	}
+	_, ok := c.pairs[uint64(uint32(p))<<32|uint64(uint32(r))]
+	return ok
+}
+
+// buildCross enables segmentation when it is exact: no prefix/suffix decorations, no
+// merge involving a byte-fallback or unk token, every character becoming symbols (in
+// char mode: complete byte fallback, so no unk can be pending across a boundary and no
+// unknown character is dropped, which would make its neighbours adjacent), and one
+// string per id (so a symbol's id tells which atoms it spans).
+func (m *bpeModel) buildCross() {
+	if m.prefix != "" || m.suffix != "" || len(m.vocab) == 0 {
+		return
+	}
+	if !m.byteMode {
+		if !m.byteFallback {
+			return
+		}
+		for b := 0; b < 256; b++ {
+			if !m.fallbackOK[b] {
+				return
+			}
+		}
+	}
+	// First and last atom of every token; -1: not made of atoms (never merged from
+	// atoms), -2: the id has several strings.
+	n := int(m.maxID()) + 1
+	first, last := make([]int32, n), make([]int32, n)
+	seen := make([]bool, n)
+	for tok, id := range m.vocab {
+		if seen[id] {
+			return
+		}
+		seen[id] = true
+		f, l := int32(-1), int32(-1)
+		if m.byteMode {
+			f, l = rawEnds(tok)
+		} else if tok != "" {
+			r, _ := utf8.DecodeRuneInString(tok)
+			p, _ := utf8.DecodeLastRuneInString(tok)
+			f, l = r, p
+		}
+		first[id], last[id] = f, l
+	}
+	c := &crossSet{}
+	if m.byteMode {
+		c.byteBits = make([]uint64, 65536/64)
+	} else {
+		c.first = make([]uint64, 0x10000/64)
+		c.pairs = map[uint64]struct{}{}
+	}
+	var specials map[uint32]bool
+	if m.hasUnk || m.byteFallback {
+		specials = map[uint32]bool{}
+		for tok, id := range m.vocab {
+			if (m.hasUnk && tok == m.unkToken) || (m.byteFallback && len(tok) == 6 && strings.HasPrefix(tok, "<0x") && tok[5] == '>') {
+				specials[id] = true
+			}
+		}
+	}
+	for _, s := range m.merges.slots {
+		if s.key == emptySlot {
+			continue
+		}
+		a, b := uint32(s.key>>32), uint32(s.key)
+		if specials[a] || specials[b] {
+			return
+		}
+		p, r := last[a], first[b]
+		if p < 0 || r < 0 {
+			continue // can never apply to atoms
+		}
+		if m.byteMode {
+			k := uint(p)<<8 | uint(r)
+			c.byteBits[k>>6] |= 1 << (k & 63)
+			continue
+		}
+		if r < 0x10000 {
+			c.first[r>>6] |= 1 << (uint(r) & 63)
+		}
+		c.pairs[uint64(uint32(p))<<32|uint64(uint32(r))] = struct{}{}
+	}
+	m.cross = c
+}
+
+// rawEnds returns the first and last raw byte of a byte-level token, or -1, -1 when
+// the token is not made of byte-level characters.
+func rawEnds(tok string) (int32, int32) {
+	f, l := int32(-1), int32(-1)
+	for _, r := range tok {
+		b, ok := byteLevelByte(r)
+		if !ok {
+			return -1, -1
+		}
+		if f < 0 {
+			f = int32(b)
+		}
+		l = int32(b)
+	}
+	return f, l
 }
 
 // charSymbols appends the initial symbols of w in char mode (tokenizers' merge_word
@@ -300,6 +470,9 @@ type heapItem struct {
 // linked list of symbols, skipping stale entries.
 func (m *bpeModel) mergeHeap(syms []uint32, st *encScratch) []uint32 {
 	n := len(syms)
+	if n < 2 {
+		return syms
+	}
 	prev, next := st.prev[:0], st.next[:0]
 	for i := 0; i < n; i++ {
 		prev = append(prev, int32(i-1))
@@ -403,6 +576,7 @@ type mergeSlot struct{ key, val uint64 }
 
 const emptySlot = ^uint64(0)
 
+// newMergeTable returns a table with room for about n merges at load factor 2/3.
 func newMergeTable(n int) mergeTable {
 	size, bits := 8, uint(3)
 	for size < n+n/2+1 {
@@ -420,6 +594,9 @@ func (t *mergeTable) index(key uint64) uint64 { return (key * 0x9E3779B97F4A7C15
 
 // put sets the merge of (a, b), replacing an earlier one (as a HashMap collect does).
 func (t *mergeTable) put(a, b uint32, rank, newID uint32) {
+	if 4*(t.n+1) > 3*len(t.slots) {
+		t.grow()
+	}
 	key := uint64(a)<<32 | uint64(b)
 	for i := t.index(key); ; i = (i + 1) & t.mask {
 		s := &t.slots[i]
@@ -431,6 +608,17 @@ func (t *mergeTable) put(a, b uint32, rank, newID uint32) {
 		}
 		s.val = uint64(rank)<<32 | uint64(newID)
 		return
+	}
+}
+
+// grow doubles the table.
+func (t *mergeTable) grow() {
+	old := t.slots
+	*t = newMergeTable(2 * max(len(old), 8))
+	for _, s := range old {
+		if s.key != emptySlot {
+			t.put(uint32(s.key>>32), uint32(s.key), uint32(s.val>>32), uint32(s.val))
+		}
 	}
 }
 
@@ -451,12 +639,13 @@ func (t *mergeTable) get(a, b uint32) uint64 {
 	}
 }
 
-// wordCache is a bounded, lock-free, direct-mapped cache of merged words: a fixed array
-// of atomic pointers indexed by the word's hash; a new entry simply replaces whatever
-// occupied its slot. Entries are immutable once published.
+// wordCache is a bounded, lock-free, 4-way set-associative cache of merged words: a
+// fixed array of atomic pointers; a word may live in any of the 4 slots of the set its
+// hash selects, and a new entry takes an empty slot of the set or replaces one chosen
+// by other hash bits. Entries are immutable once published, so readers need no lock.
 type wordCache struct {
 	seed  maphash.Seed
-	mask  uint64
+	mask  uint64 // selects a set: the index of its first slot
 	slots []atomic.Pointer[cacheEntry]
 }
 
@@ -468,23 +657,33 @@ type cacheEntry struct {
 // defaultCacheSlots bounds the cache (tokenizers' BPE cache holds 10,000 words).
 const defaultCacheSlots = 1 << 16
 
+const cacheWays = 4
+
 func newWordCache(slots int) *wordCache {
-	return &wordCache{seed: maphash.MakeSeed(), mask: uint64(slots - 1), slots: make([]atomic.Pointer[cacheEntry], slots)}
+	return &wordCache{seed: maphash.MakeSeed(), mask: uint64(slots-1) &^ (cacheWays - 1), slots: make([]atomic.Pointer[cacheEntry], slots)}
 }
 
 func (c *wordCache) hash(w string) uint64 { return maphash.String(c.seed, w) }
 
 func (c *wordCache) get(h uint64, w string) ([]uint32, bool) {
-	e := c.slots[h&c.mask].Load()
-	if e == nil || e.word != w {
-		return nil, false
+	set := c.slots[h&c.mask:][:cacheWays]
+	for i := range set {
+		if e := set[i].Load(); e != nil && e.word == w {
+			return e.ids, true
+		}
 	}
-	return e.ids, true
+	return nil, false
 }
 
 func (c *wordCache) put(h uint64, w string, ids []uint32) {
 	e := &cacheEntry{word: strings.Clone(w), ids: append([]uint32(nil), ids...)}
-	c.slots[h&c.mask].Store(e)
+	set := c.slots[h&c.mask:][:cacheWays]
+	for i := range set {
+		if set[i].Load() == nil && set[i].CompareAndSwap(nil, e) {
+			return
+		}
+	}
+	set[(h>>32)%cacheWays].Store(e)
 }
 
 // byteLevelChars is GPT-2's bytes_to_unicode: the character standing for each byte.

@@ -139,12 +139,60 @@ func (s seqNormalizer) normalize(st *encScratch, p piece) piece {
 // formNormalizer applies a Unicode normalization form.
 type formNormalizer struct{ f norm.Form }
 
+// normUnknown are the characters the reference's normalizers do not know: tokenizers
+// normalizes with tables older than Go's (x/text's are Unicode 15.0), so these newer
+// characters keep their form there and act as plain starters (no decomposition,
+// combining class 0, no composition). Recorded from the reference by gen.js
+// (testdata/golden/unicode_classes.json, "norm_unknown"); TestNormUnknown checks it.
+var normUnknown = &unicode.RangeTable{
+	R16: []unicode.Range16{
+		{0x7FD, 0x7FD, 1}, {0x897, 0x89F, 1}, {0x8CA, 0x8D3, 1}, {0x9FE, 0x9FE, 1},
+		{0xC3C, 0xC3C, 1}, {0xD3B, 0xD3C, 1}, {0xEBA, 0xEBA, 1}, {0x1715, 0x1715, 1},
+		{0x1ABF, 0x1ADD, 1}, {0x1AE0, 0x1AEB, 1}, {0x1DF6, 0x1DFA, 1}, {0x32FF, 0x32FF, 1},
+		{0xA7F1, 0xA7F4, 1}, {0xA82C, 0xA82C, 1}, {0xAB69, 0xAB69, 1},
+	},
+	R32: []unicode.Range32{
+		{0x105C9, 0x105C9, 1}, {0x105D2, 0x105D2, 1}, {0x105DA, 0x105DA, 1},
+		{0x105E4, 0x105E4, 1}, {0x10781, 0x10785, 1}, {0x10787, 0x107B0, 1},
+		{0x107B2, 0x107BA, 1}, {0x10D24, 0x10D27, 1}, {0x10D69, 0x10D6D, 1},
+		{0x10EAB, 0x10EAC, 1}, {0x10EFA, 0x10EFB, 1}, {0x10EFD, 0x10EFF, 1},
+		{0x10F46, 0x10F50, 1}, {0x10F82, 0x10F85, 1}, {0x11070, 0x11070, 1},
+		{0x1133B, 0x1133B, 1}, {0x11382, 0x11385, 1}, {0x1138B, 0x1138B, 1},
+		{0x1138E, 0x1138E, 1}, {0x11390, 0x11391, 1}, {0x113C2, 0x113C2, 1},
+		{0x113C5, 0x113C5, 1}, {0x113C7, 0x113C8, 1}, {0x113CE, 0x113D0, 1},
+		{0x1145E, 0x1145E, 1}, {0x11839, 0x1183A, 1}, {0x11935, 0x11935, 1},
+		{0x11938, 0x11938, 1}, {0x1193D, 0x1193E, 1}, {0x11943, 0x11943, 1},
+		{0x119E0, 0x119E0, 1}, {0x11A34, 0x11A34, 1}, {0x11A47, 0x11A47, 1},
+		{0x11A99, 0x11A99, 1}, {0x11D42, 0x11D42, 1}, {0x11D44, 0x11D45, 1},
+		{0x11D97, 0x11D97, 1}, {0x11F41, 0x11F42, 1}, {0x1611E, 0x1611E, 1},
+		{0x16121, 0x16129, 1}, {0x1612F, 0x1612F, 1}, {0x16D63, 0x16D63, 1},
+		{0x16D67, 0x16D6A, 1}, {0x16FF0, 0x16FF1, 1}, {0x1CCD6, 0x1CCF9, 1},
+		{0x1E030, 0x1E06D, 1}, {0x1E08F, 0x1E08F, 1}, {0x1E130, 0x1E136, 1},
+		{0x1E2AE, 0x1E2AE, 1}, {0x1E2EC, 0x1E2EF, 1}, {0x1E4EC, 0x1E4EF, 1},
+		{0x1E5EE, 0x1E5EF, 1}, {0x1E6E3, 0x1E6E3, 1}, {0x1E6E6, 0x1E6E6, 1},
+		{0x1E6EE, 0x1E6EF, 1}, {0x1E6F5, 0x1E6F5, 1}, {0x1F16C, 0x1F16C, 1},
+		{0x1FBF0, 0x1FBF9, 1},
+	},
+}
+
 func (n formNormalizer) normalize(st *encScratch, p piece) piece {
-	if n.f.IsNormalString(p.s) {
+	if n.f.QuickSpanString(p.s) == len(p.s) { // (IsNormalString allocates)
 		return p
 	}
 	off := len(st.arena)
-	st.arena = n.f.AppendString(st.arena, p.s)
+	// Characters in normUnknown stay as they are and split the text: as starters that
+	// never compose, nothing normalizes across them.
+	prev := 0
+	for i := 0; i < len(p.s); {
+		r, size := runeAt(p.s, i)
+		if r >= 0x300 && unicode.Is(normUnknown, r) {
+			st.arena = n.f.AppendString(st.arena, p.s[prev:i])
+			st.arena = append(st.arena, p.s[i:i+size]...)
+			prev = i + size
+		}
+		i += size
+	}
+	st.arena = n.f.AppendString(st.arena, p.s[prev:])
 	q := piece{s: st.str(off), orig0: p.orig0}
 	if st.track && p.zp > 0 {
 		// The characters derived from the zero-aligned prefix, extended over the
@@ -162,9 +210,32 @@ func (n formNormalizer) normalize(st *encScratch, p piece) piece {
 	return q
 }
 
-// lowercaseNormalizer is Rust's char::to_lowercase per character: Unicode simple
-// lowercase mapping, plus the one unconditional multi-character mapping (U+0130).
+// lowercaseNormalizer is Rust's char::to_lowercase per character: the Unicode
+// lowercase mapping, with the one unconditional multi-character mapping (U+0130), and
+// the case pairs added after Go's Unicode 15.0 (lowerRune). TestLowercase checks every
+// character against the reference.
 type lowercaseNormalizer struct{}
+
+// lowerRune is unicode.ToLower plus the lowercase mappings of Unicode 16.0 and 17.0.
+func lowerRune(r rune) rune {
+	switch {
+	case r < 0x1C89:
+		return unicode.ToLower(r)
+	case r == 0x1C89:
+		return 0x1C8A
+	case r == 0xA7CB:
+		return 0x0264
+	case r == 0xA7DC:
+		return 0x019B
+	case r == 0xA7CC || r == 0xA7CE || r == 0xA7D2 || r == 0xA7D4 || r == 0xA7DA:
+		return r + 1
+	case 0x10D50 <= r && r <= 0x10D65: // Garay
+		return r + 0x20
+	case 0x16EA0 <= r && r <= 0x16EB8: // Beria Erfe
+		return r + 0x1B
+	}
+	return unicode.ToLower(r)
+}
 
 func lowerAppend(dst []byte, s string) []byte {
 	for _, r := range s {
@@ -172,7 +243,7 @@ func lowerAppend(dst []byte, s string) []byte {
 			dst = append(dst, "i\u0307"...)
 			continue
 		}
-		dst = utf8.AppendRune(dst, unicode.ToLower(r))
+		dst = utf8.AppendRune(dst, lowerRune(r))
 	}
 	return dst
 }
@@ -180,7 +251,7 @@ func lowerAppend(dst []byte, s string) []byte {
 func (lowercaseNormalizer) normalize(st *encScratch, p piece) piece {
 	changed := false
 	for _, r := range p.s {
-		if r == '\u0130' || unicode.ToLower(r) != r {
+		if r == '\u0130' || lowerRune(r) != r {
 			changed = true
 			break
 		}

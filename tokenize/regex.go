@@ -26,39 +26,70 @@ const (
 	qwen2Pattern = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 )
 
-// Character classes as Oniguruma and Rust's regex see them.
+// Character classes as Oniguruma and Rust see them.
 const (
-	clsL = 1 << iota // \p{L}
-	clsN             // \p{N}
-	clsS             // \s: Unicode White_Space
-	clsW             // Rust regex \w: Alphabetic, M, Nd, Pc, Join_Control
+	clsL   = 1 << iota // \p{L}
+	clsN               // \p{N}
+	clsS               // \s: Unicode White_Space
+	clsW               // Rust regex \w: Alphabetic, M, Nd, Pc, Join_Control
+	clsNum             // Rust char::is_numeric (the Digits pre-tokenizer)
 )
 
+// The reference (tokenizers 0.23.2) classifies characters with Unicode 16.0
+// (Oniguruma) and, for char::is_numeric, 17.0 (Rust's standard library); Go 1.26's
+// unicode package is Unicode 15.0.0. These tables add what the newer versions made
+// letters and numbers, exactly as recorded from the reference in
+// testdata/golden/unicode_classes.json (TestUnicodeClasses checks every code point).
+var (
+	newLetters = &unicode.RangeTable{
+		R16: []unicode.Range16{{0x1C89, 0x1C8A, 1}, {0xA7CB, 0xA7CD, 1}, {0xA7DA, 0xA7DC, 1}},
+		R32: []unicode.Range32{
+			{0x105C0, 0x105F3, 1}, {0x10D4A, 0x10D65, 1}, {0x10D6F, 0x10D85, 1}, {0x10EC2, 0x10EC4, 1},
+			{0x11380, 0x11389, 1}, {0x1138B, 0x1138B, 1}, {0x1138E, 0x1138E, 1}, {0x11390, 0x113B5, 1},
+			{0x113B7, 0x113B7, 1}, {0x113D1, 0x113D1, 1}, {0x113D3, 0x113D3, 1}, {0x11BC0, 0x11BE0, 1},
+			{0x13460, 0x143FA, 1}, {0x16100, 0x1611D, 1}, {0x16D40, 0x16D6C, 1}, {0x18CFF, 0x18CFF, 1},
+			{0x1E5D0, 0x1E5ED, 1}, {0x1E5F0, 0x1E5F0, 1}, {0x2EBF0, 0x2EE5D, 1},
+		},
+	}
+	newNumbers = &unicode.RangeTable{R32: []unicode.Range32{
+		{0x10D40, 0x10D49, 1}, {0x116D0, 0x116E3, 1}, {0x11BF0, 0x11BF9, 1}, {0x16130, 0x16139, 1},
+		{0x16D70, 0x16D79, 1}, {0x1CCF0, 0x1CCF9, 1}, {0x1E5F1, 0x1E5FA, 1},
+	}}
+	newNumeric = &unicode.RangeTable{R32: []unicode.Range32{
+		{0x10D40, 0x10D49, 1}, {0x116D0, 0x116E3, 1}, {0x11BF0, 0x11BF9, 1}, {0x11DE0, 0x11DE9, 1},
+		{0x16130, 0x16139, 1}, {0x16D70, 0x16D79, 1}, {0x16FF4, 0x16FF6, 1}, {0x1CCF0, 0x1CCF9, 1},
+		{0x1E5F1, 0x1E5FA, 1},
+	}}
+)
+
+// classTables lists, for each class bit, the tables whose union makes the class.
+var classTables = []struct {
+	bit    uint8
+	tables []*unicode.RangeTable
+}{
+	{clsL, []*unicode.RangeTable{unicode.L, newLetters}},
+	{clsN, []*unicode.RangeTable{unicode.N, newNumbers}},
+	{clsS, []*unicode.RangeTable{unicode.White_Space}},
+	// Alphabetic is L, Nl and Other_Alphabetic.
+	{clsW, []*unicode.RangeTable{unicode.L, unicode.Nl, unicode.Other_Alphabetic, unicode.M,
+		unicode.Nd, unicode.Pc, unicode.Join_Control, newLetters, newNumbers}},
+	{clsNum, []*unicode.RangeTable{unicode.N, newNumeric}},
+}
+
 // bmpClass holds the class bits of every BMP code point. It is filled once by init
-// from the unicode range tables and only read afterwards.
+// from the range tables and only read afterwards.
 var bmpClass [0x10000]uint8
 
 func init() {
-	mark := func(t *unicode.RangeTable, bit uint8) {
-		for _, r := range t.R16 {
-			for c := uint32(r.Lo); c <= uint32(r.Hi); c += uint32(r.Stride) {
-				bmpClass[c] |= bit
+	for _, ct := range classTables {
+		for _, t := range ct.tables {
+			for _, r := range t.R16 {
+				for c := uint32(r.Lo); c <= uint32(r.Hi); c += uint32(r.Stride) {
+					bmpClass[c] |= ct.bit
+				}
 			}
 		}
 	}
-	mark(unicode.L, clsL)
-	mark(unicode.N, clsN)
-	mark(unicode.White_Space, clsS)
-	for _, t := range wordTables {
-		mark(t, clsW)
-	}
-}
-
-// wordTables make up Rust regex's Unicode \w: Alphabetic (L, Nl, Other_Alphabetic),
-// M, Nd, Pc and Join_Control.
-var wordTables = []*unicode.RangeTable{
-	unicode.L, unicode.Nl, unicode.Other_Alphabetic, unicode.M, unicode.Nd, unicode.Pc,
-	unicode.Join_Control,
 }
 
 // charClass returns the class bits of r.
@@ -70,23 +101,19 @@ func charClass(r rune) uint8 {
 		return bmpClass[r]
 	}
 	var c uint8
-	if unicode.IsLetter(r) {
-		c |= clsL
-	}
-	if unicode.IsNumber(r) {
-		c |= clsN
-	}
-	if unicode.Is(unicode.White_Space, r) {
-		c |= clsS
-	}
-	for _, t := range wordTables {
-		if unicode.Is(t, r) {
-			c |= clsW
-			break
+	for _, ct := range classTables {
+		for _, t := range ct.tables {
+			if unicode.Is(t, r) {
+				c |= ct.bit
+				break
+			}
 		}
 	}
 	return c
 }
+
+// isNumeric is Rust's char::is_numeric, the Digits pre-tokenizer's test.
+func isNumeric(r rune) bool { return charClass(r)&clsNum != 0 }
 
 // runeAt decodes the rune at s[i:] (s is valid UTF-8) with an ASCII fast path.
 func runeAt(s string, i int) (rune, int) {
@@ -193,7 +220,7 @@ func scanPunctRun(s string, i int) int {
 	return i
 }
 
-// contraction returns the end of 's|'t|'re|'ve|'m|'ll|'d at s[i] (s[i] == '\''), or -1.
+// contraction returns the end of 's|'t|'re|'ve|'m|'ll|'d at s[i] (an apostrophe), or -1.
 // With fold, letters match case-insensitively (Oniguruma's (?i:...) with Unicode case
 // folding, under which U+017F LATIN SMALL LETTER LONG S folds to s).
 func contraction(s string, i int, fold bool) int {
@@ -237,7 +264,7 @@ func contraction(s string, i int, fold bool) int {
 // scanGPT2 appends the matches of gpt2Pattern in s to out.
 func scanGPT2(s string, out []span) []span {
 	for i := 0; i < len(s); {
-		r, n := runeAt(s, i)
+		r, _ := runeAt(s, i)
 		end := -1
 		if r == '\'' {
 			end = contraction(s, i, false)

@@ -19,25 +19,27 @@ import (
 type jKind uint8
 
 const (
-	jUndef jKind = iota // jinja2.Undefined
-	jNone
-	jBool
-	jInt   // n
-	jBig   // o.(*big.Int), only when the value does not fit in int64
-	jFloat // f
-	jStr   // s
-	jList  // o.(*jList)
-	jTuple // o.(*jList)
-	jDict  // o.(*jDict)
-	jNS    // o.(*jNamespace)
-	jFunc  // o.(*jCallable)
-	jLoop  // o.(*jLoopCtx)
-	jCycler
-	jJoiner
+	jkUndef jKind = iota // jinja2.Undefined
+	jkNone
+	jkBool
+	jkInt   // n
+	jkBig   // o.(*big.Int), only when the value does not fit in int64
+	jkFloat // f
+	jkStr   // s
+	jkList  // o.(*jList)
+	jkTuple // o.(*jList)
+	jkDict  // o.(*jDict)
+	jkNS    // o.(*jNamespace)
+	jkFunc  // o.(*jCallable)
+	jkLoop  // o.(*jLoopCtx)
+	jkCycler
+	jkJoiner
+	jkGen  // o.(*jGen): a Python generator or iterator (consumed by iteration)
+	jkView // o.(*jView): dict_keys / dict_values / dict_items
 )
 
 // jv is one template value. Scalars live inline so that most values need no allocation.
-// For jUndef, s holds the missing name (or the repr of a missing element), n packs the
+// For jkUndef, s holds the missing name (or the repr of a missing element), n packs the
 // kind of the object it was looked up on (+1, 0 = plain variable) and bit 8 marks an
 // element (non-string) lookup; o may hold a *jUndefHint with a fixed message.
 type jv struct {
@@ -60,25 +62,46 @@ type jNamespace struct {
 	vals []jv
 }
 
+// jGen models the lazy objects jinja2 filters return (map, select, reject, selectattr,
+// rejectattr, unique, batch, slice, items produce generators; reverse a reverse
+// iterator): always true, no len(), not subscriptable, not JSON serialisable, and
+// exhausted by the first iteration. The items are computed eagerly.
+type jGen struct {
+	items []jv
+	pos   int
+	name  string // "generator", "list_reverseiterator", ...
+	fn    string // for printing: "<generator object do_map ...>"
+}
+
+// jView is a dict view (dict.keys(), dict.values(), dict.items()).
+type jView struct {
+	items []jv
+	name  string // dict_keys, dict_values or dict_items
+}
+
+func jGenV(items []jv, fn string) jv {
+	return jv{k: jkGen, o: &jGen{items: items, name: "generator", fn: fn}}
+}
+
 type jUndefHint struct {
 	msg      string
 	security bool
 }
 
 var (
-	jvUndefined = jv{k: jUndef}
-	jvNone      = jv{k: jNone}
-	jvTrue      = jv{k: jBool, n: 1}
-	jvFalse     = jv{k: jBool, n: 0}
-	jvEmptyStr  = jv{k: jStr}
+	jvUndefined = jv{k: jkUndef}
+	jvNone      = jv{k: jkNone}
+	jvTrue      = jv{k: jkBool, n: 1}
+	jvFalse     = jv{k: jkBool, n: 0}
+	jvEmptyStr  = jv{k: jkStr}
 )
 
-func jStrV(s string) jv     { return jv{k: jStr, s: s} }
-func jIntV(n int64) jv      { return jv{k: jInt, n: n} }
-func jFloatV(f float64) jv  { return jv{k: jFloat, f: f} }
-func jListV(items []jv) jv  { return jv{k: jList, o: &jList{items: items}} }
-func jTupleV(items []jv) jv { return jv{k: jTuple, o: &jList{items: items}} }
-func jDictV(d *jDict) jv    { return jv{k: jDict, o: d} }
+func jStrV(s string) jv     { return jv{k: jkStr, s: s} }
+func jIntV(n int64) jv      { return jv{k: jkInt, n: n} }
+func jFloatV(f float64) jv  { return jv{k: jkFloat, f: f} }
+func jListV(items []jv) jv  { return jv{k: jkList, o: &jList{items: items}} }
+func jTupleV(items []jv) jv { return jv{k: jkTuple, o: &jList{items: items}} }
+func jDictV(d *jDict) jv    { return jv{k: jkDict, o: d} }
 
 func jBoolV(b bool) jv {
 	if b {
@@ -87,38 +110,38 @@ func jBoolV(b bool) jv {
 	return jvFalse
 }
 
-// jBigV returns an int value, normalised to jInt when it fits.
+// jBigV returns an int value, normalised to jkInt when it fits.
 func jBigV(b *big.Int) jv {
 	if b.IsInt64() {
 		return jIntV(b.Int64())
 	}
-	return jv{k: jBig, o: b}
+	return jv{k: jkBig, o: b}
 }
 
 // jUndefName is the Undefined of a missing variable.
-func jUndefName(name string) jv { return jv{k: jUndef, s: name} }
+func jUndefName(name string) jv { return jv{k: jkUndef, s: name} }
 
 // jUndefAttr is the Undefined of a missing attribute or key name on obj.
 func jUndefAttr(obj jv, name string) jv {
-	return jv{k: jUndef, s: name, n: int64(obj.k) + 1}
+	return jv{k: jkUndef, s: name, n: int64(obj.k) + 1}
 }
 
 // jUndefElem is the Undefined of a missing element (non-string key) on obj.
 func jUndefElem(obj jv, key jv) jv {
-	return jv{k: jUndef, s: jRepr(key), n: int64(obj.k) + 1 | 1<<8}
+	return jv{k: jkUndef, s: jRepr(key), n: int64(obj.k) + 1 | 1<<8}
 }
 
 // jUndefHinted is an Undefined with a fixed message (jinja2's undefined(hint=...)).
 func jUndefHinted(msg string, security bool) jv {
-	return jv{k: jUndef, o: &jUndefHint{msg: msg, security: security}}
+	return jv{k: jkUndef, o: &jUndefHint{msg: msg, security: security}}
 }
 
 func (v jv) list() *jList    { return v.o.(*jList) }
 func (v jv) dict() *jDict    { return v.o.(*jDict) }
-func (v jv) isUndef() bool   { return v.k == jUndef }
-func (v jv) isSeq() bool     { return v.k == jList || v.k == jTuple }
-func (v jv) isNumber() bool  { return v.k == jBool || v.k == jInt || v.k == jBig || v.k == jFloat }
-func (v jv) isInteger() bool { return v.k == jBool || v.k == jInt || v.k == jBig }
+func (v jv) isUndef() bool   { return v.k == jkUndef }
+func (v jv) isSeq() bool     { return v.k == jkList || v.k == jkTuple }
+func (v jv) isNumber() bool  { return v.k == jkBool || v.k == jkInt || v.k == jkBig || v.k == jkFloat }
+func (v jv) isInteger() bool { return v.k == jkBool || v.k == jkInt || v.k == jkBig }
 
 // jUndefMessage is the text of the UndefinedError raised when an Undefined is used.
 func jUndefMessage(v jv) string {
@@ -145,42 +168,57 @@ func jUndefError(v jv) error {
 
 // jObjectTypeRepr mirrors jinja2.utils.object_type_repr.
 func jObjectTypeRepr(k jKind) string {
-	if k == jNone {
+	if k == jkNone {
 		return "None"
 	}
 	return jTypeName(k) + " object"
 }
 
+// jValueTypeName is type(v).__name__.
+func jValueTypeName(v jv) string {
+	switch v.k {
+	case jkGen:
+		return v.o.(*jGen).name
+	case jkView:
+		return v.o.(*jView).name
+	case jkFunc:
+		if c := v.o.(*jCallable); c.macro != nil {
+			return "Macro"
+		}
+	}
+	return jTypeName(v.k)
+}
+
 // jTypeName is the Python type name of a kind, as used in error messages.
 func jTypeName(k jKind) string {
 	switch k {
-	case jUndef:
+	case jkUndef:
 		return "Undefined"
-	case jNone:
+	case jkNone:
 		return "NoneType"
-	case jBool:
+	case jkBool:
 		return "bool"
-	case jInt, jBig:
+	case jkInt, jkBig:
 		return "int"
-	case jFloat:
+	case jkFloat:
 		return "float"
-	case jStr:
+	case jkStr:
 		return "str"
-	case jList:
+	case jkList:
 		return "list"
-	case jTuple:
+	case jkTuple:
 		return "tuple"
-	case jDict:
+	case jkDict:
 		return "dict"
-	case jNS:
+	case jkNS:
 		return "Namespace"
-	case jFunc:
+	case jkFunc:
 		return "function"
-	case jLoop:
+	case jkLoop:
 		return "LoopContext"
-	case jCycler:
+	case jkCycler:
 		return "Cycler"
-	case jJoiner:
+	case jkJoiner:
 		return "Joiner"
 	}
 	return "object"
@@ -192,9 +230,9 @@ func jNewDict(n int) *jDict { return &jDict{keys: make([]jv, 0, n), vals: make([
 
 // get looks a key up with Python dict semantics (1 == 1.0 == True).
 func (d *jDict) get(key jv) (jv, bool) {
-	if key.k == jStr {
+	if key.k == jkStr {
 		for i := range d.keys {
-			if d.keys[i].k == jStr && d.keys[i].s == key.s {
+			if d.keys[i].k == jkStr && d.keys[i].s == key.s {
 				return d.vals[i], true
 			}
 		}
@@ -210,7 +248,7 @@ func (d *jDict) get(key jv) (jv, bool) {
 
 func (d *jDict) getStr(key string) (jv, bool) {
 	for i := range d.keys {
-		if d.keys[i].k == jStr && d.keys[i].s == key {
+		if d.keys[i].k == jkStr && d.keys[i].s == key {
 			return d.vals[i], true
 		}
 	}
@@ -221,7 +259,7 @@ func (d *jDict) getStr(key string) (jv, bool) {
 // Only used while building a dict that nothing else references yet.
 func (d *jDict) set(key, val jv) {
 	for i := range d.keys {
-		if (key.k == jStr && d.keys[i].k == jStr && d.keys[i].s == key.s) || (key.k != jStr && jEqual(d.keys[i], key)) {
+		if (key.k == jkStr && d.keys[i].k == jkStr && d.keys[i].s == key.s) || (key.k != jkStr && jEqual(d.keys[i], key)) {
 			d.vals[i] = val
 			return
 		}
@@ -269,26 +307,28 @@ func (ns *jNamespace) set(name string, v jv) {
 // jTruthy is Python's bool(v).
 func jTruthy(v jv) bool {
 	switch v.k {
-	case jUndef, jNone:
+	case jkUndef, jkNone:
 		return false
-	case jBool, jInt:
+	case jkBool, jkInt:
 		return v.n != 0
-	case jBig:
+	case jkBig:
 		return true
-	case jFloat:
+	case jkFloat:
 		return v.f != 0
-	case jStr:
+	case jkStr:
 		return v.s != ""
-	case jList, jTuple:
+	case jkList, jkTuple:
 		return len(v.list().items) > 0
-	case jDict:
+	case jkDict:
 		return len(v.dict().keys) > 0
+	case jkView:
+		return len(v.o.(*jView).items) > 0
 	}
 	return true
 }
 
 func jBigOf(v jv) *big.Int {
-	if v.k == jBig {
+	if v.k == jkBig {
 		return v.o.(*big.Int)
 	}
 	return big.NewInt(v.n)
@@ -296,12 +336,12 @@ func jBigOf(v jv) *big.Int {
 
 // jNumCompare compares two numbers; ok is false when either is NaN.
 func jNumCompare(a, b jv) (c int, ok bool) {
-	if a.k == jFloat || b.k == jFloat {
+	if a.k == jkFloat || b.k == jkFloat {
 		var x, y float64
-		if a.k == jFloat && b.k == jFloat {
+		if a.k == jkFloat && b.k == jkFloat {
 			x, y = a.f, b.f
-		} else if a.k == jFloat {
-			if b.k == jBig {
+		} else if a.k == jkFloat {
+			if b.k == jkBig {
 				return -jBigFloatCompare(jBigOf(b), a.f), !math.IsNaN(a.f)
 			}
 			x, y = a.f, float64(b.n)
@@ -312,7 +352,7 @@ func jNumCompare(a, b jv) (c int, ok bool) {
 				return -jBigFloatCompare(big.NewInt(b.n), x), true
 			}
 		} else {
-			if a.k == jBig {
+			if a.k == jkBig {
 				return jBigFloatCompare(jBigOf(a), b.f), !math.IsNaN(b.f)
 			}
 			x, y = float64(a.n), b.f
@@ -334,7 +374,7 @@ func jNumCompare(a, b jv) (c int, ok bool) {
 		}
 		return 0, true
 	}
-	if a.k == jBig || b.k == jBig {
+	if a.k == jkBig || b.k == jkBig {
 		return jBigOf(a).Cmp(jBigOf(b)), true
 	}
 	switch {
@@ -368,11 +408,11 @@ func jEqual(a, b jv) bool {
 		return false
 	}
 	switch a.k {
-	case jUndef, jNone:
+	case jkUndef, jkNone:
 		return true
-	case jStr:
+	case jkStr:
 		return a.s == b.s
-	case jList, jTuple:
+	case jkList, jkTuple:
 		x, y := a.list().items, b.list().items
 		if len(x) != len(y) {
 			return false
@@ -383,7 +423,7 @@ func jEqual(a, b jv) bool {
 			}
 		}
 		return true
-	case jDict:
+	case jkDict:
 		x, y := a.dict(), b.dict()
 		if len(x.keys) != len(y.keys) {
 			return false
@@ -401,10 +441,10 @@ func jEqual(a, b jv) bool {
 
 // jCompare is Python's ordering (<, >, ...). It returns the sign of a-b.
 func jCompare(op string, a, b jv) (int, error) {
-	if a.k == jUndef {
+	if a.k == jkUndef {
 		return 0, jUndefError(a)
 	}
-	if b.k == jUndef {
+	if b.k == jkUndef {
 		return 0, jUndefError(b)
 	}
 	if a.isNumber() && b.isNumber() {
@@ -414,10 +454,10 @@ func jCompare(op string, a, b jv) (int, error) {
 		}
 		return c, nil
 	}
-	if a.k == jStr && b.k == jStr {
+	if a.k == jkStr && b.k == jkStr {
 		return strings.Compare(a.s, b.s), nil // UTF-8 byte order == code point order
 	}
-	if (a.k == jList && b.k == jList) || (a.k == jTuple && b.k == jTuple) {
+	if (a.k == jkList && b.k == jkList) || (a.k == jkTuple && b.k == jkTuple) {
 		x, y := a.list().items, b.list().items
 		for i := 0; i < len(x) && i < len(y); i++ {
 			if jEqual(x[i], y[i]) {
@@ -433,7 +473,7 @@ func jCompare(op string, a, b jv) (int, error) {
 		}
 		return 0, nil
 	}
-	return 0, jErrorf("TypeError", "'%s' not supported between instances of '%s' and '%s'", op, jTypeName(a.k), jTypeName(b.k))
+	return 0, jErrorf("TypeError", "'%s' not supported between instances of '%s' and '%s'", op, jValueTypeName(a), jValueTypeName(b))
 }
 
 // errNaNCompare marks a comparison involving NaN, which is false for every operator.
@@ -441,12 +481,12 @@ var errNaNCompare = &jError{kind: "nan"}
 
 // ---- str() and repr() ----
 
-// jStr is Python's str(v) (what {{ v }} prints).
+// jkStr is Python's str(v) (what {{ v }} prints).
 func jStr(v jv) string {
 	switch v.k {
-	case jStr:
+	case jkStr:
 		return v.s
-	case jUndef:
+	case jkUndef:
 		return ""
 	}
 	var b strings.Builder
@@ -454,29 +494,39 @@ func jStr(v jv) string {
 	return b.String()
 }
 
-func jWriteStr(b *strings.Builder, v jv) {
+func jWriteStr(b *strings.Builder, v jv) { jWriteStrD(b, v, 0) }
+
+// jMaxReprDepth bounds printing of nested (possibly self-referencing namespace) values;
+// Python would raise RecursionError, we print "...".
+const jMaxReprDepth = 500
+
+func jWriteStrD(b *strings.Builder, v jv, depth int) {
+	if depth > jMaxReprDepth {
+		b.WriteString("...")
+		return
+	}
 	switch v.k {
-	case jStr:
+	case jkStr:
 		b.WriteString(v.s)
-	case jUndef:
-	case jNone:
+	case jkUndef:
+	case jkNone:
 		b.WriteString("None")
-	case jBool:
+	case jkBool:
 		if v.n != 0 {
 			b.WriteString("True")
 		} else {
 			b.WriteString("False")
 		}
-	case jInt:
+	case jkInt:
 		var buf [24]byte
 		b.Write(strconv.AppendInt(buf[:0], v.n, 10))
-	case jBig:
+	case jkBig:
 		b.WriteString(v.o.(*big.Int).String())
-	case jFloat:
+	case jkFloat:
 		b.WriteString(jFloatRepr(v.f))
-	case jList, jTuple, jDict:
-		jWriteRepr(b, v)
-	case jNS:
+	case jkList, jkTuple, jkDict:
+		jWriteReprD(b, v, depth+1)
+	case jkNS:
 		b.WriteString("<Namespace {")
 		ns := v.o.(*jNamespace)
 		for i, k := range ns.keys {
@@ -485,10 +535,10 @@ func jWriteStr(b *strings.Builder, v jv) {
 			}
 			jWriteStrRepr(b, k)
 			b.WriteString(": ")
-			jWriteRepr(b, ns.vals[i])
+			jWriteReprD(b, ns.vals[i], depth+1)
 		}
 		b.WriteString("}>")
-	case jFunc:
+	case jkFunc:
 		c := v.o.(*jCallable)
 		if c.macro != nil {
 			b.WriteString("<Macro ")
@@ -499,7 +549,24 @@ func jWriteStr(b *strings.Builder, v jv) {
 			b.WriteString(c.name)
 			b.WriteString(">")
 		}
-	case jLoop:
+	case jkGen:
+		g := v.o.(*jGen)
+		if g.name == "generator" {
+			b.WriteString("<generator object " + g.fn + ">")
+		} else {
+			b.WriteString("<" + g.name + " object>")
+		}
+	case jkView:
+		w := v.o.(*jView)
+		b.WriteString(w.name + "([")
+		for i, it := range w.items {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			jWriteReprD(b, it, depth+1)
+		}
+		b.WriteString("])")
+	case jkLoop:
 		l := v.o.(*jLoopCtx)
 		b.WriteString("<LoopContext ")
 		b.WriteString(strconv.Itoa(l.index0 + 1))
@@ -508,7 +575,7 @@ func jWriteStr(b *strings.Builder, v jv) {
 		b.WriteString(">")
 	default:
 		b.WriteString("<")
-		b.WriteString(jTypeName(v.k))
+		b.WriteString(jValueTypeName(v))
 		b.WriteString(" object>")
 	}
 }
@@ -520,48 +587,54 @@ func jRepr(v jv) string {
 	return b.String()
 }
 
-func jWriteRepr(b *strings.Builder, v jv) {
+func jWriteRepr(b *strings.Builder, v jv) { jWriteReprD(b, v, 0) }
+
+func jWriteReprD(b *strings.Builder, v jv, depth int) {
+	if depth > jMaxReprDepth {
+		b.WriteString("...")
+		return
+	}
 	switch v.k {
-	case jStr:
+	case jkStr:
 		jWriteStrRepr(b, v.s)
-	case jUndef:
+	case jkUndef:
 		b.WriteString("Undefined")
-	case jList:
+	case jkList:
 		b.WriteByte('[')
 		for i, it := range v.list().items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteRepr(b, it)
+			jWriteReprD(b, it, depth+1)
 		}
 		b.WriteByte(']')
-	case jTuple:
+	case jkTuple:
 		items := v.list().items
 		b.WriteByte('(')
 		for i, it := range items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteRepr(b, it)
+			jWriteReprD(b, it, depth+1)
 		}
 		if len(items) == 1 {
 			b.WriteByte(',')
 		}
 		b.WriteByte(')')
-	case jDict:
+	case jkDict:
 		d := v.dict()
 		b.WriteByte('{')
 		for i := range d.keys {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteRepr(b, d.keys[i])
+			jWriteReprD(b, d.keys[i], depth+1)
 			b.WriteString(": ")
-			jWriteRepr(b, d.vals[i])
+			jWriteReprD(b, d.vals[i], depth+1)
 		}
 		b.WriteByte('}')
 	default:
-		jWriteStr(b, v)
+		jWriteStrD(b, v, depth)
 	}
 }
 
@@ -618,7 +691,7 @@ func jPyPrintable(r rune) bool {
 	if r == ' ' {
 		return true
 	}
-	return unicode.IsPrint(r) && r != 0xad
+	return unicode.IsPrint(r)
 }
 
 func jHex(v uint32, width int) string {
@@ -720,9 +793,9 @@ func jPyIsSpace(r rune) bool {
 	return unicode.IsSpace(r)
 }
 
-func jPyStrip(s string) string      { return strings.TrimFunc(s, jPyIsSpace) }
-func jPyLStrip(s string) string     { return strings.TrimLeftFunc(s, jPyIsSpace) }
-func jPyRStrip(s string) string     { return strings.TrimRightFunc(s, jPyIsSpace) }
+func jPyStrip(s string) string       { return strings.TrimFunc(s, jPyIsSpace) }
+func jPyLStrip(s string) string      { return strings.TrimLeftFunc(s, jPyIsSpace) }
+func jPyRStrip(s string) string      { return strings.TrimRightFunc(s, jPyIsSpace) }
 func jStripChars(s, c string) string { return strings.Trim(s, c) }
 
 // ---- list helpers ----
@@ -730,29 +803,33 @@ func jStripChars(s, c string) string { return strings.Trim(s, c) }
 // jIterate returns the items a Python for loop over v would produce.
 func jIterate(v jv) ([]jv, error) {
 	switch v.k {
-	case jList, jTuple:
+	case jkList, jkTuple:
 		return v.list().items, nil
-	case jDict:
+	case jkDict:
 		return v.dict().keys, nil
-	case jStr:
+	case jkStr:
 		return jStrChars(v.s), nil
-	case jUndef:
-		if h, ok := v.o.(*jUndefHint); ok && h.security {
-			return nil, jUndefError(v)
-		}
+	case jkUndef:
 		return nil, nil
-	case jNS:
+	case jkGen:
+		g := v.o.(*jGen)
+		rest := g.items[g.pos:]
+		g.pos = len(g.items)
+		return rest, nil
+	case jkView:
+		return v.o.(*jView).items, nil
+	case jkNS:
 		return nil, jErrorf("TypeError", "'Namespace' object is not iterable")
 	}
-	return nil, jErrorf("TypeError", "'%s' object is not iterable", jTypeName(v.k))
+	return nil, jErrorf("TypeError", "'%s' object is not iterable", jValueTypeName(v))
 }
 
 func jStrChars(s string) []jv {
 	out := make([]jv, 0, len(s))
-	for i, r := range s {
-		_ = r
+	for i := 0; i < len(s); {
 		_, size := utf8.DecodeRuneInString(s[i:])
 		out = append(out, jStrV(s[i:i+size]))
+		i += size
 	}
 	return out
 }
@@ -760,28 +837,30 @@ func jStrChars(s string) []jv {
 // jLen is Python's len(v).
 func jLen(v jv) (int, error) {
 	switch v.k {
-	case jStr:
+	case jkStr:
 		return jStrLen(v.s), nil
-	case jList, jTuple:
+	case jkList, jkTuple:
 		return len(v.list().items), nil
-	case jDict:
+	case jkDict:
 		return len(v.dict().keys), nil
-	case jUndef:
+	case jkUndef:
 		return 0, nil
-	case jNS:
+	case jkNS:
 		return len(v.o.(*jNamespace).keys), nil
-	case jLoop:
+	case jkLoop:
 		return len(v.o.(*jLoopCtx).items), nil
+	case jkView:
+		return len(v.o.(*jView).items), nil
 	}
-	return 0, jErrorf("TypeError", "object of type '%s' has no len()", jTypeName(v.k))
+	return 0, jErrorf("TypeError", "object of type '%s' has no len()", jValueTypeName(v))
 }
 
 // jHashable reports whether v can be a dict key.
 func jHashable(v jv) bool {
 	switch v.k {
-	case jList, jDict, jNS:
+	case jkList, jkDict, jkNS:
 		return false
-	case jTuple:
+	case jkTuple:
 		for _, it := range v.list().items {
 			if !jHashable(it) {
 				return false

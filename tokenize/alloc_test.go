@@ -1,0 +1,31 @@
+//go:build !race
+
+// The race detector makes sync.Pool drop items on purpose, so allocation counts are
+// only meaningful without it.
+
+package tokenize
+
+import "testing"
+
+// TestAppendEncodeAllocs checks that a warm AppendEncode into a large enough dst
+// allocates nothing.
+func TestAppendEncodeAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts need a quiet run")
+	}
+	texts := goldenTexts(t)
+	text := texts[len(texts)-1] // the long mixed text
+	for _, name := range []string{"llama3", "qwen2.5", "llama2", "phi3", "phi2"} {
+		tk := loadReal(t, name)
+		dst, err := tk.AppendEncode(nil, text, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(20, func() {
+			dst, _ = tk.AppendEncode(dst[:0], text, true)
+		})
+		if allocs > 0 {
+			t.Errorf("%s: AppendEncode allocates %.1f times per call", name, allocs)
+		}
+	}
+}

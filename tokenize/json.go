@@ -1,0 +1,636 @@
+package tokenize
+
+// An insertion-ordered JSON decoder producing chat-template values with the semantics of
+// Python's json.loads, which is what vLLM (FastAPI) applies to a request body:
+//
+//   - objects keep their keys in received order; a repeated key keeps the position of
+//     its first occurrence and the value of its last (dict(pairs));
+//   - integers are exact at any size (Python int), numbers with a fraction or exponent
+//     are float64 (1 stays 1, 1.0 stays 1.0, 1e400 is inf);
+//   - NaN, Infinity and -Infinity are accepted, as json.loads does;
+//   - raw control characters inside strings and invalid UTF-8 are errors.
+//
+// One deliberate difference: a lone UTF-16 surrogate escape ("\ud800") becomes U+FFFD,
+// because a Go string cannot hold it (Python keeps it and the engine's tokenizer then
+// rejects the text).
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+const jJSONMaxDepth = 1000
+
+type jJSONDecoder struct {
+	data  string
+	pos   int
+	depth int
+}
+
+// jDecodeJSON decodes one JSON document.
+func jDecodeJSON(data []byte) (jv, error) {
+	if !utf8.Valid(data) {
+		return jv{}, errors.New("json: invalid UTF-8")
+	}
+	d := &jJSONDecoder{data: string(data)}
+	d.skipWS()
+	v, err := d.value()
+	if err != nil {
+		return jv{}, err
+	}
+	d.skipWS()
+	if d.pos != len(d.data) {
+		return jv{}, d.errorf("Extra data")
+	}
+	return v, nil
+}
+
+func (d *jJSONDecoder) errorf(format string, args ...any) error {
+	return fmt.Errorf("json: %s at offset %d", fmt.Sprintf(format, args...), d.pos)
+}
+
+func (d *jJSONDecoder) skipWS() {
+	for d.pos < len(d.data) {
+		switch d.data[d.pos] {
+		case ' ', '\t', '\n', '\r':
+			d.pos++
+		default:
+			return
+		}
+	}
+}
+
+func (d *jJSONDecoder) value() (jv, error) {
+	if d.pos >= len(d.data) {
+		return jv{}, d.errorf("Expecting value")
+	}
+	switch c := d.data[d.pos]; {
+	case c == '{':
+		return d.object()
+	case c == '[':
+		return d.array()
+	case c == '"':
+		s, err := d.str()
+		if err != nil {
+			return jv{}, err
+		}
+		return jStrV(s), nil
+	case c == '-' || (c >= '0' && c <= '9'):
+		if strings.HasPrefix(d.data[d.pos:], "-Infinity") {
+			d.pos += len("-Infinity")
+			return jFloatV(math.Inf(-1)), nil
+		}
+		return d.number()
+	case strings.HasPrefix(d.data[d.pos:], "true"):
+		d.pos += 4
+		return jvTrue, nil
+	case strings.HasPrefix(d.data[d.pos:], "false"):
+		d.pos += 5
+		return jvFalse, nil
+	case strings.HasPrefix(d.data[d.pos:], "null"):
+		d.pos += 4
+		return jvNone, nil
+	case strings.HasPrefix(d.data[d.pos:], "NaN"):
+		d.pos += 3
+		return jFloatV(math.NaN()), nil
+	case strings.HasPrefix(d.data[d.pos:], "Infinity"):
+		d.pos += len("Infinity")
+		return jFloatV(math.Inf(1)), nil
+	}
+	return jv{}, d.errorf("Expecting value")
+}
+
+func (d *jJSONDecoder) enter() error {
+	d.depth++
+	if d.depth > jJSONMaxDepth {
+		return d.errorf("maximum nesting depth exceeded")
+	}
+	return nil
+}
+
+func (d *jJSONDecoder) object() (jv, error) {
+	if err := d.enter(); err != nil {
+		return jv{}, err
+	}
+	defer func() { d.depth-- }()
+	d.pos++ // {
+	dict := &jDict{}
+	var index map[string]int
+	d.skipWS()
+	if d.pos < len(d.data) && d.data[d.pos] == '}' {
+		d.pos++
+		return jDictV(dict), nil
+	}
+	for {
+		d.skipWS()
+		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
+			return jv{}, d.errorf("Expecting property name enclosed in double quotes")
+		}
+		key, err := d.str()
+		if err != nil {
+			return jv{}, err
+		}
+		d.skipWS()
+		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
+			return jv{}, d.errorf("Expecting ':' delimiter")
+		}
+		d.pos++
+		d.skipWS()
+		val, err := d.value()
+		if err != nil {
+			return jv{}, err
+		}
+		// a repeated key keeps its first position and takes the last value
+		dup := -1
+		if index != nil {
+			if i, ok := index[key]; ok {
+				dup = i
+			}
+		} else {
+			for i := range dict.keys {
+				if dict.keys[i].s == key {
+					dup = i
+					break
+				}
+			}
+		}
+		if dup >= 0 {
+			dict.vals[dup] = val
+		} else {
+			dict.keys = append(dict.keys, jStrV(key))
+			dict.vals = append(dict.vals, val)
+			if index != nil {
+				index[key] = len(dict.keys) - 1
+			} else if len(dict.keys) > 16 {
+				index = make(map[string]int, 2*len(dict.keys))
+				for i, k := range dict.keys {
+					index[k.s] = i
+				}
+			}
+		}
+		d.skipWS()
+		if d.pos >= len(d.data) {
+			return jv{}, d.errorf("Expecting ',' delimiter")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case '}':
+			d.pos++
+			return jDictV(dict), nil
+		default:
+			return jv{}, d.errorf("Expecting ',' delimiter")
+		}
+	}
+}
+
+func (d *jJSONDecoder) array() (jv, error) {
+	if err := d.enter(); err != nil {
+		return jv{}, err
+	}
+	defer func() { d.depth-- }()
+	d.pos++ // [
+	var items []jv
+	d.skipWS()
+	if d.pos < len(d.data) && d.data[d.pos] == ']' {
+		d.pos++
+		return jListV(items), nil
+	}
+	for {
+		d.skipWS()
+		v, err := d.value()
+		if err != nil {
+			return jv{}, err
+		}
+		items = append(items, v)
+		d.skipWS()
+		if d.pos >= len(d.data) {
+			return jv{}, d.errorf("Expecting ',' delimiter")
+		}
+		switch d.data[d.pos] {
+		case ',':
+			d.pos++
+		case ']':
+			d.pos++
+			return jListV(items), nil
+		default:
+			return jv{}, d.errorf("Expecting ',' delimiter")
+		}
+	}
+}
+
+func (d *jJSONDecoder) number() (jv, error) {
+	s := d.data
+	start := d.pos
+	i := start
+	if s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && s[i] >= '1' && s[i] <= '9':
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	default:
+		return jv{}, d.errorf("Expecting value")
+	}
+	isFloat := false
+	if i+1 < len(s) && s[i] == '.' && s[i+1] >= '0' && s[i+1] <= '9' {
+		isFloat = true
+		i += 2
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			i++
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		j := i + 1
+		if j < len(s) && (s[j] == '+' || s[j] == '-') {
+			j++
+		}
+		if j < len(s) && s[j] >= '0' && s[j] <= '9' {
+			isFloat = true
+			for j < len(s) && s[j] >= '0' && s[j] <= '9' {
+				j++
+			}
+			i = j
+		}
+	}
+	d.pos = i
+	text := s[start:i]
+	if isFloat {
+		f, err := jParseFloat(text)
+		if err != nil {
+			return jv{}, d.errorf("invalid number %s", text)
+		}
+		return jFloatV(f), nil
+	}
+	v, ok := jParseIntBase(text, 10)
+	if !ok {
+		return jv{}, d.errorf("invalid number %s", text)
+	}
+	return v, nil
+}
+
+// jParseFloat is Python's float() of a decimal literal: overflow gives ±inf.
+func jParseFloat(text string) (float64, error) {
+	f, err := strconv.ParseFloat(text, 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && ne.Err == strconv.ErrRange {
+			return f, nil
+		}
+		return 0, err
+	}
+	return f, nil
+}
+
+// jParseIntBase parses an optionally signed integer of any size.
+func jParseIntBase(text string, base int) (jv, bool) {
+	if n, err := strconv.ParseInt(text, base, 64); err == nil {
+		return jIntV(n), true
+	}
+	b, ok := new(big.Int).SetString(text, base)
+	if !ok {
+		return jv{}, false
+	}
+	return jBigV(b), true
+}
+
+func (d *jJSONDecoder) str() (string, error) {
+	s := d.data
+	d.pos++ // opening quote
+	start := d.pos
+	// fast path: no escapes
+	for i := start; i < len(s); i++ {
+		c := s[i]
+		if c == '"' {
+			d.pos = i + 1
+			return s[start:i], nil
+		}
+		if c == '\\' {
+			break
+		}
+		if c < 0x20 {
+			d.pos = i
+			return "", d.errorf("Invalid control character")
+		}
+	}
+	var b strings.Builder
+	i := start
+	for {
+		if i >= len(s) {
+			d.pos = start - 1
+			return "", d.errorf("Unterminated string starting")
+		}
+		c := s[i]
+		switch {
+		case c == '"':
+			d.pos = i + 1
+			return b.String(), nil
+		case c < 0x20:
+			d.pos = i
+			return "", d.errorf("Invalid control character")
+		case c != '\\':
+			b.WriteByte(c)
+			i++
+			continue
+		}
+		if i+1 >= len(s) {
+			d.pos = start - 1
+			return "", d.errorf("Unterminated string starting")
+		}
+		e := s[i+1]
+		i += 2
+		switch e {
+		case '"', '\\', '/':
+			b.WriteByte(e)
+		case 'b':
+			b.WriteByte('\b')
+		case 'f':
+			b.WriteByte('\f')
+		case 'n':
+			b.WriteByte('\n')
+		case 'r':
+			b.WriteByte('\r')
+		case 't':
+			b.WriteByte('\t')
+		case 'u':
+			r, ok := jHex4(s, i)
+			if !ok {
+				d.pos = i
+				return "", d.errorf("Invalid \\uXXXX escape")
+			}
+			i += 4
+			if utf16.IsSurrogate(r) {
+				if r < 0xdc00 && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
+					if r2, ok := jHex4(s, i+2); ok && r2 >= 0xdc00 && r2 <= 0xdfff {
+						r = utf16.DecodeRune(r, r2)
+						i += 6
+						b.WriteRune(r)
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			b.WriteRune(r)
+		default:
+			d.pos = i - 1
+			return "", d.errorf("Invalid \\escape")
+		}
+	}
+}
+
+func jHex4(s string, i int) (rune, bool) {
+	if i+4 > len(s) {
+		return 0, false
+	}
+	var r rune
+	for k := 0; k < 4; k++ {
+		c := s[i+k]
+		switch {
+		case c >= '0' && c <= '9':
+			r = r*16 + rune(c-'0')
+		case c|0x20 >= 'a' && c|0x20 <= 'f':
+			r = r*16 + rune(c|0x20-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// ---- encoding: Python json.dumps ----
+
+// jDumpOptions are the arguments of transformers' tojson filter (json.dumps with
+// ensure_ascii=False by default).
+type jDumpOptions struct {
+	ensureASCII bool
+	indent      *string // nil: no indentation
+	itemSep     string
+	keySep      string
+	sortKeys    bool
+}
+
+// jDumpJSON is json.dumps(v, ...).
+func jDumpJSON(v jv, opt *jDumpOptions) (string, error) {
+	var b strings.Builder
+	if err := jDump(&b, v, opt, 0); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+func jDump(b *strings.Builder, v jv, opt *jDumpOptions, level int) error {
+	switch v.k {
+	case jkNone:
+		b.WriteString("null")
+	case jkBool:
+		if v.n != 0 {
+			b.WriteString("true")
+		} else {
+			b.WriteString("false")
+		}
+	case jkInt:
+		b.WriteString(strconv.FormatInt(v.n, 10))
+	case jkBig:
+		b.WriteString(v.o.(*big.Int).String())
+	case jkFloat:
+		b.WriteString(jJSONFloat(v.f))
+	case jkStr:
+		jDumpString(b, v.s, opt.ensureASCII)
+	case jkList, jkTuple:
+		items := v.list().items
+		if len(items) == 0 {
+			b.WriteString("[]")
+			return nil
+		}
+		b.WriteByte('[')
+		for i, it := range items {
+			if i > 0 {
+				b.WriteString(opt.itemSep)
+			}
+			jDumpNewline(b, opt, level+1)
+			if err := jDump(b, it, opt, level+1); err != nil {
+				return err
+			}
+		}
+		jDumpNewline(b, opt, level)
+		b.WriteByte(']')
+	case jkDict:
+		d := v.dict()
+		if len(d.keys) == 0 {
+			b.WriteString("{}")
+			return nil
+		}
+		order := make([]int, len(d.keys))
+		for i := range order {
+			order[i] = i
+		}
+		keys := make([]string, len(d.keys))
+		for i, k := range d.keys {
+			switch k.k {
+			case jkStr:
+				keys[i] = k.s
+			case jkFloat:
+				keys[i] = jJSONFloat(k.f)
+			case jkInt, jkBig:
+				keys[i] = jStr(k)
+			case jkBool:
+				keys[i] = map[bool]string{true: "true", false: "false"}[k.n != 0]
+			case jkNone:
+				keys[i] = "null"
+			default:
+				return jErrorf("TypeError", "keys must be str, int, float, bool or None, not %s", jValueTypeName(k))
+			}
+		}
+		if opt.sortKeys {
+			for _, k := range d.keys {
+				if k.k != jkStr {
+					return jErrorf("TypeError", "'<' not supported between instances of '%s' and 'str'", jValueTypeName(k))
+				}
+			}
+			jSortInts(order, func(a, b int) bool { return keys[a] < keys[b] })
+		}
+		b.WriteByte('{')
+		for n, i := range order {
+			if n > 0 {
+				b.WriteString(opt.itemSep)
+			}
+			jDumpNewline(b, opt, level+1)
+			jDumpString(b, keys[i], opt.ensureASCII)
+			b.WriteString(opt.keySep)
+			if err := jDump(b, d.vals[i], opt, level+1); err != nil {
+				return err
+			}
+		}
+		jDumpNewline(b, opt, level)
+		b.WriteByte('}')
+	default:
+		return jErrorf("TypeError", "Object of type %s is not JSON serializable", jValueTypeName(v))
+	}
+	return nil
+}
+
+func jDumpNewline(b *strings.Builder, opt *jDumpOptions, level int) {
+	if opt.indent == nil {
+		return
+	}
+	b.WriteByte('\n')
+	for i := 0; i < level; i++ {
+		b.WriteString(*opt.indent)
+	}
+}
+
+// jJSONFloat is float.__repr__ with json's spellings of the non-finite values.
+func jJSONFloat(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	return jFloatRepr(f)
+}
+
+// jDumpString writes a JSON string the way json.dumps does.
+func jDumpString(b *strings.Builder, s string, ensureASCII bool) {
+	b.WriteByte('"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && (c < utf8.RuneSelf || !ensureASCII) {
+			i++
+			continue
+		}
+		b.WriteString(s[start:i])
+		if c >= utf8.RuneSelf {
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r >= 0x10000 {
+				r1, r2 := utf16.EncodeRune(r)
+				b.WriteString(`\u` + jHex(uint32(r1), 4) + `\u` + jHex(uint32(r2), 4))
+			} else {
+				b.WriteString(`\u` + jHex(uint32(r), 4))
+			}
+			i += size
+			start = i
+			continue
+		}
+		switch c {
+		case '"':
+			b.WriteString(`\"`)
+		case '\\':
+			b.WriteString(`\\`)
+		case '\n':
+			b.WriteString(`\n`)
+		case '\r':
+			b.WriteString(`\r`)
+		case '\t':
+			b.WriteString(`\t`)
+		case '\b':
+			b.WriteString(`\b`)
+		case '\f':
+			b.WriteString(`\f`)
+		default:
+			b.WriteString(`\u00` + jHex(uint32(c), 2))
+		}
+		i++
+		start = i
+	}
+	b.WriteString(s[start:])
+	b.WriteByte('"')
+}
+
+// jSortInts is a stable insertion/merge sort of indexes (Python's sort is stable).
+func jSortInts(a []int, less func(x, y int) bool) {
+	if len(a) < 2 {
+		return
+	}
+	tmp := make([]int, len(a))
+	jMergeSort(a, tmp, less)
+}
+
+func jMergeSort(a, tmp []int, less func(x, y int) bool) {
+	if len(a) <= 12 {
+		for i := 1; i < len(a); i++ {
+			for j := i; j > 0 && less(a[j], a[j-1]); j-- {
+				a[j], a[j-1] = a[j-1], a[j]
+			}
+		}
+		return
+	}
+	m := len(a) / 2
+	jMergeSort(a[:m], tmp[:m], less)
+	jMergeSort(a[m:], tmp[m:], less)
+	copy(tmp, a)
+	i, j, k := 0, m, 0
+	for i < m && j < len(a) {
+		if less(tmp[j], tmp[i]) {
+			a[k] = tmp[j]
+			j++
+		} else {
+			a[k] = tmp[i]
+			i++
+		}
+		k++
+	}
+	for i < m {
+		a[k] = tmp[i]
+		i++
+		k++
+	}
+	for j < len(a) {
+		a[k] = tmp[j]
+		j++
+		k++
+	}
+}
