@@ -175,6 +175,21 @@ var normUnknown = &unicode.RangeTable{
 	},
 }
 
+// appendForm appends f(s) to dst. (norm.Form.AppendString(dst, s) would return
+// f(dst + s), normalizing across the boundary into bytes that belong to other pieces,
+// and it allocates its reorder buffer on every call; the pooled iterator does neither.)
+func appendForm(st *encScratch, f norm.Form, dst []byte, s string) []byte {
+	if s == "" {
+		return dst
+	}
+	it := &st.normIter
+	it.InitString(f, s)
+	for !it.Done() {
+		dst = append(dst, it.Next()...)
+	}
+	return dst
+}
+
 func (n formNormalizer) normalize(st *encScratch, p piece) piece {
 	if n.f.QuickSpanString(p.s) == len(p.s) { // (IsNormalString allocates)
 		return p
@@ -186,13 +201,13 @@ func (n formNormalizer) normalize(st *encScratch, p piece) piece {
 	for i := 0; i < len(p.s); {
 		r, size := runeAt(p.s, i)
 		if r >= 0x300 && unicode.Is(normUnknown, r) {
-			st.arena = n.f.AppendString(st.arena, p.s[prev:i])
+			st.arena = appendForm(st, n.f, st.arena, p.s[prev:i])
 			st.arena = append(st.arena, p.s[i:i+size]...)
 			prev = i + size
 		}
 		i += size
 	}
-	st.arena = n.f.AppendString(st.arena, p.s[prev:])
+	st.arena = appendForm(st, n.f, st.arena, p.s[prev:])
 	q := piece{s: st.str(off), orig0: p.orig0}
 	if st.track && p.zp > 0 {
 		// The characters derived from the zero-aligned prefix, extended over the

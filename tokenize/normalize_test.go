@@ -91,3 +91,13 @@ func TestNormUnknown(t *testing.T) {
 		}
 	}
 }
+
+// TestFormNormalizerBoundary: normalizing a piece must not touch the text already in
+// the arena (earlier pieces), even when the piece starts with a combining mark.
+func TestFormNormalizerBoundary(t *testing.T) {
+	st := &encScratch{arena: []byte("e")}
+	got := formNormalizer{nfkc}.normalize(st, piece{s: "\u0301\ufb01"})
+	if got.s != "\u0301fi" || string(st.arena[:1]) != "e" {
+		t.Errorf("got %+q, arena %+q", got.s, st.arena)
+	}
+}

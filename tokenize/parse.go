@@ -639,7 +639,6 @@ func (r *jsonReader) skip(depth int) error {
 
 // number consumes a JSON number.
 func (r *jsonReader) number() error {
-	start := r.pos
 	if r.peek() == '-' {
 		r.pos++
 	}
@@ -670,6 +669,5 @@ func (r *jsonReader) number() error {
 			return r.errorf("invalid number")
 		}
 	}
-	_ = start
 	return nil
 }

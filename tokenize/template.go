@@ -388,7 +388,9 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 		return "", err
 	}
 	if !tpl.supportsDeveloper {
-		conv = jConvertDeveloper(conv)
+		if conv, err = jConvertDeveloper(conv); err != nil {
+			return "", err
+		}
 	}
 	if len(conv) == 0 {
 		return "", jUserErrorf("list index out of range")
@@ -557,8 +559,14 @@ func jBuildConversation(msgs []jv, format jContentFormat) ([]jv, error) {
 							nonText = true
 							break
 						}
-						x, _ := it.dict().getStr("text")
-						texts = append(texts, jStr(x))
+						x, ok := it.dict().getStr("text")
+						if !ok {
+							x = jvEmptyStr
+						}
+						if x.k != jkStr {
+							return nil, jUserErrorf("sequence item %d: expected str instance, %s found", len(texts), jValueTypeName(x))
+						}
+						texts = append(texts, x.s)
 					}
 				}
 				if !nonText {
@@ -661,7 +669,9 @@ func jParseContentParts(parts []jv, format jContentFormat, msgIdx int) (jv, erro
 			return jv{}, jUserErrorf("Unsupported chat content part type: %s.", jPyQuote(typ.s))
 		}
 		if text.k == jkUndef || text.k == jkNone {
-			if typ.s == "thinking" && wrap {
+			// vLLM skips empty text and refusal parts; the other text-like types
+			// become {"type": "text", "text": None} (openai) or are dropped (string)
+			if typ.s != "text" && typ.s != "refusal" && wrap {
 				d := jNewDict(2)
 				d.appendNew("type", jStrV("text"))
 				d.appendNew("text", jvNone)
@@ -743,7 +753,7 @@ func jDecodeArguments(a jv) jv {
 
 // jConvertDeveloper turns developer messages into system messages and merges the
 // system messages into one leading message, for templates without a developer role.
-func jConvertDeveloper(conv []jv) []jv {
+func jConvertDeveloper(conv []jv) ([]jv, error) {
 	has := false
 	for _, m := range conv {
 		if r, _ := m.dict().getStr("role"); r.s == "developer" {
@@ -752,7 +762,7 @@ func jConvertDeveloper(conv []jv) []jv {
 		}
 	}
 	if !has {
-		return conv
+		return conv, nil
 	}
 	converted := make([]jv, len(conv))
 	for i, m := range conv {
@@ -796,7 +806,10 @@ func jConvertDeveloper(conv []jv) []jv {
 				switch p.k {
 				case jkDict:
 					if t, ok := p.dict().getStr("text"); ok {
-						parts = append(parts, jStr(t))
+						if t.k != jkStr {
+							return nil, jUserErrorf("sequence item %d: expected str instance, %s found", len(parts), jValueTypeName(t))
+						}
+						parts = append(parts, t.s)
 					}
 				case jkStr:
 					parts = append(parts, p.s)
@@ -809,12 +822,12 @@ func jConvertDeveloper(conv []jv) []jv {
 		}
 	}
 	if !needs {
-		return converted
+		return converted, nil
 	}
 	merged := jNewDict(2)
 	merged.appendNew("role", jStrV("system"))
 	merged.appendNew("content", jStrV(strings.Join(contents, "\n\n")))
-	return append([]jv{jDictV(merged)}, rest...)
+	return append([]jv{jDictV(merged)}, rest...), nil
 }
 
 // jNormalizeTools is [ChatCompletionToolsParam(**t).model_dump() for t in tools].

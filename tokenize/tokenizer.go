@@ -10,6 +10,8 @@ import (
 	"sync"
 	"unicode/utf8"
 	"unsafe"
+
+	"golang.org/x/text/unicode/norm"
 )
 
 // Tokenizer encodes text as a Hugging Face tokenizer.json does. Safe for concurrent use.
@@ -192,6 +194,7 @@ type encScratch struct {
 	runes    []rune
 	runeOffs []int
 	body     []uint32
+	normIter norm.Iter
 	// BPE
 	syms  []uint32
 	pairs []uint64
