@@ -380,6 +380,7 @@ function pipelines() {
     added_tokens: blAdded,
   });
   add('bl_template_two_sequences', 'bl', {
+    maxTexts: 12, // every case lists its ids twice
     pre_tokenizer: byteLevel(false, true),
     post_processor: tmpl(['$A', '<|endoftext|>', '$A'], { '<|endoftext|>': [0] }),
     added_tokens: blAdded,
@@ -555,7 +556,7 @@ async function main() {
   const fixtureTexts = TEXTS.filter((t) => t.length < 1000);
   for (const p of P) {
     const tok = Tokenizer.fromString(JSON.stringify(assemble(p, models)));
-    const g = await golden('fixture_' + p.name, tok, fixtureTexts);
+    const g = await golden('fixture_' + p.name, tok, fixtureTexts.slice(0, p.maxTexts || fixtureTexts.length));
     total += g.cases.length;
   }
   const uc = unicodeClasses();
