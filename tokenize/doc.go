@@ -12,14 +12,15 @@
 //   - chat templates: rendering chat messages to a prompt string the way vLLM does
 //     (Jinja templates with the transformers environment).
 //   - the model registry: which tokenizer and template serve which model name.
-//   - fallbacks: what to do when a model's tokenizer is unsupported or missing (callers
-//     route without prefix-cache affinity rather than with wrong ids).
+//   - fallbacks: what to do when a model's tokenizer is unsupported or missing
+//     (tokenize on a worker through vLLM's /tokenize, or an approximate path), rather
+//     than route with wrong ids.
 //
-// It must not touch routing, the KV-block index, or HTTP serving: it is a library from
-// (model files, request text) to token ids, with no network access and no global
-// mutable state (only read-only tables built at init). A [Tokenizer] is immutable after
-// [Parse] except for its word cache and scratch-buffer pool, and is safe for concurrent
-// use.
+// It must not touch routing, the KV-block index, or HTTP serving: it maps (model files,
+// request text) to token ids. It has no global mutable state (only read-only tables
+// built at init); its only network use is the remote-tokenize fallback, as a client. A
+// [Tokenizer] is immutable after [Parse] except for its word cache and scratch-buffer
+// pool, and is safe for concurrent use.
 //
 // The reference is `tokenizers` 0.23.2; testdata/golden holds its ids for real and
 // synthetic tokenizer files (regenerate with testdata/golden/gen.js). Where Go's

@@ -469,7 +469,7 @@ func jContinueFinal(rendered string, last jv) (string, error) {
 			}
 			if t, ok := items[i].dict().getStr("text"); ok {
 				if t.k != jkStr {
-					return "", jUserErrorf("continue_final_message: the final text block is not a string")
+					return "", jUserErrorf("'%s' object has no attribute 'strip'", jValueTypeName(t))
 				}
 				final, found = t.s, true
 				break

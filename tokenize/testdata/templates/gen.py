@@ -17,6 +17,7 @@ transcription of the request handling vLLM applies before rendering:
     continue_final_message trimming).
 
 Run from anywhere:  python3 tokenize/testdata/templates/gen.py
+(or with --random SEED COUNT OUT.json for a randomized matrix; see write_random).
 Needs jinja2 >= 3.1 and pydantic >= 2. Reads the real templates from
 ../shared/tokenizers/{llama3,qwen2.5,qwen3,phi3} (relative to the repository root; they
 are never copied) and writes golden.json and jinja_golden.json next to this script.
@@ -785,7 +786,116 @@ def write_jinja_golden():
     print("jinja_golden.json: %d cases" % len(cases))
 
 
+# ---------------------------------------------------------------- randomized differential matrix
+
+def write_random(seed, count, path):
+    """A randomized matrix in golden.json's format, for a wider differential test:
+    python3 gen.py --random SEED COUNT /tmp/rand.json
+    KVGATE_TEMPLATE_GOLDEN=/tmp/rand.json go test -run TestChatTemplateGolden ./tokenize/
+    """
+    import random
+    rnd = random.Random(seed)
+    templates = build_templates()
+    words = ["hello", "Zürich", "naïve", "  spaced  ", "\n", "<think>", "</think>", "tab\t", "😀", "\"q\"", "'s",
+             "{{ x }}", "{%", "a\\b", "", " ", "<tool_response>", "</tool_response>", "ünï", "\u2028", "end"]
+
+    def text():
+        return "".join(rnd.choice(words) for _ in range(rnd.randint(0, 6)))
+
+    def content():
+        r = rnd.random()
+        if r < 0.6:
+            return text()
+        if r < 0.7:
+            return None
+        parts = []
+        for _ in range(rnd.randint(0, 3)):
+            q = rnd.random()
+            if q < 0.6:
+                parts.append({"type": "text", "text": text()})
+            elif q < 0.75:
+                parts.append(text())
+            elif q < 0.8:
+                parts.append({"type": "input_text", "text": text()})
+            elif q < 0.85:
+                parts.append(rnd.choice([{"type": "input_text"}, {"type": "thinking", "thinking": None},
+                                         {"type": "refusal", "refusal": text()}, {"type": "output_text", "text": None}]))
+            else:
+                parts.append({"type": "text", "text": None})
+        return parts
+
+    def arguments():
+        r = rnd.random()
+        if r < 0.5:
+            return json.dumps({"city": text(), "n": rnd.randint(-5, 5), "f": rnd.choice([1.5, 2.0, 1e20]),
+                               "l": [text(), None, True]}, ensure_ascii=rnd.random() < 0.5)
+        if r < 0.7:
+            return {"k": text()}
+        if r < 0.8:
+            return "not json"
+        if r < 0.9:
+            return ""
+        return None
+
+    def message():
+        role = rnd.choice(["user", "assistant", "system", "tool", "user", "assistant", "developer"])
+        m = {"role": role, "content": content()}
+        if role == "assistant" and rnd.random() < 0.4:
+            calls = []
+            for j in range(rnd.randint(0, 2)):
+                c = {"id": "c%d" % j, "type": "function",
+                     "function": {"name": rnd.choice(["get_weather", "search_docs"]), "arguments": arguments()}}
+                if c["function"]["arguments"] is None:
+                    del c["function"]["arguments"]
+                calls.append(c)
+            m["tool_calls"] = calls
+        if role == "assistant" and rnd.random() < 0.3:
+            m[rnd.choice(["reasoning", "reasoning_content"])] = text()
+        if role == "tool" and rnd.random() < 0.7:
+            m["tool_call_id"] = "c0"
+        if rnd.random() < 0.1:
+            m["name"] = text()
+        return m
+
+    names = [n for n in templates if not n.startswith("dir_")] + ["dir_multi"]
+    tools_json = json.dumps(TOOLS, ensure_ascii=False)
+    docs_json = json.dumps(DOCUMENTS, ensure_ascii=False)
+    requests, cases = {}, []
+    for i in range(count):
+        key = "r%d" % i
+        requests[key] = json.dumps([message() for _ in range(rnd.randint(1, 6))], ensure_ascii=rnd.random() < 0.3)
+        agp = rnd.random() < 0.7
+        c = {"template": rnd.choice(names), "messages": key, "add_generation_prompt": agp,
+             "continue_final_message": (not agp) and rnd.random() < 0.3,
+             "tools": rnd.random() < 0.3, "documents": rnd.random() < 0.1}
+        if rnd.random() < 0.2:
+            c["kwargs"] = json.dumps(rnd.choice([{"enable_thinking": False}, {"enable_thinking": True},
+                                                 {"bos_token": "B"}, {"add_generation_prompt": not agp}]))
+        req = {"messages": requests[key], "add_generation_prompt": agp,
+               "continue_final_message": c["continue_final_message"]}
+        if c["tools"]:
+            req["tools"] = tools_json
+        if c["documents"]:
+            req["documents"] = docs_json
+        if "kwargs" in c:
+            req["kwargs"] = c["kwargs"]
+        t = templates[c["template"]]
+        try:
+            c["output"] = vllm_render(t["templates"], t["special"], req)
+        except Exception as e:
+            c["error"] = str(e)
+            c["error_type"] = type(e).__name__
+        cases.append(c)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"templates": {n: t["ref"] for n, t in templates.items()}, "messages": requests,
+                   "tools": tools_json, "documents": docs_json, "cases": cases}, f, ensure_ascii=False)
+    print("%s: %d random cases" % (path, len(cases)))
+
+
 if __name__ == "__main__":
     if not os.path.isdir(SHARED):
         sys.exit("missing %s: the real tokenizer files are needed" % SHARED)
-    main()
+    if len(sys.argv) == 5 and sys.argv[1] == "--random":
+        write_random(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        main()
