@@ -57,10 +57,24 @@ package tokenize
 //     conflation is in Value itself and cannot be fixed from filters, tests or globals.
 //
 // The interpreter covers the jinja2 grammar and the builtins chat templates use; see
-// template_builtins.go for what is left out. Deviations from vLLM: image/audio/video
-// content parts are errors; lone UTF-16 surrogates in request JSON become U+FFFD;
-// strftime_now uses the router's clock and local time zone; processor chat templates
-// (chat_template.json of multimodal models) are not read.
+// template_builtins.go for what is left out. It is checked byte for byte against Python
+// jinja2 by testdata/templates/gen.py (golden.json: real and synthetic templates x
+// conversations; jinja_golden.json: interpreter conformance; --random: a randomized
+// differential matrix).
+//
+// Deviations from vLLM, all deliberate:
+//   - image/audio/video content parts are errors (text-only models);
+//   - lone UTF-16 surrogates in request JSON become U+FFFD;
+//   - strftime_now uses the router's clock and local time zone;
+//   - processor chat templates (chat_template.json of multimodal models), vLLM's
+//     built-in fallback templates and additional_special_tokens are not used;
+//   - where vLLM versions differ, the newest behaviour is reproduced (invalid tool-call
+//     arguments -> {} instead of an error, empty tool_calls dropped, developer -> system,
+//     tool content lists joined), plus reasoning_content as in 0.10/0.11;
+//   - request validation is more lenient than vLLM's pydantic models (e.g. a tool call
+//     without "id", non-string document fields render instead of being refused);
+//   - macro recursion is limited to 200 levels and a render to 5,000,000 loop iterations
+//     and macro calls (Python's limit is its recursion depth only).
 
 import (
 	"encoding/json"
@@ -167,6 +181,11 @@ func (c *ChatTemplate) withClock(now func() time.Time) *ChatTemplate {
 // sep/cls/mask_token) from tokenizer_config.json (string or {"content": ...} form).
 // It returns ErrNoChatTemplate (wrapped) when the model has none.
 func LoadChatTemplate(dir string) (*ChatTemplate, error) {
+	if st, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("load chat template: %w", err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("load chat template: %s is not a directory", dir)
+	}
 	var special []jGlobal
 	named := map[string]string{}
 	defaultSrc, haveDefault := "", false

@@ -96,11 +96,15 @@ func tplGoldenTemplate(t testing.TB, g *tplGoldenFile, name string) *ChatTemplat
 // conversations x flags) and compares byte for byte with Python Jinja2 + the vLLM
 // request handling transcribed in gen.py.
 func TestChatTemplateGolden(t *testing.T) {
-	tplRequireShared(t)
 	g := tplLoadGolden(t)
+	_, sharedErr := os.Stat(tplShared)
 	templates := map[string]*ChatTemplate{}
-	matched := 0
+	matched, skipped := 0, 0
 	for i, c := range g.Cases {
+		if g.Templates[c.Template].Model != "" && sharedErr != nil {
+			skipped++ // the real templates live in ../shared/tokenizers
+			continue
+		}
 		tpl := templates[c.Template]
 		if tpl == nil {
 			tpl = tplGoldenTemplate(t, g, c.Template)
@@ -145,7 +149,10 @@ func TestChatTemplateGolden(t *testing.T) {
 		}
 		matched++
 	}
-	t.Logf("%d/%d golden cases match", matched, len(g.Cases))
+	t.Logf("%d/%d golden cases match", matched, len(g.Cases)-skipped)
+	if skipped > 0 {
+		t.Logf("skipped %d cases of real models: %s not found", skipped, tplShared)
+	}
 }
 
 func tplFirstDiff(got, want string) string {
@@ -280,8 +287,8 @@ func TestLoadChatTemplate(t *testing.T) {
 	if _, err := LoadChatTemplate("testdata/templates/models/none"); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("no template: got %v, want ErrNoChatTemplate", err)
 	}
-	if _, err := LoadChatTemplate("testdata/templates/models/does-not-exist"); !errors.Is(err, ErrNoChatTemplate) {
-		t.Errorf("missing dir: got %v, want ErrNoChatTemplate", err)
+	if _, err := LoadChatTemplate("testdata/templates/models/does-not-exist"); err == nil || errors.Is(err, ErrNoChatTemplate) {
+		t.Errorf("missing dir: got %v, want a file-system error", err)
 	}
 }
 

@@ -138,7 +138,6 @@ func jUndefHinted(msg string, security bool) jv {
 
 func (v jv) list() *jList    { return v.o.(*jList) }
 func (v jv) dict() *jDict    { return v.o.(*jDict) }
-func (v jv) isUndef() bool   { return v.k == jkUndef }
 func (v jv) isSeq() bool     { return v.k == jkList || v.k == jkTuple }
 func (v jv) isNumber() bool  { return v.k == jkBool || v.k == jkInt || v.k == jkBig || v.k == jkFloat }
 func (v jv) isInteger() bool { return v.k == jkBool || v.k == jkInt || v.k == jkBig }
@@ -267,8 +266,6 @@ func (d *jDict) set(key, val jv) {
 	d.keys = append(d.keys, key)
 	d.vals = append(d.vals, val)
 }
-
-func (d *jDict) setStr(key string, val jv) { d.set(jStrV(key), val) }
 
 // appendNew appends a key known not to be present.
 func (d *jDict) appendNew(key string, val jv) {
@@ -793,10 +790,9 @@ func jPyIsSpace(r rune) bool {
 	return unicode.IsSpace(r)
 }
 
-func jPyStrip(s string) string       { return strings.TrimFunc(s, jPyIsSpace) }
-func jPyLStrip(s string) string      { return strings.TrimLeftFunc(s, jPyIsSpace) }
-func jPyRStrip(s string) string      { return strings.TrimRightFunc(s, jPyIsSpace) }
-func jStripChars(s, c string) string { return strings.Trim(s, c) }
+func jPyStrip(s string) string  { return strings.TrimFunc(s, jPyIsSpace) }
+func jPyLStrip(s string) string { return strings.TrimLeftFunc(s, jPyIsSpace) }
+func jPyRStrip(s string) string { return strings.TrimRightFunc(s, jPyIsSpace) }
 
 // ---- list helpers ----
 
