@@ -263,25 +263,6 @@ func (mc *ModelConfig) normalize() error {
 	return nil
 }
 
-// Models returns the served model names, adapters included, sorted.
-func (r *Registry) Models() []string {
-	names := make([]string, 0, len(r.models))
-	for n := range r.models {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
-}
-
-// BlockSize returns the block size of a served model, and whether it is known.
-func (r *Registry) BlockSize(name string) (int, bool) {
-	m := r.models[name]
-	if m == nil {
-		return 0, false
-	}
-	return m.cfg.BlockSize, true
-}
-
 // Tokenize turns a prompt into tokens (or pseudo-blocks), trying the
 // model's paths in order. A chat template's own error (*TemplateError) and
 // a malformed request end the attempt: every engine would refuse them too.
@@ -290,7 +271,7 @@ func (r *Registry) Tokenize(ctx context.Context, req Request) (Result, error) {
 	if m == nil {
 		return Result{}, fmt.Errorf("%w %q", ErrUnknownModel, req.Model)
 	}
-	res := Result{Model: m.cfg.Name, LoRA: "", BlockSize: m.cfg.BlockSize}
+	res := Result{Model: m.cfg.Name, BlockSize: m.cfg.BlockSize}
 	if base, ok := r.lora[req.Model]; ok {
 		res.Model, res.LoRA = base, req.Model
 	}

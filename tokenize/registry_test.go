@@ -153,7 +153,6 @@ func TestNewRegistryErrors(t *testing.T) {
 // tokenizer gives (as an engine with the same tokenizer would), after
 // checking the request has vLLM's shape, or fails with status fail.
 type fakeVLLM struct {
-	t    *testing.T
 	reg  *Registry // local-only registry of the same model
 	fail int
 
@@ -202,10 +201,10 @@ func TestRegistryPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	engine := &fakeVLLM{t: t, reg: local}
+	engine := &fakeVLLM{reg: local}
 	up := httptest.NewServer(engine)
 	defer up.Close()
-	down := httptest.NewServer(&fakeVLLM{t: t, reg: local, fail: http.StatusServiceUnavailable})
+	down := httptest.NewServer(&fakeVLLM{reg: local, fail: http.StatusServiceUnavailable})
 	defer down.Close()
 
 	reg := prometheus.NewRegistry()
@@ -265,7 +264,7 @@ func TestRegistryPaths(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if res.Path != tc.path || res.Model != tc.model || res.LoRA != tc.lora || res.BlockSize != 4 && tc.model != "approx" {
+			if res.Path != tc.path || res.Model != tc.model || res.LoRA != tc.lora || res.BlockSize != 4 {
 				t.Fatalf("result %+v, want path %s model %s lora %q", res, tc.path, tc.model, tc.lora)
 			}
 			if !slices.Equal(res.Tokens, tc.tokens) || len(res.Approx) != tc.approxLen {

@@ -346,17 +346,8 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 		return jv{}, false, err
 	}
 	if first.k != jkStr {
-		acc := first
-		for i := len(chain) - 2; i >= 0; i-- {
-			r, err := e.eval(chain[i], s)
-			if err != nil {
-				return jv{}, false, err
-			}
-			if acc, err = jAdd(acc, r); err != nil {
-				return jv{}, false, err
-			}
-		}
-		return acc, false, nil
+		acc, err := e.addRest(first, chain[:len(chain)-1], s)
+		return acc, false, err
 	}
 	if direct {
 		start := len(e.buf)
@@ -375,16 +366,8 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 				if acc, err = jAdd(acc, r); err != nil {
 					return jv{}, false, err
 				}
-				for i--; i >= 0; i-- {
-					r, err := e.eval(chain[i], s)
-					if err != nil {
-						return jv{}, false, err
-					}
-					if acc, err = jAdd(acc, r); err != nil {
-						return jv{}, false, err
-					}
-				}
-				return acc, false, nil
+				acc, err = e.addRest(acc, chain[:i], s)
+				return acc, false, err
 			}
 			if err := e.write(r.s); err != nil {
 				return jv{}, false, err
@@ -405,16 +388,8 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 			if acc, err = jAdd(acc, r); err != nil {
 				return jv{}, false, err
 			}
-			for i--; i >= 0; i-- {
-				r, err := e.eval(chain[i], s)
-				if err != nil {
-					return jv{}, false, err
-				}
-				if acc, err = jAdd(acc, r); err != nil {
-					return jv{}, false, err
-				}
-			}
-			return acc, false, nil
+			acc, err = e.addRest(acc, chain[:i], s)
+			return acc, false, err
 		}
 		strs = append(strs, r.s)
 		n += len(r.s)
@@ -431,6 +406,21 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 		b.WriteString(p)
 	}
 	return jStrV(b.String()), false, nil
+}
+
+// addRest adds the operands of rest (reversed, as chain is: the last
+// element is the next operand) to acc one by one, left to right.
+func (e *jEval) addRest(acc jv, rest []jExpr, s *jScope) (jv, error) {
+	for i := len(rest) - 1; i >= 0; i-- {
+		r, err := e.eval(rest[i], s)
+		if err != nil {
+			return jv{}, err
+		}
+		if acc, err = jAdd(acc, r); err != nil {
+			return jv{}, err
+		}
+	}
+	return acc, nil
 }
 
 // ---- for loops ----
