@@ -54,7 +54,7 @@ type EngineConfig struct {
 	NumBlocks        int     // KV cache blocks per rank (8192)
 	MaxNumSeqs       int     // running requests per rank (256)
 	MaxBatchedTokens int     // tokens computed per step (8192)
-	MaxModelLen      int     // prompt + output tokens per request (32768)
+	MaxModelLen      int     // prompt + output tokens per request (32768, or what the cache holds if less)
 	Watermark        float64 // fraction of blocks kept free when admitting (0.01)
 	VocabSize        int     // output token ids are drawn from [0, VocabSize) (32000)
 	Timing           Timing  // zero: DefaultTiming
@@ -73,7 +73,7 @@ func (c *EngineConfig) normalize() error {
 	def(&c.NumBlocks, 8192)
 	def(&c.MaxNumSeqs, 256)
 	def(&c.MaxBatchedTokens, 8192)
-	def(&c.MaxModelLen, 32768)
+	def(&c.MaxModelLen, min(32768, c.NumBlocks*c.BlockSize))
 	def(&c.VocabSize, 32000)
 	if c.Watermark == 0 {
 		c.Watermark = 0.01
@@ -306,6 +306,15 @@ func (r *Rank) ResetPrefixCache() bool {
 		r.signal()
 	}
 	return ok
+}
+
+// cachedPrefix returns how many leading full blocks of tokens (for the
+// adapter lora) the prefix cache holds.
+func (r *Rank) cachedPrefix(tokens []uint32, lora string) int {
+	hashes := chainHashes(nil, 0, lora, tokens, r.cfg.BlockSize)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.cache.lookup(hashes))
 }
 
 // end finishes s with err (nil: completed), freeing its blocks. r.mu held.

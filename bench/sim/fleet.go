@@ -341,6 +341,23 @@ func (w *Worker) EventEndpoints() []string { return w.events }
 // ReplayEndpoints returns each rank's replay endpoint ("" without replay).
 func (w *Worker) ReplayEndpoints() []string { return w.replays }
 
+// WaitSubscribed waits until every rank's publisher has a subscriber, so
+// that no live batch is published before a router listens.
+func (w *Worker) WaitSubscribed(ctx context.Context) error {
+	for r, rk := range w.ranks {
+		rk.mu.Lock()
+		pub := rk.pub
+		rk.mu.Unlock()
+		if pub == nil {
+			return fmt.Errorf("worker %d rank %d: stopped", w.ID, r)
+		}
+		if err := pub.WaitSubscribed(ctx); err != nil {
+			return fmt.Errorf("worker %d rank %d: %w", w.ID, r, err)
+		}
+	}
+	return nil
+}
+
 // Restart simulates an engine restart: every request in flight fails with
 // ErrRestarted, the caches empty without events, and the publishers are
 // replaced by new ones on the same ports, numbering batches from 0 again.
