@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
@@ -134,6 +135,9 @@ type Fleet struct {
 	workers []*Worker
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Worker is one simulated engine process: an OpenAI-compatible HTTP server
@@ -148,6 +152,7 @@ type Worker struct {
 	srv   *http.Server
 	ln    net.Listener
 	m     *workerMetrics
+	ids   atomic.Uint64 // response ids
 
 	events, replays []string // per rank
 	pubCfg          []engine.Config
@@ -290,17 +295,21 @@ func (f *Fleet) Workers() []*Worker { return f.workers }
 func (f *Fleet) Config() Config { return f.cfg }
 
 // Close stops every worker: HTTP servers, step loops and publishers.
-// Requests in flight fail with ErrStopped.
+// Requests in flight fail with ErrStopped. Later calls return the first
+// call's result.
 func (f *Fleet) Close() error {
-	if f.cancel != nil {
-		f.cancel()
-	}
-	var errs []error
-	for _, w := range f.workers {
-		errs = append(errs, w.close())
-	}
-	f.wg.Wait()
-	return errors.Join(errs...)
+	f.closeOnce.Do(func() {
+		if f.cancel != nil {
+			f.cancel()
+		}
+		var errs []error
+		for _, w := range f.workers {
+			errs = append(errs, w.close())
+		}
+		f.wg.Wait()
+		f.closeErr = errors.Join(errs...)
+	})
+	return f.closeErr
 }
 
 func (w *Worker) close() error {

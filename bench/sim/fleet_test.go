@@ -277,10 +277,12 @@ func TestReplayAfterDroppedEvents(t *testing.T) {
 // ErrRestarted, the cache is empty, the publishers come back on the same
 // ports numbering from 0, and kvgate (detecting the restart) follows.
 func TestRestart(t *testing.T) {
-	f := startFleet(t, Config{Workers: 1, Engine: EngineConfig{NumBlocks: 200, MaxModelLen: 1000, Speedup: 1e6}})
+	// Real time (Speedup 1), so that the long request below is still
+	// running when the restart comes: its 900 decode steps take seconds.
+	f := startFleet(t, Config{Workers: 1, Engine: EngineConfig{NumBlocks: 200, MaxModelLen: 1000, Speedup: 1}})
 	fl := follow(t, f)
 	w := f.Workers()[0]
-	reqs := workload(4, 20)
+	reqs := workload(4, 6)
 	runRequests(t, f, reqs)
 	fl.waitAgree(t, f, reqs)
 	endpoints := slices.Clone(w.EventEndpoints())
@@ -304,7 +306,7 @@ func TestRestart(t *testing.T) {
 	if err := w.WaitSubscribed(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after := workload(5, 10)
+	after := workload(5, 4)
 	runRequests(t, f, after)
 	fl.waitAgree(t, f, append(slices.Clone(reqs), after...))
 }

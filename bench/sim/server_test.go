@@ -1,0 +1,1072 @@
+package sim
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/kvgate/kvgate/internal/poll"
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// qwenDir is a real tokenizer with a chat template, shared by the
+// repository's tokenizer tests.
+const qwenDir = "../../../shared/tokenizers/qwen2.5"
+
+// byteFleet starts one worker without a tokenizer (text prompts are their
+// bytes) and with one adapter, fast enough for tests; mod adjusts it.
+func byteFleet(t *testing.T, mod func(*Config)) *Fleet {
+	t.Helper()
+	cfg := Config{
+		LoRA: []string{"adapter"},
+		Seed: 1,
+		Engine: EngineConfig{
+			BlockSize: 16, NumBlocks: 64, MaxModelLen: 512, Speedup: 1000,
+		},
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	return startFleet(t, cfg)
+}
+
+// qwenFleet is a fleet with the Qwen2.5 tokenizer and chat template.
+func qwenFleet(t *testing.T) *Fleet {
+	t.Helper()
+	if _, err := os.Stat(qwenDir + "/tokenizer.json"); err != nil {
+		t.Skipf("no Qwen2.5 tokenizer: %v", err)
+	}
+	return byteFleet(t, func(c *Config) {
+		c.Tokenizer = qwenDir
+		c.Engine.NumBlocks, c.Engine.MaxModelLen = 256, 2048
+	})
+}
+
+// api is an HTTP client for one worker, with its own connections (closed
+// at cleanup, so that no keep-alive goroutine outlives the test).
+type api struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newAPI(t *testing.T, w *Worker) *api {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &api{t: t, base: w.URL(), hc: &http.Client{Transport: tr, Timeout: 60 * time.Second}}
+}
+
+// request builds a request; body is sent as is when a string, else as
+// JSON; hdr are header name, value pairs.
+func (a *api) request(ctx context.Context, method, path string, body any, hdr ...string) *http.Request {
+	a.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		data, err := json.Marshal(b)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return req
+}
+
+// call sends a request and reads the whole response.
+func (a *api) call(method, path string, body any, hdr ...string) (int, http.Header, []byte) {
+	a.t.Helper()
+	resp, err := a.hc.Do(a.request(context.Background(), method, path, body, hdr...))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, data
+}
+
+// post sends a JSON body and wants status 200, returning the body.
+func (a *api) post(path string, body any, hdr ...string) []byte {
+	a.t.Helper()
+	status, _, data := a.call(http.MethodPost, path, body, hdr...)
+	if status != http.StatusOK {
+		a.t.Fatalf("POST %s: status %d: %s", path, status, data)
+	}
+	return data
+}
+
+// open starts a streaming request and checks its status and content type.
+func (a *api) open(ctx context.Context, path string, body any, hdr ...string) *http.Response {
+	a.t.Helper()
+	resp, err := a.hc.Do(a.request(ctx, http.MethodPost, path, body, hdr...))
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		a.t.Fatalf("POST %s: status %d, content type %q: %s", path, resp.StatusCode, resp.Header.Get("Content-Type"), data)
+	}
+	return resp
+}
+
+// nextEvent reads one server-sent event and returns its data.
+func nextEvent(t *testing.T, rd *bufio.Reader) string {
+	t.Helper()
+	var data []string
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("read event: %v (after %q)", err, line)
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if line == "" {
+			if data == nil {
+				continue
+			}
+			return strings.Join(data, "\n")
+		}
+		d, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			t.Fatalf("unexpected SSE line %q", line)
+		}
+		data = append(data, d)
+	}
+}
+
+// events streams a request to its end: the data of every event before
+// [DONE], failing if the stream ends otherwise or sends more after it.
+func (a *api) events(path string, body any, hdr ...string) []string {
+	a.t.Helper()
+	resp := a.open(context.Background(), path, body, hdr...)
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	var out []string
+	for {
+		d := nextEvent(a.t, rd)
+		if d == "[DONE]" {
+			break
+		}
+		out = append(out, d)
+	}
+	if rest, _ := io.ReadAll(rd); len(bytes.TrimSpace(rest)) > 0 {
+		a.t.Fatalf("data after [DONE]: %q", rest)
+	}
+	return out
+}
+
+func decode[T any](t *testing.T, data []byte) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(data, &v); err != nil {
+		t.Fatalf("decode %s: %v", data, err)
+	}
+	return v
+}
+
+// Response shapes as clients read them.
+type usageJSON struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (u *usageJSON) cached(t *testing.T) int {
+	t.Helper()
+	if u == nil || u.PromptTokensDetails == nil {
+		t.Fatalf("usage %+v has no prompt_tokens_details", u)
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+type completionJSON struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices []struct {
+		Index        int     `json:"index"`
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+		Delta        *struct {
+			Role    string  `json:"role"`
+			Content *string `json:"content"`
+		} `json:"delta"`
+		Message *struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+	Usage *usageJSON `json:"usage"`
+}
+
+type errorJSON struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+// words counts the words of simulated output (one per token).
+func words(s string) int { return strings.Count(s, " ") }
+
+// text is a byte-tokenizer prompt of n tokens.
+func text(seed, n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteByte(byte('a' + (seed*7+i*i)%26))
+	}
+	return b.String()
+}
+
+// checkKeys fails unless obj has exactly these keys, null or not.
+func checkKeys(t *testing.T, what string, obj map[string]any, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, ok := obj[k]; !ok {
+			t.Errorf("%s: no %q in %v", what, k, obj)
+		}
+	}
+	if len(obj) != len(keys) {
+		t.Errorf("%s: keys %v, want %v", what, obj, keys)
+	}
+}
+
+func TestCompletions(t *testing.T) {
+	f := byteFleet(t, nil)
+	a := newAPI(t, f.Workers()[0])
+	ids := []uint32{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}
+	ids2 := []uint32{105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122}
+	for _, tc := range []struct {
+		name    string
+		body    map[string]any
+		prompt  int    // prompt tokens
+		max     int    // output tokens
+		model   string // in the response
+		stream  bool
+		usage   bool // a final usage chunk when streaming
+		contUse bool // usage in every chunk
+	}{
+		{name: "string", body: map[string]any{"model": "sim-model", "prompt": "hello world", "max_tokens": 5}, prompt: 11, max: 5, model: "sim-model"},
+		{name: "default max_tokens, no model", body: map[string]any{"prompt": "hello"}, prompt: 5, max: 16, model: "sim-model"},
+		{name: "token ids", body: map[string]any{"model": "sim-model", "prompt": ids, "max_tokens": 3}, prompt: len(ids), max: 3, model: "sim-model"},
+		{name: "one string in a list", body: map[string]any{"model": "sim-model", "prompt": []string{"abc"}, "max_tokens": 2}, prompt: 3, max: 2, model: "sim-model"},
+		{name: "one id list in a list", body: map[string]any{"model": "sim-model", "prompt": [][]uint32{ids[:4]}, "max_tokens": 2}, prompt: 4, max: 2, model: "sim-model"},
+		{name: "adapter", body: map[string]any{"model": "adapter", "prompt": "hi there", "max_tokens": 4, "n": 1}, prompt: 8, max: 4, model: "adapter"},
+		{name: "stream", body: map[string]any{"model": "sim-model", "prompt": "stream me", "max_tokens": 6, "stream": true}, prompt: 9, max: 6, model: "sim-model", stream: true},
+		{name: "stream with usage", body: map[string]any{"model": "sim-model", "prompt": ids2, "max_tokens": 7, "stream": true, "stream_options": map[string]any{"include_usage": true}}, prompt: len(ids2), max: 7, model: "sim-model", stream: true, usage: true},
+		{name: "stream with continuous usage", body: map[string]any{"model": "adapter", "prompt": "abcdef", "max_tokens": 4, "stream": true, "stream_options": map[string]any{"include_usage": true, "continuous_usage_stats": true}}, prompt: 6, max: 4, model: "adapter", stream: true, usage: true, contUse: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &api{t: t, base: a.base, hc: a.hc}
+			if !tc.stream {
+				data := a.post("/v1/completions", tc.body)
+				var raw map[string]any
+				if err := json.Unmarshal(data, &raw); err != nil {
+					t.Fatal(err)
+				}
+				checkKeys(t, "response", raw, "id", "object", "created", "model", "choices", "usage", "service_tier", "system_fingerprint", "kv_transfer_params")
+				checkKeys(t, "choice", raw["choices"].([]any)[0].(map[string]any), "index", "text", "logprobs", "finish_reason", "stop_reason", "prompt_logprobs")
+				r := decode[completionJSON](t, data)
+				if !strings.HasPrefix(r.ID, "cmpl-") || r.Object != "text_completion" || r.Model != tc.model || r.Created == 0 {
+					t.Errorf("header fields: %s", data)
+				}
+				if len(r.Choices) != 1 || r.Choices[0].FinishReason == nil || *r.Choices[0].FinishReason != "length" || words(r.Choices[0].Text) != tc.max {
+					t.Errorf("choices: %s", data)
+				}
+				if u := r.Usage; u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != tc.max || u.TotalTokens != tc.prompt+tc.max || u.cached(t) != 0 {
+					t.Errorf("usage: %s", data)
+				}
+				return
+			}
+			evs := a.events("/v1/completions", tc.body)
+			var got strings.Builder
+			var last *usageJSON
+			nContent := 0
+			for i, ev := range evs {
+				r := decode[completionJSON](t, []byte(ev))
+				if r.Object != "text_completion" || !strings.HasPrefix(r.ID, "cmpl-") || r.Model != tc.model {
+					t.Errorf("chunk %d: %s", i, ev)
+				}
+				if len(r.Choices) == 0 {
+					if !tc.usage || i != len(evs)-1 || r.Usage == nil {
+						t.Errorf("unexpected usage chunk %d: %s", i, ev)
+					}
+					if !strings.Contains(ev, `"choices":[]`) {
+						t.Errorf("usage chunk without an empty choices list: %s", ev)
+					}
+					last = r.Usage
+					continue
+				}
+				var raw struct {
+					Choices []map[string]any `json:"choices"`
+				}
+				_ = json.Unmarshal([]byte(ev), &raw)
+				checkKeys(t, "chunk choice", raw.Choices[0], "index", "text", "logprobs", "finish_reason", "stop_reason")
+				nContent++
+				got.WriteString(r.Choices[0].Text)
+				final := got.Len() > 0 && words(got.String()) == tc.max
+				if fr := r.Choices[0].FinishReason; final != (fr != nil) || (fr != nil && *fr != "length") {
+					t.Errorf("chunk %d finish_reason: %s", i, ev)
+				}
+				if tc.contUse != (r.Usage != nil) {
+					t.Errorf("chunk %d usage: %s", i, ev)
+				}
+				if r.Usage != nil && (r.Usage.PromptTokens != tc.prompt || r.Usage.CompletionTokens != words(got.String())) {
+					t.Errorf("chunk %d continuous usage: %s", i, ev)
+				}
+			}
+			if words(got.String()) != tc.max || nContent == 0 {
+				t.Errorf("streamed %q in %d chunks, want %d words", got.String(), nContent, tc.max)
+			}
+			if tc.usage {
+				if last == nil || last.PromptTokens != tc.prompt || last.CompletionTokens != tc.max || last.TotalTokens != tc.prompt+tc.max || last.cached(t) != 0 {
+					t.Errorf("final usage %+v", last)
+				}
+			} else if last != nil {
+				t.Errorf("usage chunk without include_usage")
+			}
+		})
+	}
+}
+
+func TestSeedMakesOutputReproducible(t *testing.T) {
+	f := byteFleet(t, nil)
+	a := newAPI(t, f.Workers()[0])
+	body := map[string]any{"prompt": "same seed", "max_tokens": 12, "seed": 42}
+	first := decode[completionJSON](t, a.post("/v1/completions", body)).Choices[0].Text
+	second := decode[completionJSON](t, a.post("/v1/completions", body)).Choices[0].Text
+	body["stream"] = true
+	var streamed strings.Builder
+	for _, ev := range a.events("/v1/completions", body) {
+		streamed.WriteString(decode[completionJSON](t, []byte(ev)).Choices[0].Text)
+	}
+	if first != second || first != streamed.String() {
+		t.Errorf("seed 42 gave %q, %q and streamed %q", first, second, streamed.String())
+	}
+	body["seed"] = 43
+	delete(body, "stream")
+	if other := decode[completionJSON](t, a.post("/v1/completions", body)).Choices[0].Text; other == first {
+		t.Errorf("seeds 42 and 43 both gave %q", other)
+	}
+}
+
+func TestCachedTokens(t *testing.T) {
+	f := byteFleet(t, nil)
+	a := newAPI(t, f.Workers()[0])
+	p := text(1, 200)
+	want := (200 - 1) / 16 * 16
+	for i, wantCached := range []int{0, want} {
+		r := decode[completionJSON](t, a.post("/v1/completions", map[string]any{"prompt": p, "max_tokens": 4}))
+		if got := r.Usage.cached(t); got != wantCached {
+			t.Errorf("request %d: cached_tokens %d, want %d", i, got, wantCached)
+		}
+	}
+	evs := a.events("/v1/completions", map[string]any{"prompt": p, "max_tokens": 4, "stream": true, "stream_options": map[string]any{"include_usage": true}})
+	if u := decode[completionJSON](t, []byte(evs[len(evs)-1])).Usage; u.cached(t) != want {
+		t.Errorf("streamed cached_tokens %d, want %d", u.cached(t), want)
+	}
+	// The same prompt under the adapter shares nothing with the base model.
+	r := decode[completionJSON](t, a.post("/v1/completions", map[string]any{"model": "adapter", "prompt": p, "max_tokens": 4}))
+	if got := r.Usage.cached(t); got != 0 {
+		t.Errorf("adapter: cached_tokens %d, want 0", got)
+	}
+}
+
+func TestChat(t *testing.T) {
+	f := qwenFleet(t)
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	msgs := []map[string]any{
+		{"role": "system", "content": "You are terse."},
+		{"role": "user", "content": "Say something about prefix caches."},
+	}
+	// The prompt as vLLM's /tokenize renders it.
+	tok := decode[tokenizeResponse](t, a.post("/tokenize", map[string]any{"model": "sim-model", "messages": msgs}))
+	if tok.Count == 0 || tok.Count != len(tok.Tokens) || tok.MaxModelLen != 2048 {
+		t.Fatalf("/tokenize: %+v", tok)
+	}
+
+	t.Run("non-streaming", func(t *testing.T) {
+		a := &api{t: t, base: a.base, hc: a.hc}
+		data := a.post("/v1/chat/completions", map[string]any{"model": "sim-model", "messages": msgs, "max_completion_tokens": 5})
+		var raw map[string]any
+		_ = json.Unmarshal(data, &raw)
+		checkKeys(t, "response", raw, "id", "object", "created", "model", "choices", "usage", "service_tier", "system_fingerprint", "prompt_logprobs", "kv_transfer_params")
+		choice := raw["choices"].([]any)[0].(map[string]any)
+		checkKeys(t, "choice", choice, "index", "message", "logprobs", "finish_reason", "stop_reason")
+		r := decode[completionJSON](t, data)
+		if !strings.HasPrefix(r.ID, "chatcmpl-") || r.Object != "chat.completion" || r.Model != "sim-model" {
+			t.Errorf("header fields: %s", data)
+		}
+		c := r.Choices[0]
+		if c.Message == nil || c.Message.Role != "assistant" || words(c.Message.Content) != 5 || c.FinishReason == nil || *c.FinishReason != "length" {
+			t.Errorf("choice: %s", data)
+		}
+		if u := r.Usage; u.PromptTokens != tok.Count || u.CompletionTokens != 5 || u.TotalTokens != tok.Count+5 {
+			t.Errorf("usage: %s", data)
+		}
+		// max_tokens works too; max_completion_tokens wins over it.
+		r = decode[completionJSON](t, a.post("/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 3}))
+		if r.Usage.CompletionTokens != 3 {
+			t.Errorf("max_tokens 3: %+v", r.Usage)
+		}
+		r = decode[completionJSON](t, a.post("/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 3, "max_completion_tokens": 2}))
+		if r.Usage.CompletionTokens != 2 {
+			t.Errorf("max_completion_tokens 2: %+v", r.Usage)
+		}
+	})
+
+	t.Run("streaming", func(t *testing.T) {
+		a := &api{t: t, base: a.base, hc: a.hc}
+		// A conversation of its own, so that nothing of it is cached yet.
+		msgs := []map[string]any{
+			{"role": "system", "content": "You are verbose."},
+			{"role": "user", "content": "Tell me about block hashes."},
+		}
+		tok := decode[tokenizeResponse](t, a.post("/tokenize", map[string]any{"messages": msgs}))
+		evs := a.events("/v1/chat/completions", map[string]any{
+			"model": "sim-model", "messages": msgs, "max_tokens": 6, "stream": true,
+			"stream_options": map[string]any{"include_usage": true},
+		})
+		if len(evs) < 3 {
+			t.Fatalf("%d events: %q", len(evs), evs)
+		}
+		var content strings.Builder
+		for i, ev := range evs {
+			r := decode[completionJSON](t, []byte(ev))
+			if r.Object != "chat.completion.chunk" || !strings.HasPrefix(r.ID, "chatcmpl-") || r.ID != decode[completionJSON](t, []byte(evs[0])).ID {
+				t.Errorf("chunk %d: %s", i, ev)
+			}
+			switch {
+			case i == 0:
+				if !strings.Contains(ev, `"delta":{"role":"assistant","content":""}`) || !strings.Contains(ev, `"finish_reason":null`) || r.Usage != nil {
+					t.Errorf("first chunk: %s", ev)
+				}
+			case i == len(evs)-1:
+				if !strings.Contains(ev, `"choices":[]`) || r.Usage == nil || r.Usage.PromptTokens != tok.Count || r.Usage.CompletionTokens != 6 || r.Usage.cached(t) != 0 {
+					t.Errorf("usage chunk: %s", ev)
+				}
+			default:
+				d := r.Choices[0].Delta
+				if d == nil || d.Role != "" || d.Content == nil || strings.Contains(ev, `"role"`) {
+					t.Fatalf("content chunk %d: %s", i, ev)
+				}
+				content.WriteString(*d.Content)
+				lastContent := i == len(evs)-2
+				if fr := r.Choices[0].FinishReason; lastContent != (fr != nil) || (fr != nil && *fr != "length") {
+					t.Errorf("content chunk %d finish_reason: %s", i, ev)
+				}
+				if lastContent && !strings.Contains(ev, `"stop_reason":null`) {
+					t.Errorf("last content chunk without stop_reason: %s", ev)
+				}
+			}
+		}
+		if words(content.String()) != 6 {
+			t.Errorf("streamed content %q, want 6 words", content.String())
+		}
+		// The same conversation again hits the prefix cache.
+		r := decode[completionJSON](t, a.post("/v1/chat/completions", map[string]any{"messages": msgs, "max_tokens": 1}))
+		if want := (tok.Count - 1) / 16 * 16; r.Usage.cached(t) != want {
+			t.Errorf("repeated conversation: cached_tokens %d, want %d", r.Usage.cached(t), want)
+		}
+	})
+
+	t.Run("tokenize via HTTPRemote", func(t *testing.T) {
+		remote := &tokenize.HTTPRemote{Client: a.hc, Endpoints: func(string) []string { return []string{w.URL()} }}
+		got, err := remote.Tokenize(context.Background(), "sim-model", tokenize.Request{Model: "sim-model", Chat: &tokenize.ChatRequest{
+			Messages: mustJSON(t, msgs), AddGenerationPrompt: true,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equalIDs(got, tok.Tokens) {
+			t.Errorf("HTTPRemote chat: %v, /tokenize %v", got, tok.Tokens)
+		}
+		// Tools change the prompt.
+		tools := mustJSON(t, []map[string]any{{"type": "function", "function": map[string]any{"name": "lookup", "parameters": map[string]any{"type": "object"}}}})
+		withTools, err := remote.Tokenize(context.Background(), "adapter", tokenize.Request{Model: "adapter", Chat: &tokenize.ChatRequest{
+			Messages: mustJSON(t, msgs), Tools: tools, AddGenerationPrompt: true,
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(withTools) <= len(got) {
+			t.Errorf("tools did not change the prompt: %d tokens, without %d", len(withTools), len(got))
+		}
+		r := decode[completionJSON](t, a.post("/v1/chat/completions", map[string]any{"model": "adapter", "messages": msgs, "tools": json.RawMessage(tools), "max_tokens": 1}))
+		if r.Usage.PromptTokens != len(withTools) || r.Model != "adapter" {
+			t.Errorf("chat with tools: %+v, model %q; want %d prompt tokens", r.Usage, r.Model, len(withTools))
+		}
+		text, err := remote.Tokenize(context.Background(), "sim-model", tokenize.Request{Model: "sim-model", Text: "Hello world"})
+		if err != nil || len(text) == 0 {
+			t.Errorf("HTTPRemote text: %v, %v", text, err)
+		}
+	})
+
+	t.Run("template errors", func(t *testing.T) {
+		a := &api{t: t, base: a.base, hc: a.hc}
+		for _, tc := range []struct {
+			name string
+			body map[string]any
+		}{
+			{"no messages", map[string]any{"messages": []any{}}},
+			{"continue and generation prompt", map[string]any{"messages": msgs, "continue_final_message": true, "add_generation_prompt": true}},
+			{"tools not a list", map[string]any{"messages": msgs, "tools": "lookup"}},
+			{"bad kwargs", map[string]any{"messages": msgs, "chat_template_kwargs": []int{1}}},
+		} {
+			for _, path := range []string{"/v1/chat/completions", "/tokenize"} {
+				status, _, data := a.call(http.MethodPost, path, tc.body)
+				if e := decode[errorJSON](t, data); status != 400 || e.Error.Type != "BadRequestError" || e.Error.Code != 400 || e.Error.Message == "" {
+					t.Errorf("%s %s: %d %s", tc.name, path, status, data)
+				}
+			}
+		}
+	})
+}
+
+func mustJSON(t *testing.T, v any) json.RawMessage {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func equalIDs(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestDataParallelRankHeader(t *testing.T) {
+	f := byteFleet(t, func(c *Config) { c.DPSize = 2 })
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	p := text(2, 40)
+	for i, rank := range []int{1, 1, 0} {
+		a.post("/v1/completions", map[string]any{"prompt": p, "max_tokens": 2}, "X-data-parallel-rank", []string{"0", "1"}[rank])
+		want := [2]uint64{}
+		for _, r := range []int{1, 1, 0}[:i+1] {
+			want[r] += 40
+		}
+		for r, rk := range w.Ranks() {
+			if got := rk.Stats().PromptTokens; got != want[r] {
+				t.Errorf("after request %d: rank %d has %d prompt tokens, want %d", i, r, got, want[r])
+			}
+		}
+	}
+	// The second request on rank 1 found the first one's blocks.
+	if st := w.Ranks()[1].Stats(); st.PrefixHits != (40-1)/16*16 {
+		t.Errorf("rank 1 prefix hits %d", st.PrefixHits)
+	}
+	// A stream goes to the chosen rank too.
+	a.events("/v1/completions", map[string]any{"prompt": "xyz", "max_tokens": 2, "stream": true}, "X-data-parallel-rank", "0")
+	if got := w.Ranks()[0].Stats().PromptTokens; got != 43 {
+		t.Errorf("rank 0 has %d prompt tokens after the stream, want 43", got)
+	}
+	for _, bad := range []string{"2", "-1", "one", "1.0"} {
+		status, _, data := a.call(http.MethodPost, "/v1/completions", map[string]any{"prompt": "x"}, "X-data-parallel-rank", bad)
+		if e := decode[errorJSON](t, data); status != 400 || e.Error.Type != "BadRequestError" {
+			t.Errorf("rank %q: %d %s", bad, status, data)
+		}
+	}
+}
+
+func TestErrors(t *testing.T) {
+	f := byteFleet(t, nil)
+	a := newAPI(t, f.Workers()[0])
+	long := text(3, 600)
+	for _, tc := range []struct {
+		name         string
+		method, path string
+		body         any
+		status       int
+		typ          string
+		msg          string // in the message
+	}{
+		{"bad JSON", "POST", "/v1/completions", `{"prompt": `, 400, "BadRequestError", "invalid JSON"},
+		{"empty body", "POST", "/v1/completions", nil, 400, "BadRequestError", ""},
+		{"not an object", "POST", "/v1/completions", `[1]`, 400, "BadRequestError", ""},
+		{"wrong field type", "POST", "/v1/completions", `{"prompt": "x", "max_tokens": "many"}`, 400, "BadRequestError", ""},
+		{"no prompt", "POST", "/v1/completions", map[string]any{"model": "sim-model"}, 400, "BadRequestError", "prompt"},
+		{"empty prompt", "POST", "/v1/completions", map[string]any{"prompt": ""}, 400, "BadRequestError", "empty"},
+		{"empty id list", "POST", "/v1/completions", map[string]any{"prompt": []int{}}, 400, "BadRequestError", "empty"},
+		{"two prompts", "POST", "/v1/completions", map[string]any{"prompt": []string{"a", "b"}}, 400, "BadRequestError", "one prompt"},
+		{"two id lists", "POST", "/v1/completions", map[string]any{"prompt": [][]int{{1}, {2}}}, 400, "BadRequestError", "one prompt"},
+		{"negative id", "POST", "/v1/completions", map[string]any{"prompt": []int{1, -2}}, 400, "BadRequestError", "prompt"},
+		{"n 2", "POST", "/v1/completions", map[string]any{"prompt": "x", "n": 2}, 400, "BadRequestError", "n"},
+		{"max_tokens 0", "POST", "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 0}, 400, "BadRequestError", "at least 1"},
+		{"prompt too long", "POST", "/v1/completions", map[string]any{"prompt": long}, 400, "BadRequestError", "maximum context length is 512"},
+		{"max_tokens too large", "POST", "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 512}, 400, "BadRequestError", "maximum context length is 512"},
+		{"stream options without stream", "POST", "/v1/completions", map[string]any{"prompt": "x", "stream_options": map[string]any{"include_usage": true}}, 400, "BadRequestError", "stream"},
+		{"unknown model", "POST", "/v1/completions", map[string]any{"model": "gpt-9", "prompt": "x"}, 404, "NotFoundError", "The model `gpt-9` does not exist."},
+		{"chat unknown model", "POST", "/v1/chat/completions", map[string]any{"model": "gpt-9", "messages": []any{}}, 404, "NotFoundError", "does not exist"},
+		{"chat without messages", "POST", "/v1/chat/completions", map[string]any{"model": "sim-model"}, 400, "BadRequestError", "messages"},
+		{"chat n 3", "POST", "/v1/chat/completions", map[string]any{"messages": []any{}, "n": 3}, 400, "BadRequestError", "n"},
+		{"chat without a template", "POST", "/v1/chat/completions", map[string]any{"messages": []map[string]any{{"role": "user", "content": "hi"}}}, 400, "BadRequestError", "chat template"},
+		{"GET completions", "GET", "/v1/completions", nil, 405, "Method Not Allowed", ""},
+		{"GET chat", "GET", "/v1/chat/completions", nil, 405, "Method Not Allowed", ""},
+		{"POST models", "POST", "/v1/models", nil, 405, "Method Not Allowed", ""},
+		{"GET tokenize", "GET", "/tokenize", nil, 405, "Method Not Allowed", ""},
+		{"GET reset", "GET", "/reset_prefix_cache", nil, 405, "Method Not Allowed", ""},
+		{"unknown path", "GET", "/v2/nothing", nil, 404, "Not Found", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := &api{t: t, base: a.base, hc: a.hc}
+			status, hdr, data := a.call(tc.method, tc.path, tc.body)
+			if status != tc.status || !strings.HasPrefix(hdr.Get("Content-Type"), "application/json") {
+				t.Fatalf("status %d (%s), want %d: %s", status, hdr.Get("Content-Type"), tc.status, data)
+			}
+			var raw map[string]map[string]any
+			if err := json.Unmarshal(data, &raw); err != nil {
+				t.Fatalf("%s: %v", data, err)
+			}
+			checkKeys(t, "error", raw["error"], "message", "type", "param", "code")
+			e := decode[errorJSON](t, data)
+			if e.Error.Type != tc.typ || e.Error.Code != tc.status || e.Error.Param != nil || !strings.Contains(e.Error.Message, tc.msg) {
+				t.Errorf("error %+v, want type %q, message with %q", e.Error, tc.typ, tc.msg)
+			}
+			if tc.status == 405 && hdr.Get("Allow") == "" {
+				t.Errorf("405 without Allow")
+			}
+		})
+	}
+	// Nothing reached the engine.
+	if st := f.Workers()[0].Ranks()[0].Stats(); st.PromptTokens != 0 {
+		t.Errorf("invalid requests reached the engine: %+v", st)
+	}
+}
+
+func TestInjectedFailures(t *testing.T) {
+	f := byteFleet(t, func(c *Config) { c.Faults.FailRate = 1 })
+	a := newAPI(t, f.Workers()[0])
+	for _, tc := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/completions", map[string]any{"prompt": "x"}},
+		{"/v1/completions", map[string]any{"prompt": "x", "stream": true}},
+		{"/v1/chat/completions", map[string]any{"messages": []any{}}}, // fails earlier: no template
+	} {
+		status, _, data := a.call(http.MethodPost, tc.path, tc.body)
+		want, typ := 500, "InternalServerError"
+		if tc.path == "/v1/chat/completions" {
+			want, typ = 400, "BadRequestError"
+		}
+		if e := decode[errorJSON](t, data); status != want || e.Error.Type != typ || e.Error.Code != want {
+			t.Errorf("%s %v: %d %s", tc.path, tc.body, status, data)
+		}
+	}
+	// Only generation fails.
+	a.post("/tokenize", map[string]any{"prompt": "x"})
+	if st := f.Workers()[0].Ranks()[0].Stats(); st.PromptTokens != 0 {
+		t.Errorf("failed requests reached the engine: %+v", st)
+	}
+}
+
+func TestDelay(t *testing.T) {
+	const delay = 40 * time.Millisecond
+	f := byteFleet(t, func(c *Config) { c.Faults.Delay = delay })
+	a := newAPI(t, f.Workers()[0])
+	start := time.Now()
+	a.post("/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1})
+	if took := time.Since(start); took < delay {
+		t.Errorf("request took %v, less than the delay %v", took, delay)
+	}
+	// Streams are held too, before their headers.
+	start = time.Now()
+	resp := a.open(context.Background(), "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 1, "stream": true})
+	resp.Body.Close()
+	if took := time.Since(start); took < delay {
+		t.Errorf("stream started after %v, less than the delay %v", took, delay)
+	}
+}
+
+func TestModels(t *testing.T) {
+	f := byteFleet(t, func(c *Config) { c.LoRA = []string{"a1", "a2"} })
+	a := newAPI(t, f.Workers()[0])
+	status, _, data := a.call(http.MethodGet, "/v1/models", nil)
+	if status != 200 {
+		t.Fatalf("%d %s", status, data)
+	}
+	var list struct {
+		Object string           `json:"object"`
+		Data   []map[string]any `json:"data"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || len(list.Data) != 3 {
+		t.Fatalf("%s", data)
+	}
+	for i, want := range []struct {
+		id, parent string
+		maxLen     any
+	}{{"sim-model", "", 512.0}, {"a1", "sim-model", nil}, {"a2", "sim-model", nil}} {
+		c := list.Data[i]
+		checkKeys(t, "card", c, "id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission")
+		var parent any
+		if want.parent != "" {
+			parent = want.parent
+		}
+		if c["id"] != want.id || c["object"] != "model" || c["owned_by"] != "vllm" || c["root"] != want.id || c["parent"] != parent || c["max_model_len"] != want.maxLen {
+			t.Errorf("card %d: %v", i, c)
+		}
+		perms, _ := c["permission"].([]any)
+		if len(perms) != 1 || perms[0].(map[string]any)["object"] != "model_permission" {
+			t.Errorf("card %d permission: %v", i, c["permission"])
+		}
+	}
+	if status, _, _ := a.call(http.MethodHead, "/v1/models", nil); status != 200 {
+		t.Errorf("HEAD /v1/models: %d", status)
+	}
+}
+
+func TestTokenize(t *testing.T) {
+	f := byteFleet(t, nil)
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	data := a.post("/tokenize", map[string]any{"model": "sim-model", "prompt": "Hi!"})
+	var raw map[string]any
+	_ = json.Unmarshal(data, &raw)
+	checkKeys(t, "response", raw, "count", "max_model_len", "tokens", "token_strs")
+	if r := decode[tokenizeResponse](t, data); r.Count != 3 || r.MaxModelLen != 512 || !equalIDs(r.Tokens, []uint32{'H', 'i', '!'}) || r.TokenStrs != nil {
+		t.Errorf("%s", data)
+	}
+	for _, tc := range []struct {
+		name   string
+		body   map[string]any
+		status int
+	}{
+		{"adapter, no special tokens", map[string]any{"model": "adapter", "prompt": "ab", "add_special_tokens": false}, 200},
+		{"no model", map[string]any{"prompt": "ab"}, 200},
+		{"empty prompt", map[string]any{"prompt": ""}, 200},
+		{"unknown model", map[string]any{"model": "nope", "prompt": "ab"}, 404},
+		{"neither prompt nor messages", map[string]any{"model": "sim-model"}, 400},
+		{"both", map[string]any{"prompt": "a", "messages": []any{}}, 400},
+		{"chat without a template", map[string]any{"messages": []map[string]any{{"role": "user", "content": "hi"}}}, 400},
+	} {
+		status, _, data := a.call(http.MethodPost, "/tokenize", tc.body)
+		if status != tc.status {
+			t.Errorf("%s: %d %s", tc.name, status, data)
+		}
+	}
+	if r := decode[tokenizeResponse](t, a.post("/tokenize", map[string]any{"prompt": ""})); r.Tokens == nil || r.Count != 0 {
+		t.Errorf("empty prompt: %+v", r)
+	}
+	// kvgate's remote tokenizer path, against the simulator.
+	remote := &tokenize.HTTPRemote{Client: a.hc, Endpoints: func(string) []string { return []string{w.URL()} }}
+	got, err := remote.Tokenize(context.Background(), "adapter", tokenize.Request{Model: "adapter", Text: "héllo"})
+	if err != nil || !equalIDs(got, []uint32{'h', 0xc3, 0xa9, 'l', 'l', 'o'}) {
+		t.Errorf("HTTPRemote: %v, %v", got, err)
+	}
+	if _, err := remote.Tokenize(context.Background(), "sim-model", tokenize.Request{Model: "sim-model", Chat: &tokenize.ChatRequest{Messages: json.RawMessage(`[]`)}}); err == nil || !strings.Contains(err.Error(), "status 400") {
+		t.Errorf("HTTPRemote chat without a template: %v", err)
+	}
+}
+
+func TestHealthAndResetPrefixCache(t *testing.T) {
+	f := byteFleet(t, func(c *Config) { c.DPSize = 2 })
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	if status, _, data := a.call(http.MethodGet, "/health", nil); status != 200 || len(data) != 0 {
+		t.Errorf("/health: %d %q", status, data)
+	}
+	p := text(4, 100)
+	for rank := range 2 {
+		a.post("/v1/completions", map[string]any{"prompt": p, "max_tokens": 1}, "X-data-parallel-rank", []string{"0", "1"}[rank])
+	}
+	for r, rk := range w.Ranks() {
+		if rk.Stats().CachedBlocks == 0 {
+			t.Fatalf("rank %d caches nothing", r)
+		}
+	}
+	if status, _, data := a.call(http.MethodPost, "/reset_prefix_cache", nil); status != 200 || len(data) != 0 {
+		t.Fatalf("/reset_prefix_cache: %d %q", status, data)
+	}
+	for r, rk := range w.Ranks() {
+		if n := rk.Stats().CachedBlocks; n != 0 {
+			t.Errorf("rank %d still caches %d blocks", r, n)
+		}
+	}
+	r := decode[completionJSON](t, a.post("/v1/completions", map[string]any{"prompt": p, "max_tokens": 1}, "X-data-parallel-rank", "1"))
+	if r.Usage.cached(t) != 0 {
+		t.Errorf("cached_tokens %d after the reset", r.Usage.cached(t))
+	}
+}
+
+// scrape reads /metrics as Prometheus does.
+func scrape(t *testing.T, a *api) map[string]*metricFamily {
+	t.Helper()
+	status, hdr, data := a.call(http.MethodGet, "/metrics", nil)
+	if status != 200 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") {
+		t.Fatalf("/metrics: %d %s", status, hdr.Get("Content-Type"))
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v\n%s", err, data)
+	}
+	out := map[string]*metricFamily{}
+	for name, mf := range mfs {
+		fam := &metricFamily{typ: mf.GetType().String(), byEngine: map[string]float64{}}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			fam.byEngine[labels["engine"]] = v
+			fam.labels = append(fam.labels, labels)
+		}
+		out[name] = fam
+	}
+	return out
+}
+
+type metricFamily struct {
+	typ      string
+	byEngine map[string]float64
+	labels   []map[string]string
+}
+
+func TestMetrics(t *testing.T) {
+	f := byteFleet(t, func(c *Config) { c.DPSize = 2 })
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	p := text(5, 150)
+	for range 2 {
+		a.post("/v1/completions", map[string]any{"prompt": p, "max_tokens": 3}, "X-data-parallel-rank", "1")
+	}
+	a.post("/v1/completions", map[string]any{"prompt": "tiny", "max_tokens": 2}, "X-data-parallel-rank", "0")
+	mfs := scrape(t, a)
+	stats := []RankStats{w.Ranks()[0].Stats(), w.Ranks()[1].Stats()}
+	for _, tc := range []struct {
+		name, typ string
+		value     func(RankStats) float64
+	}{
+		{"vllm:num_requests_running", "GAUGE", func(s RankStats) float64 { return float64(s.Running) }},
+		{"vllm:num_requests_waiting", "GAUGE", func(s RankStats) float64 { return float64(s.Waiting) }},
+		{"vllm:kv_cache_usage_perc", "GAUGE", func(s RankStats) float64 { return s.Usage }},
+		{"vllm:prefix_cache_queries_total", "COUNTER", func(s RankStats) float64 { return float64(s.PrefixQueries) }},
+		{"vllm:prefix_cache_hits_total", "COUNTER", func(s RankStats) float64 { return float64(s.PrefixHits) }},
+		{"vllm:prompt_tokens_total", "COUNTER", func(s RankStats) float64 { return float64(s.PromptTokens) }},
+		{"vllm:generation_tokens_total", "COUNTER", func(s RankStats) float64 { return float64(s.GenerationTokens) }},
+		{"vllm:num_preemptions_total", "COUNTER", func(s RankStats) float64 { return float64(s.Preemptions) }},
+	} {
+		mf := mfs[tc.name]
+		if mf == nil {
+			t.Errorf("no %s", tc.name)
+			continue
+		}
+		if mf.typ != tc.typ || len(mf.labels) != 2 {
+			t.Errorf("%s: type %s, %d series", tc.name, mf.typ, len(mf.labels))
+		}
+		for _, l := range mf.labels {
+			if l["model_name"] != "sim-model" || len(l) != 2 {
+				t.Errorf("%s labels %v", tc.name, l)
+			}
+		}
+		for r, st := range stats {
+			if got, want := mf.byEngine[[]string{"0", "1"}[r]], tc.value(st); got != want {
+				t.Errorf("%s{engine=%d} = %v, want %v", tc.name, r, got, want)
+			}
+		}
+	}
+	// Spot checks against what was sent.
+	if got := mfs["vllm:prompt_tokens_total"].byEngine; got["1"] != 300 || got["0"] != 4 {
+		t.Errorf("prompt tokens %v", got)
+	}
+	if got := mfs["vllm:prefix_cache_hits_total"].byEngine["1"]; got != (150-1)/16*16 {
+		t.Errorf("prefix cache hits %v", got)
+	}
+	if got := mfs["vllm:generation_tokens_total"].byEngine; got["1"] != 6 || got["0"] != 2 {
+		t.Errorf("generation tokens %v", got)
+	}
+	// The step loops publish the requests' events after the responses.
+	poll.Until(t, "published events in /metrics", func() bool {
+		m := scrape(t, a)
+		return m["kvgate_sim_events_published_total"].byEngine[""] > 0 && m["kvgate_sim_event_batches_published_total"].byEngine[""] > 0
+	})
+	if m := scrape(t, a); m["kvgate_sim_event_publish_errors_total"] == nil || m["kvgate_sim_event_publish_errors_total"].byEngine[""] != 0 {
+		t.Errorf("publish errors: %+v", m["kvgate_sim_event_publish_errors_total"])
+	}
+}
+
+// waitIdle waits until no request runs or waits on any of w's ranks and
+// no block is in use.
+func waitIdle(t *testing.T, w *Worker) {
+	t.Helper()
+	poll.Until(t, "idle ranks with free blocks", func() bool {
+		for _, r := range w.Ranks() {
+			if st := r.Stats(); st.Running != 0 || st.Waiting != 0 || st.Usage != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// realTime is a fleet in real time (a decode step takes ~6 ms), so that a
+// long request is still running while a test acts on it.
+func realTime(t *testing.T) *Fleet {
+	return byteFleet(t, func(c *Config) { c.Engine.Speedup = 1 })
+}
+
+func TestClientCancelFreesBlocks(t *testing.T) {
+	f := realTime(t)
+	w := f.Workers()[0]
+	rank := w.Ranks()[0]
+	a := newAPI(t, w)
+	const maxTokens = 400 // > 2 s of decoding
+
+	t.Run("streaming", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp := a.open(ctx, "/v1/completions", map[string]any{"prompt": text(6, 40), "max_tokens": maxTokens, "stream": true})
+		defer resp.Body.Close()
+		rd := bufio.NewReader(resp.Body)
+		first := decode[completionJSON](t, []byte(nextEvent(t, rd)))
+		if len(first.Choices) != 1 || first.Choices[0].FinishReason != nil {
+			t.Fatalf("first chunk %+v", first)
+		}
+		if st := rank.Stats(); st.Running != 1 || st.Usage == 0 {
+			t.Fatalf("stats while streaming: %+v", st)
+		}
+		// Requests run, so the prefix cache cannot be reset.
+		status, _, data := a.call(http.MethodPost, "/reset_prefix_cache", nil)
+		if e := decode[errorJSON](t, data); status != http.StatusConflict || e.Error.Code != 409 {
+			t.Errorf("reset while running: %d %s", status, data)
+		}
+		before := rank.Stats().GenerationTokens
+		cancel()
+		waitIdle(t, w)
+		if got := rank.Stats().GenerationTokens; got >= before+maxTokens-1 {
+			t.Errorf("the request ran to its end (%d tokens generated) instead of being aborted", got-before)
+		}
+	})
+
+	t.Run("non-streaming", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := a.hc.Do(a.request(ctx, http.MethodPost, "/v1/completions", map[string]any{"prompt": text(7, 40), "max_tokens": maxTokens}))
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		poll.Until(t, "the request to run", func() bool { return rank.Stats().Running == 1 })
+		before := rank.Stats().GenerationTokens
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Errorf("client: %v", err)
+		}
+		waitIdle(t, w)
+		if got := rank.Stats().GenerationTokens; got >= before+maxTokens-1 {
+			t.Errorf("the request ran to its end (%d tokens generated) instead of being aborted", got-before)
+		}
+	})
+}
+
+func TestRestartFailsRequests(t *testing.T) {
+	f := realTime(t)
+	w := f.Workers()[0]
+	a := newAPI(t, w)
+	restart := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := w.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("streaming", func(t *testing.T) {
+		resp := a.open(context.Background(), "/v1/completions", map[string]any{"prompt": text(8, 40), "max_tokens": 400, "stream": true})
+		defer resp.Body.Close()
+		rd := bufio.NewReader(resp.Body)
+		nextEvent(t, rd)
+		restart()
+		// vLLM ends a failed stream with an error event, then [DONE]; a
+		// chunk or two may come before it.
+		for {
+			ev := nextEvent(t, rd)
+			if ev == "[DONE]" {
+				t.Fatal("[DONE] without an error event")
+			}
+			if strings.HasPrefix(ev, `{"error"`) {
+				if e := decode[errorJSON](t, []byte(ev)); e.Error.Code != 500 || e.Error.Type != "InternalServerError" {
+					t.Errorf("error event %s", ev)
+				}
+				break
+			}
+		}
+		if ev := nextEvent(t, rd); ev != "[DONE]" {
+			t.Errorf("after the error: %q", ev)
+		}
+	})
+
+	t.Run("non-streaming", func(t *testing.T) {
+		type result struct {
+			status int
+			data   []byte
+		}
+		done := make(chan result, 1)
+		go func() {
+			resp, err := a.hc.Do(a.request(context.Background(), http.MethodPost, "/v1/completions", map[string]any{"prompt": text(9, 40), "max_tokens": 400}))
+			if err != nil {
+				done <- result{data: []byte(err.Error())}
+				return
+			}
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(resp.Body)
+			done <- result{resp.StatusCode, data}
+		}()
+		poll.Until(t, "the request to run", func() bool { return w.Ranks()[0].Stats().Running == 1 })
+		restart()
+		r := <-done
+		if e := decode[errorJSON](t, r.data); r.status != 500 || e.Error.Type != "InternalServerError" || !strings.Contains(e.Error.Message, "restarted") {
+			t.Errorf("%d %s", r.status, r.data)
+		}
+	})
+}
