@@ -66,7 +66,7 @@ func newRootCmd(stdin io.Reader, stdout, stderr io.Writer) *cobra.Command {
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	root.AddCommand(newServeCmd(), newVersionCmd(), newTokenizeCmd())
+	root.AddCommand(newServeCmd(), newVersionCmd(), newTokenizeCmd(), newSimCmd())
 	return root
 }
 

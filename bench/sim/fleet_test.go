@@ -407,3 +407,27 @@ func freePort(t *testing.T) int {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
 }
+
+// TestRestartEvery: with Faults.RestartEvery the fleet restarts its
+// workers in turn, each coming back serving requests.
+func TestRestartEvery(t *testing.T) {
+	f := startFleet(t, Config{Workers: 2, Faults: Faults{RestartEvery: 5 * time.Millisecond},
+		Engine: EngineConfig{NumBlocks: 64, Speedup: 1e6}})
+	restarts := func(w *Worker) int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.restart
+	}
+	poll.Until(t, "both workers to restart", func() bool {
+		return restarts(f.Workers()[0]) > 0 && restarts(f.Workers()[1]) > 0
+	})
+	// A request may meet a restart; a later one gets through.
+	poll.Until(t, "a request to complete between restarts", func() bool {
+		s, err := f.Workers()[0].Ranks()[0].Submit(Request{Prompt: prompt(1, 20), MaxTokens: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = waitDone(s)
+		return err == nil
+	})
+}

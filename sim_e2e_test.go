@@ -1,0 +1,120 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestE2ESim runs `kvgate sim` (2 workers x 2 DP ranks) and `kvgate serve`
+// subscribed to it with the command line the simulator prints: a
+// completion served by worker 2's rank 1 shows up, through real KV events,
+// in kvgate's /query for that worker and rank only.
+func TestE2ESim(t *testing.T) {
+	ctx := e2eContext(t)
+	dir := t.TempDir()
+	epFile := filepath.Join(dir, "endpoints.json")
+	simProc := startKvgate(t, ctx, "sim", "--workers", "2", "--dp-size", "2", "--base-port", "0",
+		"--event-base-port", "0", "--replay-base-port", "0", "--speedup", "1000", "--endpoints-file", epFile)
+	if _, err := simProc.waitLine(ctx, func(l string) bool { return strings.Contains(l, `msg="sim fleet ready"`) }); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(epFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps simEndpoints
+	if err := json.Unmarshal(data, &eps); err != nil {
+		t.Fatal(err)
+	}
+	if len(eps.Workers) != 2 || len(eps.Workers[1].Ranks) != 2 || eps.Model != "sim-model" || eps.BlockSize != 16 {
+		t.Fatalf("endpoints: %s", data)
+	}
+	args := append([]string{"serve", "--admin-addr", "127.0.0.1:0"}, eps.ServeArgs...)
+	kv := startKvgate(t, ctx, args...)
+	api := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + kv.adminAddr(t, ctx)}
+	api.eventually(func() string {
+		body := api.must(http.StatusOK, "GET", "/workers", nil)
+		if n := strings.Count(body, `"active"`); n < 4 {
+			return "listeners not all active: " + body
+		}
+		return ""
+	})
+
+	prompt := make([]uint32, 200)
+	for i := range prompt {
+		prompt[i] = uint32(1000 + i)
+	}
+	body, _ := json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt, "max_tokens": 1})
+	req, err := http.NewRequestWithContext(ctx, "POST", eps.Workers[1].URL+"/v1/completions", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-data-parallel-rank", "1")
+	resp, err := testClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("completion: status %d", resp.StatusCode)
+	}
+
+	// 200 prompt tokens: 12 full blocks of 16 = 192 tokens on worker 2 rank 1.
+	want := fmt.Sprintf(`{"%d":{"1":192}}`, eps.Workers[1].ID)
+	api.eventually(func() string {
+		got := api.must(http.StatusOK, "POST", "/query", map[string]any{"model_name": "sim-model", "token_ids": prompt})
+		var q struct {
+			Scores json.RawMessage `json:"scores"`
+		}
+		if err := json.Unmarshal([]byte(got), &q); err != nil || !sameJSON(string(q.Scores), want) {
+			return fmt.Sprintf("scores in %s, want %s", got, want)
+		}
+		return ""
+	})
+	stop(t, kv)
+	stop(t, simProc)
+	// What it printed (read once it exited): the same command, quoted for a shell.
+	if want := "route with: kvgate serve " + shellJoin(eps.ServeArgs) + "\n"; !strings.Contains(simProc.stdout.String(), want) {
+		t.Errorf("output %q lacks %q", simProc.stdout.String(), want)
+	}
+}
+
+func TestShellJoin(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want string
+	}{
+		{[]string{"--workers", "1:0=tcp://127.0.0.1:5557|tcp://127.0.0.1:6557"}, "--workers '1:0=tcp://127.0.0.1:5557|tcp://127.0.0.1:6557'"},
+		{[]string{"--model-name", "meta-llama/Llama-3.1-8B"}, "--model-name meta-llama/Llama-3.1-8B"},
+		{[]string{"it's", ""}, `'it'\''s' ''`},
+	} {
+		if got := shellJoin(tc.in); got != tc.want {
+			t.Errorf("shellJoin(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestE2ESimBadFlags(t *testing.T) {
+	ctx := e2eContext(t)
+	for _, args := range [][]string{
+		{"sim", "--encoding", "xml"},
+		{"sim", "--workers", "0", "--base-port", "0"},
+		{"sim", "--fail-rate", "2", "--base-port", "0"},
+		{"sim", "--tokenizer", "/nonexistent", "--base-port", "0"},
+	} {
+		p := startKvgate(t, ctx, args...)
+		if code := p.wait(); code != 1 {
+			t.Errorf("%v: exit code %d, want 1", args, code)
+		}
+		lines := p.stderrLines()
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "kvgate: ") {
+			t.Errorf("%v: stderr %q, want one kvgate: line", args, lines)
+		}
+	}
+}
