@@ -54,6 +54,17 @@ type serveConfig struct {
 	// and the PUB endpoints of the other replicas.
 	ReplicaSyncPort  int
 	ReplicaSyncPeers []string
+
+	// The gateway: the ext_proc server's address (TLS with both files),
+	// the embedded proxy's ("" for off), the models configuration file,
+	// where the --workers' requests go, fallbacks and the load limit.
+	ExtProcAddr        string
+	TLSCert, TLSKey    string
+	ProxyAddr          string
+	ModelsFile         string
+	WorkerEndpoints    map[uint64]string
+	Fallbacks          int
+	MaxRequestsPerRank int
 }
 
 // dynMinWorkersEnv is Dynamo's variable for the startup gate; kvgate honours
@@ -135,6 +146,14 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.Duration("peer-timeout", 10*time.Second, "how long to wait for one peer's /dump during recovery")
 	fs.Int("min-initial-workers", 0, "active workers needed before /ready first answers 200; env "+dynMinWorkersEnv+" is honoured too")
 	fs.Int("replica-sync-port", 0, "port of the ZMQ PUB socket (bound on tcp://*:<port>) sharing active-load events with other kvgate replicas; 0: replica sync off")
+	fs.String("ext-proc-addr", ":9002", "listen address of the Envoy ext_proc (endpoint picker) gRPC server; empty: off")
+	fs.String("tls-cert", "", "TLS certificate file for the ext_proc server (with --tls-key)")
+	fs.String("tls-key", "", "TLS private key file for the ext_proc server (with --tls-cert)")
+	fs.String("proxy-addr", "", "listen address of the embedded OpenAI-compatible proxy; empty: off")
+	fs.String("models", "", "YAML file mapping served model names to tokenizers and block sizes (see README); --model-name is added, tokenized remotely, when not listed")
+	fs.String("worker-endpoints", "", `where the requests of the --workers go: comma-separated id=host:port, e.g. "1=10.0.0.5:8000,2=10.0.0.6:8000"`)
+	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
+	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
 	fs.String("replica-sync-peers", "", `comma-separated replica sync PUB endpoints of the other replicas, e.g. "tcp://kvgate-b:9092"; requires --replica-sync-port`)
 }
 
@@ -357,7 +376,71 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if len(cfg.ReplicaSyncPeers) > 0 && cfg.ReplicaSyncPort == 0 {
 		return cfg, bad("replica-sync-peers", syncPeers, "requires --replica-sync-port (this replica's own PUB port)")
 	}
+
+	for _, a := range []struct {
+		key string
+		dst *string
+	}{{"ext-proc-addr", &cfg.ExtProcAddr}, {"proxy-addr", &cfg.ProxyAddr}} {
+		if *a.dst, err = getString(v, a.key); err != nil {
+			return cfg, bad(a.key, v.Get(a.key), err.Error())
+		}
+		if *a.dst != "" {
+			if _, _, err := net.SplitHostPort(*a.dst); err != nil {
+				return cfg, bad(a.key, *a.dst, "want host:port, e.g. :9002, or empty for off")
+			}
+		}
+	}
+	if cfg.TLSCert, err = getString(v, "tls-cert"); err != nil {
+		return cfg, bad("tls-cert", v.Get("tls-cert"), err.Error())
+	}
+	if cfg.TLSKey, err = getString(v, "tls-key"); err != nil {
+		return cfg, bad("tls-key", v.Get("tls-key"), err.Error())
+	}
+	if (cfg.TLSCert == "") != (cfg.TLSKey == "") {
+		return cfg, bad("tls-cert", cfg.TLSCert, "--tls-cert and --tls-key go together")
+	}
+	if cfg.ModelsFile, err = getString(v, "models"); err != nil {
+		return cfg, bad("models", v.Get("models"), err.Error())
+	}
+	eps, err := getString(v, "worker-endpoints")
+	if err != nil {
+		return cfg, bad("worker-endpoints", v.Get("worker-endpoints"), err.Error())
+	}
+	if cfg.WorkerEndpoints, err = parseWorkerEndpoints(eps); err != nil {
+		return cfg, bad("worker-endpoints", eps, err.Error())
+	}
+	if cfg.Fallbacks, err = getInt(v, "fallbacks"); err != nil || cfg.Fallbacks < 0 {
+		return cfg, bad("fallbacks", v.Get("fallbacks"), "want an integer >= 0")
+	}
+	if cfg.MaxRequestsPerRank, err = getInt(v, "max-requests-per-rank"); err != nil || cfg.MaxRequestsPerRank < 0 {
+		return cfg, bad("max-requests-per-rank", v.Get("max-requests-per-rank"), "want an integer >= 0")
+	}
 	return cfg, nil
+}
+
+// parseWorkerEndpoints parses --worker-endpoints: comma-separated
+// id=host:port (or id=http://host:port).
+func parseWorkerEndpoints(s string) (map[uint64]string, error) {
+	out := map[uint64]string{}
+	for entry := range strings.SplitSeq(s, ",") {
+		if entry = strings.TrimSpace(entry); entry == "" {
+			continue
+		}
+		idStr, ep, ok := strings.Cut(entry, "=")
+		id, err := strconv.ParseUint(strings.TrimSpace(idStr), 10, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("entry %q: want id=host:port", entry)
+		}
+		hp := strings.TrimPrefix(strings.TrimSpace(ep), "http://")
+		if _, _, err := net.SplitHostPort(hp); err != nil {
+			return nil, fmt.Errorf("entry %q: want id=host:port", entry)
+		}
+		if _, dup := out[id]; dup {
+			return nil, fmt.Errorf("worker %d listed twice", id)
+		}
+		out[id] = hp
+	}
+	return out, nil
 }
 
 // parseSize parses a byte count: "1048576", "512KiB", "8MiB", "1GiB" (also

@@ -227,6 +227,24 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}
 	}
 
+	for id, ep := range cfg.WorkerEndpoints {
+		err := catalog.PatchWorker(scheduler.WorkerPatch{
+			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: id}, Endpoint: &ep})
+		if err != nil {
+			return fmt.Errorf("--worker-endpoints: worker %d: %w (list it in --workers too)", id, err)
+		}
+	}
+
+	gw, err := newGateway(cfg, catalog, sched, reg, logger)
+	if err != nil {
+		return err
+	}
+	stopFronts, err := startFronts(cfg, gw, catalog, logger)
+	if err != nil {
+		return err
+	}
+	defer stopFronts()
+
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		return fmt.Errorf("admin listener: %w", err)

@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -420,6 +421,10 @@ func startKvgate(t *testing.T, ctx context.Context, args ...string) *kvgateProc 
 func startKvgateEnv(t *testing.T, ctx context.Context, env []string, args ...string) *kvgateProc {
 	t.Helper()
 	p := &kvgateProc{changed: make(chan struct{}, 1), eof: make(chan struct{})}
+	if len(args) > 0 && args[0] == "serve" && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--ext-proc-addr") }) {
+		// Not the default :9002: tests run several kvgate processes at once.
+		args = append(slices.Clone(args), "--ext-proc-addr", "127.0.0.1:0")
+	}
 	p.cmd = exec.CommandContext(ctx, kvgateBin, args...)
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "DYN_") {

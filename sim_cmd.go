@@ -160,7 +160,11 @@ func runSim(ctx context.Context, cfg sim.Config, endpointFile string, out io.Wri
 	if cfg.Topic != "" {
 		doc.ServeArgs = append(doc.ServeArgs, "--kv-topic", cfg.Topic)
 	}
-	doc.ServeArgs = append(doc.ServeArgs, "--workers", strings.Join(workers, ","))
+	var https []string
+	for _, w := range doc.Workers {
+		https = append(https, fmt.Sprintf("%d=%s", w.ID, strings.TrimPrefix(w.URL, "http://")))
+	}
+	doc.ServeArgs = append(doc.ServeArgs, "--workers", strings.Join(workers, ","), "--worker-endpoints", strings.Join(https, ","))
 	fmt.Fprintf(out, "route with: kvgate serve %s\n", shellJoin(doc.ServeArgs))
 	if endpointFile != "" {
 		data, err := json.MarshalIndent(doc, "", "  ")

@@ -132,6 +132,7 @@ type Catalog struct {
 type schedCache struct {
 	gen, ingestGen uint64
 	set            map[indexer.Key]map[uint64]bool // schedulable worker ids per index
+	targets        map[indexer.Key][]Target        // the same workers, sorted by id
 }
 
 // NewCatalog returns an empty catalog whose workers' events feed set
@@ -209,22 +210,44 @@ func (c *Catalog) Loads() *Loads { return c.loads }
 // schedulable returns the ids of the schedulable workers (see Schedulable)
 // of every (model, tenant). The maps are shared: do not modify them.
 func (c *Catalog) schedulable() map[indexer.Key]map[uint64]bool {
+	return c.schedView().set
+}
+
+// Target is a schedulable worker as a gateway sees it.
+type Target struct {
+	ID uint64
+	// Endpoint is where its requests go (host:port or URL), "" if unknown.
+	Endpoint string
+	// Ranks is its number of data-parallel ranks.
+	Ranks int
+}
+
+// Targets returns the schedulable workers of key, by id. The slice is
+// shared until the catalog or a listener changes: do not modify it.
+func (c *Catalog) Targets(key indexer.Key) []Target {
+	return c.schedView().targets[key]
+}
+
+// schedView returns the schedulable workers, recomputed only when the
+// catalog or the ingester's listeners changed.
+func (c *Catalog) schedView() *schedCache {
 	gen, ig := c.gen.Load(), c.ingest.Generation()
 	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.ingestGen == ig {
-		return sc.set
+		return sc
 	}
-	set := make(map[indexer.Key]map[uint64]bool)
-	for _, w := range c.Workers("", "") {
+	sc := &schedCache{gen: gen, ingestGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
+	for _, w := range c.Workers("", "") { // sorted by id within a key
 		if !Schedulable(w.Status) {
 			continue
 		}
-		if set[w.Key] == nil {
-			set[w.Key] = make(map[uint64]bool)
+		if sc.set[w.Key] == nil {
+			sc.set[w.Key] = make(map[uint64]bool)
 		}
-		set[w.Key][w.ID] = true
+		sc.set[w.Key][w.ID] = true
+		sc.targets[w.Key] = append(sc.targets[w.Key], Target{ID: w.ID, Endpoint: w.Endpoint, Ranks: len(w.Ranks)})
 	}
-	c.sched.Store(&schedCache{gen: gen, ingestGen: ig, set: set})
-	return set
+	c.sched.Store(sc)
+	return sc
 }
 
 // endpoint returns where wk's requests go ("" if unknown).

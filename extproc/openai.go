@@ -1,0 +1,321 @@
+package extproc
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/kvgate/kvgate/tokenize"
+)
+
+// Error is a request the gateway refuses, answered as OpenAI does:
+// {"error": {"message", "type", "param", "code"}} with Status.
+type Error struct {
+	Status  int
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Body returns the error's JSON body.
+func (e *Error) Body() []byte {
+	typ := map[int]string{
+		http.StatusBadRequest: "BadRequestError", http.StatusNotFound: "NotFoundError",
+		http.StatusTooManyRequests: "RateLimitError", http.StatusServiceUnavailable: "ServiceUnavailableError",
+		http.StatusRequestEntityTooLarge: "BadRequestError",
+	}[e.Status]
+	if typ == "" {
+		typ = "InternalServerError"
+	}
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": e.Message, "type": typ, "param": nil, "code": e.Status}})
+	return b
+}
+
+func errorf(status int, format string, args ...any) *Error {
+	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}
+}
+
+// Kind is what a request asks for, by its path.
+type Kind uint8
+
+// The request kinds the gateway understands.
+const (
+	KindOther      Kind = iota // anything else: routed on load only
+	KindCompletion             // /v1/completions
+	KindChat                   // /v1/chat/completions
+	KindResponses              // /v1/responses
+	KindEmbeddings             // /v1/embeddings: routed on load only
+)
+
+// kindOf maps a request path (query string ignored) to its kind.
+func kindOf(path string) Kind {
+	path, _, _ = strings.Cut(path, "?")
+	switch strings.TrimSuffix(path, "/") {
+	case "/v1/completions":
+		return KindCompletion
+	case "/v1/chat/completions":
+		return KindChat
+	case "/v1/responses":
+		return KindResponses
+	case "/v1/embeddings":
+		return KindEmbeddings
+	}
+	return KindOther
+}
+
+// Prompt is a parsed request body: the model and what to tokenize.
+type Prompt struct {
+	Kind  Kind
+	Model string
+	// Stream is the client's "stream" flag.
+	Stream bool
+	// Tokenize is the prompt to tokenize (Text or Chat), unless IDs are
+	// given or the request is load-only.
+	Tokenize tokenize.Request
+	// IDs are a completion prompt's token ids, given by the client.
+	IDs []uint32
+	// LoadOnly requests are routed on load, not cache overlap.
+	LoadOnly bool
+	// Bytes is the prompt's size, for load-only requests' length estimate.
+	Bytes int
+}
+
+// completionBody, chatBody, responsesBody and embeddingsBody are the parts
+// of the OpenAI request bodies the gateway reads; everything else passes
+// through untouched.
+type completionBody struct {
+	Model            string          `json:"model"`
+	Prompt           json.RawMessage `json:"prompt"`
+	Stream           bool            `json:"stream"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"`
+}
+
+type chatBody struct {
+	Model                string          `json:"model"`
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	Documents            json.RawMessage `json:"documents"`
+	Stream               bool            `json:"stream"`
+}
+
+type responsesBody struct {
+	Model        string          `json:"model"`
+	Input        json.RawMessage `json:"input"`
+	Instructions *string         `json:"instructions"`
+	Tools        json.RawMessage `json:"tools"`
+	Stream       bool            `json:"stream"`
+}
+
+type modelOnly struct {
+	Model  string          `json:"model"`
+	Input  json.RawMessage `json:"input"`
+	Stream bool            `json:"stream"`
+}
+
+// ParsePrompt reads an OpenAI request body for path. Errors are 400s.
+func ParsePrompt(path string, body []byte) (Prompt, *Error) {
+	p := Prompt{Kind: kindOf(path), Bytes: len(body)}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return p, errorf(http.StatusBadRequest, "request body is empty; want a JSON object")
+	}
+	bad := func(err error) *Error {
+		return errorf(http.StatusBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	switch p.Kind {
+	case KindCompletion:
+		var b completionBody
+		if err := json.Unmarshal(body, &b); err != nil {
+			return p, bad(err)
+		}
+		p.Model, p.Stream = b.Model, b.Stream
+		text, ids, e := completionPrompt(b.Prompt)
+		if e != nil {
+			return p, e
+		}
+		p.IDs = ids
+		p.Tokenize = tokenize.Request{Text: text, AddSpecialTokens: b.AddSpecialTokens}
+	case KindChat:
+		var b chatBody
+		if err := json.Unmarshal(body, &b); err != nil {
+			return p, bad(err)
+		}
+		p.Model, p.Stream = b.Model, b.Stream
+		if !present(b.Messages) {
+			return p, errorf(http.StatusBadRequest, "messages is required")
+		}
+		gen := b.AddGenerationPrompt == nil || *b.AddGenerationPrompt
+		if b.ContinueFinalMessage && b.AddGenerationPrompt == nil {
+			gen = false // vLLM: continue_final_message and add_generation_prompt exclude each other
+		}
+		p.Tokenize = tokenize.Request{Chat: &tokenize.ChatRequest{
+			Messages: b.Messages, Tools: nullToNil(b.Tools), AddGenerationPrompt: gen,
+			ContinueFinalMessage: b.ContinueFinalMessage, Documents: nullToNil(b.Documents), Kwargs: nullToNil(b.ChatTemplateKwargs),
+		}}
+	case KindResponses:
+		var b responsesBody
+		if err := json.Unmarshal(body, &b); err != nil {
+			return p, bad(err)
+		}
+		p.Model, p.Stream = b.Model, b.Stream
+		msgs, e := responsesMessages(b.Instructions, b.Input)
+		if e != nil {
+			return p, e
+		}
+		p.Tokenize = tokenize.Request{Chat: &tokenize.ChatRequest{Messages: msgs, Tools: responsesTools(b.Tools), AddGenerationPrompt: true}}
+	default:
+		var b modelOnly
+		if err := json.Unmarshal(body, &b); err != nil {
+			return p, bad(err)
+		}
+		p.Model, p.Stream, p.LoadOnly = b.Model, b.Stream, true
+	}
+	if p.Model == "" {
+		return p, errorf(http.StatusBadRequest, "model is required")
+	}
+	p.Tokenize.Model = p.Model
+	return p, nil
+}
+
+func present(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) > 0 && !bytes.Equal(t, []byte("null"))
+}
+
+func nullToNil(raw json.RawMessage) json.RawMessage {
+	if !present(raw) {
+		return nil
+	}
+	return raw
+}
+
+// completionPrompt reads a completion's prompt: a string, a list of token
+// ids, or a list of either (a batch; the first prompt routes it, as every
+// prompt of a batch goes to the same engine).
+func completionPrompt(raw json.RawMessage) (string, []uint32, *Error) {
+	if !present(raw) {
+		return "", nil, errorf(http.StatusBadRequest, "prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil, nil
+	}
+	var ids []uint32
+	if json.Unmarshal(raw, &ids) == nil {
+		if len(ids) == 0 {
+			return "", nil, errorf(http.StatusBadRequest, "prompt is empty")
+		}
+		return "", ids, nil
+	}
+	var texts []string
+	if json.Unmarshal(raw, &texts) == nil {
+		if len(texts) == 0 {
+			return "", nil, errorf(http.StatusBadRequest, "prompt is an empty list")
+		}
+		return texts[0], nil, nil
+	}
+	var lists [][]uint32
+	if json.Unmarshal(raw, &lists) == nil {
+		if len(lists) == 0 || len(lists[0]) == 0 {
+			return "", nil, errorf(http.StatusBadRequest, "prompt is empty")
+		}
+		return "", lists[0], nil
+	}
+	return "", nil, errorf(http.StatusBadRequest, "prompt: want a string, a list of strings, a list of token ids (non-negative integers) or a list of such lists")
+}
+
+// responsesMessages turns a Responses API request's instructions and input
+// into chat messages, as vLLM does before applying the chat template:
+// instructions become a system message, a string input one user message,
+// and input message items keep their role with input_text / output_text
+// parts as text. Other items (function calls and their outputs, reasoning)
+// keep their type and fields, as the template may render them.
+func responsesMessages(instructions *string, input json.RawMessage) (json.RawMessage, *Error) {
+	if !present(input) {
+		return nil, errorf(http.StatusBadRequest, "input is required")
+	}
+	var msgs []map[string]any
+	if instructions != nil {
+		msgs = append(msgs, map[string]any{"role": "system", "content": *instructions})
+	}
+	var s string
+	if json.Unmarshal(input, &s) == nil {
+		msgs = append(msgs, map[string]any{"role": "user", "content": s})
+		return mustJSON(msgs), nil
+	}
+	var items []map[string]json.RawMessage
+	if err := json.Unmarshal(input, &items); err != nil {
+		return nil, errorf(http.StatusBadRequest, "input: want a string or a list of items")
+	}
+	for i, it := range items {
+		var role, typ string
+		_ = json.Unmarshal(it["role"], &role)
+		_ = json.Unmarshal(it["type"], &typ)
+		switch {
+		case role != "":
+			m := map[string]any{"role": role}
+			var text string
+			if json.Unmarshal(it["content"], &text) == nil {
+				m["content"] = text
+			} else {
+				var parts []map[string]any
+				if err := json.Unmarshal(it["content"], &parts); err != nil {
+					return nil, errorf(http.StatusBadRequest, "input[%d].content: want a string or a list of parts", i)
+				}
+				for _, p := range parts {
+					if t, _ := p["type"].(string); t == "input_text" || t == "output_text" {
+						p["type"] = "text"
+					}
+				}
+				m["content"] = parts
+			}
+			msgs = append(msgs, m)
+		case typ != "":
+			m := map[string]any{}
+			for k, v := range it {
+				m[k] = v
+			}
+			msgs = append(msgs, m)
+		default:
+			return nil, errorf(http.StatusBadRequest, "input[%d]: an item needs a role or a type", i)
+		}
+	}
+	return mustJSON(msgs), nil
+}
+
+// responsesTools converts Responses API function tools ({"type":
+// "function", "name", "parameters", ...}) to the chat form ({"type":
+// "function", "function": {...}}) the templates expect.
+func responsesTools(raw json.RawMessage) json.RawMessage {
+	if !present(raw) {
+		return nil
+	}
+	var tools []map[string]any
+	if json.Unmarshal(raw, &tools) != nil {
+		return raw
+	}
+	for i, t := range tools {
+		if t["type"] == "function" && t["function"] == nil {
+			fn := map[string]any{}
+			for k, v := range t {
+				if k != "type" {
+					fn[k] = v
+				}
+			}
+			tools[i] = map[string]any{"type": "function", "function": fn}
+		}
+	}
+	return mustJSON(tools)
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("extproc: marshal %T: %v", v, err)) // values built from decoded JSON always encode
+	}
+	return b
+}
