@@ -91,7 +91,7 @@ func NewServer(g *Gateway, opts ServerOptions) (*Server, error) {
 	s := &Server{g: g, opts: opts, log: opts.Logger, grpc: grpc.NewServer(gopts...), health: health.NewServer(), stop: make(chan struct{})}
 	extprocv3.RegisterExternalProcessorServer(s.grpc, s)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
-	for _, name := range []string{"", "liveness", ExtProcServiceName} {
+	for _, name := range []string{"", "liveness"} {
 		s.health.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
 	}
 	s.setReadiness()
@@ -103,7 +103,10 @@ func (s *Server) setReadiness() {
 	if s.opts.Ready != nil && !s.opts.Ready() {
 		st = healthpb.HealthCheckResponse_NOT_SERVING
 	}
+	// Envoy health-checks the service itself: it follows readiness, as
+	// the GIE protocol asks.
 	s.health.SetServingStatus("readiness", st)
+	s.health.SetServingStatus(ExtProcServiceName, st)
 }
 
 // Serve serves on ln until Shutdown.
