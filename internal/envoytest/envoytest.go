@@ -51,9 +51,12 @@ type Client struct {
 	api  extprocv3.ExternalProcessorClient
 }
 
-// Dial connects to addr (host:port) without TLS.
-func Dial(addr string) (*Client, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+// Dial connects to addr (host:port); without options, without TLS.
+func Dial(addr string, opts ...grpc.DialOption) (*Client, error) {
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, err
 	}
