@@ -520,11 +520,7 @@ func (s *Seq) hashUpTo(n, bs int) {
 // nextToken draws the next output id (splitmix64).
 func (s *Seq) nextToken(vocab int) uint32 {
 	s.rng += 0x9e3779b97f4a7c15
-	z := s.rng
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
-	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
-	z ^= z >> 31
-	return uint32(z % uint64(vocab))
+	return uint32(mix(s.rng) % uint64(vocab))
 }
 
 // step runs one whole step without waiting: schedule, then finish. It
