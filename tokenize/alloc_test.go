@@ -29,3 +29,34 @@ func TestAppendEncodeAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestSegmentCacheHitAllocs checks that a multi-turn chat whose segments are all
+// cached encodes without allocating (only a miss stores, and allocates, an entry).
+func TestSegmentCacheHitAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts need a quiet run")
+	}
+	for _, s := range cacheSubjects(t) {
+		if s.chat == nil {
+			continue
+		}
+		tk := s.ref.WithSegmentCache(SegmentCacheOptions{MaxBytes: DefaultSegmentCacheBytes})
+		text, err := s.chat.Render(chatRequest(t, requestK(conversation(3, 6, 800, 1200), 6)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst, err := tk.AppendEncode(nil, text, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allocs := testing.AllocsPerRun(20, func() {
+			dst, _ = tk.AppendEncode(dst[:0], text, false)
+		})
+		if allocs > 0 {
+			t.Errorf("%s: a fully cached AppendEncode allocates %.1f times per call", s.name, allocs)
+		}
+		if st := tk.SegmentCacheStats(); st.Hits == 0 {
+			t.Errorf("%s: no hits: %+v", s.name, st)
+		}
+	}
+}

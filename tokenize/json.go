@@ -309,7 +309,8 @@ func (d *jJSONDecoder) str() (string, error) {
 	d.pos++ // opening quote
 	start := d.pos
 	// fast path: no escapes
-	for i := start; i < len(s); i++ {
+	i := start
+	for ; i < len(s); i++ {
 		c := s[i]
 		if c == '"' {
 			d.pos = i + 1
@@ -323,8 +324,10 @@ func (d *jJSONDecoder) str() (string, error) {
 			return "", d.errorf("Invalid control character")
 		}
 	}
+	// s[start:i] has no escapes.
 	var b strings.Builder
-	i := start
+	b.Grow(2*(i-start) + 16)
+	b.WriteString(s[start:i])
 	for {
 		if i >= len(s) {
 			d.pos = start - 1
@@ -339,8 +342,13 @@ func (d *jJSONDecoder) str() (string, error) {
 			d.pos = i
 			return "", d.errorf("Invalid control character")
 		case c != '\\':
-			b.WriteByte(c)
-			i++
+			// Copy the run up to the next quote, escape or control character at once.
+			j := i + 1
+			for j < len(s) && s[j] != '"' && s[j] != '\\' && s[j] >= 0x20 {
+				j++
+			}
+			b.WriteString(s[i:j])
+			i = j
 			continue
 		}
 		if i+1 >= len(s) {

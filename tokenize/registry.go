@@ -116,6 +116,9 @@ type model struct {
 	chat *ChatTemplate // nil: no chat template
 	// why says why tok or chat is missing, for errors and logs.
 	why string
+	// segHits and segMisses count tok's segment-cache lookups for this model (nil
+	// without a cache).
+	segHits, segMisses prometheus.Counter
 }
 
 // Registry maps served model names to their tokenizers. Loaded once by
@@ -129,9 +132,11 @@ type Registry struct {
 }
 
 type registryMetrics struct {
-	paths    *prometheus.CounterVec
-	failures *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
+	paths     *prometheus.CounterVec
+	failures  *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	segHits   *prometheus.CounterVec
+	segMisses *prometheus.CounterVec
 }
 
 // RegistryOptions configure NewRegistry.
@@ -142,6 +147,14 @@ type RegistryOptions struct {
 	Strict     bool
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// SegmentCacheBytes is the budget of the segment cache each loaded tokenizer
+	// gets (see Tokenizer.WithSegmentCache): 0 means DefaultSegmentCacheBytes
+	// (64 MiB), a negative value disables the cache. Models sharing a tokenizer
+	// directory share its cache.
+	SegmentCacheBytes int64
+	// SegmentCacheMinBytes is the shortest segment cached; 0 means
+	// DefaultSegmentCacheMinBytes.
+	SegmentCacheMinBytes int
 }
 
 // NewRegistry loads every configured model's tokenizer and chat template.
@@ -165,9 +178,15 @@ func NewRegistry(cfg Config, opts RegistryOptions) (*Registry, error) {
 			Name: "kvgate_tokenize_duration_seconds", Help: "Time to tokenize a prompt, by path.",
 			Buckets: prometheus.ExponentialBuckets(1e-6, 3, 14),
 		}, []string{"path"}),
+		segHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_tokenize_segment_cache_hits_total", Help: "Text segments (between special tokens) whose token ids came from the segment cache, by model.",
+		}, []string{"model"}),
+		segMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvgate_tokenize_segment_cache_misses_total", Help: "Text segments (between special tokens) looked up in the segment cache and encoded, by model.",
+		}, []string{"model"}),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{r.m.paths, r.m.failures, r.m.latency} {
+		for _, c := range []prometheus.Collector{r.m.paths, r.m.failures, r.m.latency, r.m.segHits, r.m.segMisses} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("tokenize metrics: %w", err)
 			}
@@ -204,6 +223,13 @@ func NewRegistry(cfg Config, opts RegistryOptions) (*Registry, error) {
 				case err != nil:
 					return nil, fmt.Errorf("model %q: %w", mc.Name, err)
 				}
+				if l.tok != nil && opts.SegmentCacheBytes >= 0 {
+					size := opts.SegmentCacheBytes
+					if size == 0 {
+						size = DefaultSegmentCacheBytes
+					}
+					l.tok = l.tok.WithSegmentCache(SegmentCacheOptions{MaxBytes: size, MinBytes: opts.SegmentCacheMinBytes})
+				}
 				l.chat, err = LoadChatTemplate(mc.Tokenizer)
 				switch {
 				case errors.Is(err, ErrNoChatTemplate):
@@ -213,6 +239,10 @@ func NewRegistry(cfg Config, opts RegistryOptions) (*Registry, error) {
 				dirs[mc.Tokenizer] = l
 			}
 			m.tok, m.chat, m.why = l.tok, l.chat, l.why
+			if m.tok != nil && m.tok.segs != nil {
+				m.segHits = r.m.segHits.WithLabelValues(mc.Name)
+				m.segMisses = r.m.segMisses.WithLabelValues(mc.Name)
+			}
 			if m.why != "" {
 				r.log.Warn("local tokenizer unusable; using fallbacks", "model", mc.Name, "dir", mc.Tokenizer, "reason", m.why, "fallbacks", mc.Fallbacks)
 			}
@@ -315,7 +345,7 @@ func (r *Registry) local(m *model, req Request) ([]uint32, error) {
 		return nil, errors.New(m.why)
 	}
 	if req.Chat == nil {
-		return m.tok.Encode(req.Text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		return r.encode(m, req.Text, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	}
 	if m.chat == nil {
 		return nil, fmt.Errorf("%w: model %q has no chat template", ErrNoChatTemplate, req.Model)
@@ -324,7 +354,21 @@ func (r *Registry) local(m *model, req Request) ([]uint32, error) {
 	if err != nil {
 		return nil, err
 	}
-	return m.tok.Encode(text, false)
+	return r.encode(m, text, false)
+}
+
+// encode is m.tok.Encode, counting the segment-cache lookups.
+func (r *Registry) encode(m *model, text string, addSpecialTokens bool) ([]uint32, error) {
+	ids, lk, err := m.tok.appendEncode(make([]uint32, 0, len(text)/3+4), text, addSpecialTokens)
+	if m.segHits != nil {
+		if lk.hits > 0 {
+			m.segHits.Add(float64(lk.hits))
+		}
+		if lk.misses > 0 {
+			m.segMisses.Add(float64(lk.misses))
+		}
+	}
+	return ids, err
 }
 
 func (r *Registry) remoteTokens(ctx context.Context, req Request) ([]uint32, error) {

@@ -26,6 +26,9 @@ type Tokenizer struct {
 	track     bool
 	vocabSize int
 	pool      sync.Pool // *encScratch
+	// segs, when not nil, caches the ids of the text between added tokens (see
+	// WithSegmentCache).
+	segs *segCache
 }
 
 // UnsupportedError names the tokenizer.json component kvgate cannot reproduce exactly
@@ -47,6 +50,24 @@ func Load(dir string) (*Tokenizer, error) {
 	}
 	return t, nil
 }
+
+// WithSegmentCache returns a Tokenizer that encodes exactly as t does, sharing t's
+// tables and word cache, with its own segment cache of the given size (none when
+// opts.MaxBytes <= 0). The cache keeps the ids of the text between added tokens
+// (special tokens such as <|im_start|> or <|eot_id|>), keyed by that text and by
+// whether it starts the input, so that text repeated across calls (the earlier turns
+// of a multi-turn chat prompt) is not encoded again. The ids are the same with or
+// without it (see the package documentation). t itself is unchanged.
+func (t *Tokenizer) WithSegmentCache(opts SegmentCacheOptions) *Tokenizer {
+	u := &Tokenizer{model: t.model, norm: t.norm, pre: t.pre, added: t.added, post: t.post,
+		track: t.track, vocabSize: t.vocabSize, segs: newSegCache(opts)}
+	u.pool.New = func() any { return &encScratch{track: u.track} }
+	return u
+}
+
+// SegmentCacheStats returns the segment cache's counters and size (zero without a
+// cache).
+func (t *Tokenizer) SegmentCacheStats() SegmentCacheStats { return t.segs.stats() }
 
 // TokenID returns the id of a token: an added token's content, or a vocabulary entry.
 func (t *Tokenizer) TokenID(token string) (uint32, bool) {
@@ -74,11 +95,35 @@ var errInvalidUTF8 = errors.New("tokenize: text is not valid UTF-8")
 // AppendEncode appends the token ids of text to dst and returns the extended slice.
 // On error dst is returned unchanged.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, error) {
+	dst, _, err := t.appendEncode(dst, text, addSpecialTokens)
+	return dst, err
+}
+
+// segLookups counts one call's segment-cache lookups.
+type segLookups struct{ hits, misses int }
+
+// appendEncode is AppendEncode, also reporting the call's segment-cache lookups.
+func (t *Tokenizer) appendEncode(dst []uint32, text string, addSpecialTokens bool) ([]uint32, segLookups, error) {
 	if !utf8.ValidString(text) {
-		return dst, errInvalidUTF8
+		return dst, segLookups{}, errInvalidUTF8
 	}
 	st := t.pool.Get().(*encScratch)
-	defer t.putScratch(st)
+	st.lk = segLookups{}
+	dst, err := t.appendEncodeWith(dst, text, addSpecialTokens, st)
+	lk := st.lk
+	t.putScratch(st)
+	if c := t.segs; c != nil {
+		if lk.hits > 0 {
+			c.hits.Add(uint64(lk.hits))
+		}
+		if lk.misses > 0 {
+			c.misses.Add(uint64(lk.misses))
+		}
+	}
+	return dst, lk, err
+}
+
+func (t *Tokenizer) appendEncodeWith(dst []uint32, text string, addSpecialTokens bool, st *encScratch) ([]uint32, error) {
 	base := len(dst)
 	var err error
 	if p := &t.post; p.simple {
@@ -122,38 +167,63 @@ func (t *Tokenizer) encodeBody(dst []uint32, text string, st *encScratch) ([]uin
 	segs := t.added.raw.split(text, t.added.tokens, st.segs[:0])
 	st.segs = segs
 	var err error
+	c := t.segs
 	for _, sg := range segs {
 		if sg.id >= 0 {
 			dst = append(dst, uint32(sg.id))
 			continue
 		}
-		p := piece{s: text[sg.start:sg.end], orig0: sg.start == 0}
-		if t.track && p.orig0 {
-			_, p.zp = utf8.DecodeRuneInString(p.s)
-		}
-		// 2. Normalize the piece, then split it on the normalized added tokens.
-		if t.norm != nil {
-			p = t.norm.normalize(st, p)
-		}
-		if p.s == "" {
-			continue
-		}
-		if t.added.norm.empty() {
-			if dst, err = t.encodePiece(dst, p, st); err != nil {
+		s, first := text[sg.start:sg.end], sg.start == 0
+		if c == nil || len(s) < c.minLen {
+			if dst, err = t.encodeSegment(dst, s, first, st); err != nil {
 				return dst, err
 			}
 			continue
 		}
-		nsegs := t.added.norm.split(p.s, t.added.tokens, st.nsegs[:0])
-		st.nsegs = nsegs
-		for _, ns := range nsegs {
-			if ns.id >= 0 {
-				dst = append(dst, uint32(ns.id))
-				continue
-			}
-			if dst, err = t.encodePiece(dst, p.sub(ns.start, ns.end), st); err != nil {
-				return dst, err
-			}
+		// The segment's ids depend only on (s, first): see the package documentation.
+		h := c.hash(s, first)
+		if ids, ok := c.get(h, s, first); ok {
+			st.lk.hits++
+			dst = append(dst, ids...)
+			continue
+		}
+		st.lk.misses++
+		n := len(dst)
+		if dst, err = t.encodeSegment(dst, s, first, st); err != nil {
+			return dst, err
+		}
+		c.put(h, s, first, dst[n:])
+	}
+	return dst, nil
+}
+
+// encodeSegment appends the ids of s, text between two added tokens of the raw text
+// (first: s starts the input). The result is a function of s and first alone.
+func (t *Tokenizer) encodeSegment(dst []uint32, s string, first bool, st *encScratch) ([]uint32, error) {
+	var err error
+	p := piece{s: s, orig0: first}
+	if t.track && p.orig0 {
+		_, p.zp = utf8.DecodeRuneInString(p.s)
+	}
+	// 2. Normalize the piece, then split it on the normalized added tokens.
+	if t.norm != nil {
+		p = t.norm.normalize(st, p)
+	}
+	if p.s == "" {
+		return dst, nil
+	}
+	if t.added.norm.empty() {
+		return t.encodePiece(dst, p, st)
+	}
+	nsegs := t.added.norm.split(p.s, t.added.tokens, st.nsegs[:0])
+	st.nsegs = nsegs
+	for _, ns := range nsegs {
+		if ns.id >= 0 {
+			dst = append(dst, uint32(ns.id))
+			continue
+		}
+		if dst, err = t.encodePiece(dst, p.sub(ns.start, ns.end), st); err != nil {
+			return dst, err
 		}
 	}
 	return dst, nil
@@ -183,7 +253,8 @@ func (t *Tokenizer) encodePiece(dst []uint32, p piece, st *encScratch) ([]uint32
 // encScratch holds the per-call buffers, pooled per Tokenizer.
 type encScratch struct {
 	track    bool
-	arena    []byte // rewritten text; pieces point into it (see str)
+	lk       segLookups // this call's segment-cache lookups
+	arena    []byte     // rewritten text; pieces point into it (see str)
 	segs     []addedSeg
 	nsegs    []addedSeg
 	pa, pb   []piece
@@ -324,8 +395,9 @@ type addedSeg struct {
 // tokenTrie matches added-token contents leftmost-longest (aho-corasick's
 // MatchKind::LeftmostLongest): the earliest match, the longest at that position.
 type tokenTrie struct {
-	first [256]bool
-	nodes []trieNode
+	first  [256]bool
+	firsts []byte // the distinct first bytes, in insertion order
+	nodes  []trieNode
 }
 
 type trieNode struct {
@@ -347,6 +419,9 @@ func (t *tokenTrie) insert(s string, id uint32) {
 	}
 	if len(t.nodes) == 0 {
 		t.nodes = append(t.nodes, trieNode{id: -1})
+	}
+	if !t.first[s[0]] {
+		t.firsts = append(t.firsts, s[0])
 	}
 	t.first[s[0]] = true
 	n := int32(0)
@@ -400,10 +475,11 @@ func (t *tokenTrie) split(s string, tokens map[uint32]*addedToken, out []addedSe
 		return append(out, addedSeg{0, len(s), -1})
 	}
 	startOffset := 0
+	var sk firstSkipper
+	sk.init(t)
 	for i := 0; i < len(s); {
-		if !t.first[s[i]] {
-			i++
-			continue
+		if i = sk.next(s, i); i == len(s) {
+			break
 		}
 		stop, id := t.longest(s, i)
 		if stop < 0 {
@@ -436,6 +512,53 @@ func (t *tokenTrie) split(s string, tokens map[uint32]*addedToken, out []addedSe
 		out = append(out, addedSeg{startOffset, len(s), -1})
 	}
 	return out
+}
+
+// firstSkipper finds the next byte that can start a pattern. With few distinct first
+// bytes (chat special tokens all start with '<') it jumps with strings.IndexByte,
+// remembering the next occurrence of each; otherwise it tests byte by byte.
+type firstSkipper struct {
+	t   *tokenTrie
+	n   int               // len(t.firsts) if at most maxSkipBytes, else 0
+	pos [maxSkipBytes]int // next occurrence of firsts[k] at or after the last query, len(s) if none; -1 unknown
+}
+
+const maxSkipBytes = 3
+
+func (k *firstSkipper) init(t *tokenTrie) {
+	k.t = t
+	if len(t.firsts) <= maxSkipBytes {
+		k.n = len(t.firsts)
+	}
+	for j := range k.pos {
+		k.pos[j] = -1
+	}
+}
+
+// next returns the first j >= i at which some pattern can start, or len(s). Calls
+// must not go backwards in i.
+func (k *firstSkipper) next(s string, i int) int {
+	if k.n == 0 {
+		for i < len(s) && !k.t.first[s[i]] {
+			i++
+		}
+		return i
+	}
+	best := len(s)
+	for j := 0; j < k.n; j++ {
+		p := k.pos[j]
+		if p < i && p < len(s) {
+			p = strings.IndexByte(s[i:], k.t.firsts[j])
+			if p < 0 {
+				p = len(s)
+			} else {
+				p += i
+			}
+			k.pos[j] = p
+		}
+		best = min(best, p)
+	}
+	return best
 }
 
 func endsWithWord(s string) bool {
