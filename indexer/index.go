@@ -145,12 +145,32 @@ type Overlap struct {
 type holder struct {
 	slot  uint32
 	tiers Tier
-	// kids counts the rank's holders on child nodes of this node
-	// (saturating at maxKids, after which it is never decremented).
-	kids uint16
+	// kids counts, per tier class, the child nodes of this node the rank
+	// holds in that class. A count that would pass maxKids stays there and
+	// makes the rank holey (see slot.holes).
+	kids [nClasses]uint16
 }
 
 const maxKids = 1<<16 - 1
+
+// ends returns the tier classes in which the holder holds the node and no
+// child of it: where, for a closed rank, its prefix in that class ends.
+func (h *holder) ends() uint8 {
+	cl := classesOf(h.tiers)
+	for c := range nClasses {
+		if h.kids[c] != 0 {
+			cl &^= 1 << c
+		}
+	}
+	return cl
+}
+
+// end lists a holder of a node in node.ends: slot holds the node and no
+// child of it in the tier classes of the bit mask classes.
+type end struct {
+	slot    uint32
+	classes uint8
+}
 
 // node is one block position in the prefix tree, keyed in Index.nodes by
 // its sequence hash (which encodes the whole path from the root).
@@ -159,15 +179,23 @@ type node struct {
 	parent  uint64   // sequence hash of the parent; a root node's key equals local
 	holders []holder // sorted by slot
 	one     [1]holder
-	bits    *classBits // the holders again, once there are many (see Index.sync)
+	// kids counts the nodes linked to this one; only is that node when
+	// there is one and it is known. linked is the parent node this node is
+	// counted in (nil: none; not the current one if that was deleted and
+	// made anew). A child held by a closed rank is always linked to its
+	// parent (see link).
+	kids   int32
+	linked *node
+	only   *node
+	bits   *classBits // the holders again, once there are many (see Index.sync)
+	// ends are the holders with ends() != 0, sorted by slot: the ranks
+	// whose prefix ends here in some class, which Match drops here.
+	ends   []end
+	oneEnd [1]end
 }
 
 // worker is one worker rank's view: engine id -> sequence hash of every
 // block it holds.
-//
-// Match may jump over blocks of a rank whose blocks are prefix-closed (it
-// holds the parent of every block it holds) and all in device memory only;
-// holes and lower say when that is not known to hold.
 type worker struct {
 	slot   uint32
 	blocks map[uint64]uint64
@@ -176,31 +204,27 @@ type worker struct {
 // slot maps a compact holder id back to its worker rank, and keeps what
 // Match needs to know of the rank in one contiguous array.
 //
-// Match may jump over blocks of a rank whose blocks are prefix-closed (it
-// holds the parent of every block it holds) and in device memory only;
-// holes and lower say when that is not known to hold.
+// A rank is closed when it holds the parent of every block it holds, in
+// each tier class the block is held in (so the blocks it holds in a class
+// are prefixes), and its holders' kids counts are exact. Match follows
+// closed ranks by the ends of the nodes on the prompt's path, and may jump
+// over blocks; holes and open say when a rank is not known to be closed.
 type slot struct {
 	w WorkerRank
-	// holes counts removals of a block while the rank held a child of it:
-	// a conservative count of orphaned blocks, reset when the rank is empty.
+	// holes counts blocks held while the rank did not hold their parent
+	// (stored under a parent held by id only, or orphaned by the removal
+	// of their parent), and kids counts that saturated: a conservative
+	// count, reset when the rank is empty.
 	holes int32
-	// lower counts the rank's holders with a tier other than device.
-	lower   int32
+	// open counts, over the tier classes, the rank's blocks held in a
+	// class their (held) parent is not held in. Exact while holes is 0.
+	open    int32
 	retired bool // being removed; its holders are ignored by Match
 }
 
-// jumpable reports whether Match may skip over this rank's blocks.
-func (s *slot) jumpable() bool { return s.holes == 0 && s.lower == 0 }
-
-// retier accounts for a holder's tiers changing from before to after.
-func (s *slot) retier(before, after Tier) {
-	if before != 0 && before != TierDevice {
-		s.lower--
-	}
-	if after != 0 && after != TierDevice {
-		s.lower++
-	}
-}
+// closed reports whether Match may follow the rank by node ends and jump
+// over its blocks.
+func (s *slot) closed() bool { return s.holes == 0 && s.open == 0 }
 
 // writeChunk is how many blocks a writer processes per lock hold, so a long
 // event or a worker removal never stalls matches for long. Readers may
@@ -283,7 +307,6 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		w = ix.addWorker(ev.Worker)
 	}
 	var parent *node // node of the previous block, once known
-	sl := &ix.slots[w.slot]
 	for i, b := range ev.Blocks {
 		if i > 0 && i%writeChunk == 0 {
 			ix.mu.Unlock()
@@ -293,7 +316,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 				ix.mu.Unlock()
 				return res, nil
 			}
-			parent, sl = nil, &ix.slots[w.slot]
+			parent = nil
 		}
 		key := b.Local
 		if hasPrev {
@@ -309,24 +332,18 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		n := ix.nodes[key]
 		if n == nil {
 			n = &node{local: b.Local, parent: prev}
-			n.holders = n.one[:0]
+			n.holders, n.ends = n.one[:0], n.oneEnd[:0]
 			ix.nodes[key] = n
 		}
-		h, isNew := n.holderOf(w.slot)
-		if h.tiers&ev.Tier == 0 {
-			res.Stored++
-			sl.retier(h.tiers, h.tiers|ev.Tier)
-			h.tiers |= ev.Tier
-			ix.sync(n, w.slot, h.tiers)
+		if parent != nil {
+			link(n, parent)
 		}
-		if isNew && hasPrev {
-			if ph := parent.find(w.slot); ph != nil {
-				if ph.kids < maxKids {
-					ph.kids++
-				}
-			} else {
-				sl.holes++ // placed under a parent the rank holds by id only
-			}
+		h := n.holderOf(w.slot)
+		if before := h.tiers; before&ev.Tier == 0 {
+			res.Stored++
+			h.tiers |= ev.Tier
+			ix.retier(w.slot, n, key, parent, h, before)
+			ix.sync(n, w.slot, h.tiers)
 		}
 		w.blocks[b.Hash] = key
 		prev, hasPrev, parent = key, true, n
@@ -345,7 +362,6 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		res.Unknown = len(hashes)
 		return res
 	}
-	sl := &ix.slots[w.slot]
 	for _, h := range hashes {
 		key, ok := w.blocks[h]
 		var hd *holder
@@ -358,9 +374,9 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 			res.Unknown++
 			continue
 		}
-		if hd.tiers&tier == 0 {
-			sl.retier(hd.tiers, hd.tiers|tier)
+		if before := hd.tiers; before&tier == 0 {
 			hd.tiers |= tier
+			ix.retier(w.slot, n, key, ix.parentOf(n, key), hd, before)
 			ix.sync(n, w.slot, hd.tiers)
 			res.Stored++
 		}
@@ -405,37 +421,33 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	var left Tier
 	removed := 0
-	sl := &ix.slots[w.slot]
 	if n := ix.nodes[key]; n != nil {
 		if i, ok := slices.BinarySearchFunc(n.holders, w.slot, cmpSlot); ok {
 			hd := &n.holders[i]
 			removed = bits.OnesCount8(uint8(hd.tiers & tiers))
-			left = hd.tiers &^ tiers
-			sl.retier(hd.tiers, left)
-			hd.tiers = left
+			before := hd.tiers
+			left = before &^ tiers
+			if left != before {
+				hd.tiers = left
+				ix.retier(w.slot, n, key, ix.parentOf(n, key), hd, before)
+			}
 			if left == 0 {
-				if hd.kids > 0 {
-					sl.holes++ // its children held by the rank are orphans now
-				}
 				n.holders = slices.Delete(n.holders, i, i+1)
-				if key != n.local { // not a root: one child less for the parent
-					if ph := ix.nodes[n.parent].find(w.slot); ph != nil && ph.kids > 0 && ph.kids < maxKids {
-						ph.kids--
-					}
-				}
 			}
 			if removed > 0 {
 				ix.sync(n, w.slot, left)
 			}
 		}
 		if len(n.holders) == 0 {
+			ix.unlink(n)
 			delete(ix.nodes, key)
 		}
 	}
 	if left == 0 {
 		delete(w.blocks, h)
 		if len(w.blocks) == 0 {
-			sl.holes = 0
+			sl := &ix.slots[w.slot]
+			sl.holes, sl.open = 0, 0
 		}
 	}
 	return removed
@@ -520,13 +532,118 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 }
 
 // holderOf returns the holder of slot s in n, inserting an empty one
-// (reported by isNew) if there is none.
-func (n *node) holderOf(s uint32) (h *holder, isNew bool) {
+// (tiers 0) if there is none.
+func (n *node) holderOf(s uint32) *holder {
 	i, found := slices.BinarySearchFunc(n.holders, s, cmpSlot)
 	if !found {
 		n.holders = slices.Insert(n.holders, i, holder{slot: s})
 	}
-	return &n.holders[i], !found
+	return &n.holders[i]
+}
+
+// setEnd records the end classes of slot s in n (0: none).
+func (n *node) setEnd(s uint32, classes uint8) {
+	i, found := slices.BinarySearchFunc(n.ends, s, func(e end, s uint32) int { return cmp.Compare(e.slot, s) })
+	switch {
+	case found && classes == 0:
+		n.ends = slices.Delete(n.ends, i, i+1)
+	case found:
+		n.ends[i].classes = classes
+	case classes != 0:
+		n.ends = slices.Insert(n.ends, i, end{slot: s, classes: classes})
+	}
+}
+
+// link counts n as a child of parent, the node of its parent's key, unless
+// it is already. Called with mu held.
+func link(n, parent *node) {
+	if n.linked != parent {
+		n.linked = parent
+		if parent.kids++; parent.kids == 1 {
+			parent.only = n
+		} else {
+			parent.only = nil
+		}
+	}
+}
+
+// unlink uncounts n, being deleted, from its parent node, and drops its
+// links, so that a deleted node keeps no other alive. Called with mu held.
+func (ix *Index) unlink(n *node) {
+	if p := ix.nodes[n.parent]; n.linked != nil && n.linked == p {
+		p.kids--
+		p.only = nil // which one is left is not known
+	}
+	n.linked, n.only = nil, nil
+}
+
+// parentOf returns the node of n's parent, nil for a root (key is n's)
+// or when no rank holds the parent. Called with mu held.
+func (ix *Index) parentOf(n *node, key uint64) *node {
+	if key == n.local {
+		return nil
+	}
+	return ix.nodes[n.parent]
+}
+
+// retier accounts for the holder h of slot s on node n (key; p is the
+// parent's node, see parentOf) having changed its tiers from before to
+// h.tiers, either 0 for a holder created or deleted (the holder is still
+// in n): the kids and ends of the rank's holder on the parent node, the
+// slot's holes and open counts, and h's own end. Called with mu held.
+func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, before Tier) {
+	sl := &ix.slots[s]
+	cb, ca := classesOf(before), classesOf(h.tiers)
+	if key != n.local { // not a root: the rank's holder of the parent counts it
+		switch ph := p.find(s); {
+		case ph == nil:
+			if before == 0 {
+				sl.holes++ // held under a parent the rank holds by id only
+			}
+		case cb != ca:
+			pc := classesOf(ph.tiers)
+			for c := range nClasses {
+				bit := uint8(1) << c
+				switch {
+				case ca&bit != 0 && cb&bit == 0:
+					if ph.kids[c] == maxKids {
+						sl.holes++
+					} else {
+						ph.kids[c]++
+					}
+					if pc&bit == 0 {
+						sl.open++
+					}
+				case cb&bit != 0 && ca&bit == 0:
+					if ph.kids[c] > 0 && ph.kids[c] < maxKids {
+						ph.kids[c]--
+					}
+					if pc&bit == 0 {
+						sl.open--
+					}
+				}
+			}
+			p.setEnd(s, ph.ends())
+		}
+	}
+	// The rank's children of n, held in a class n is now held in or not.
+	switch {
+	case h.tiers == 0:
+		if h.kids[classAny] > 0 {
+			sl.holes++ // they are orphans now
+		}
+	case before != 0:
+		for c := range nClasses {
+			bit := uint8(1) << c
+			switch {
+			case ca&bit != 0 && cb&bit == 0:
+				sl.open -= int32(h.kids[c])
+			case cb&bit != 0 && ca&bit == 0:
+				sl.open += int32(h.kids[c])
+			}
+		}
+	}
+	n.setEnd(s, h.ends())
 }
 
 // find returns the holder of slot s in n, or nil (also for a nil n).
@@ -621,17 +738,24 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 // Sets of ranks are bit sets over slots; per-class sets are interleaved as
 // in classBits.
 type matcher struct {
-	ix     *Index
-	seq    []uint64
-	lo, hi int      // words of live that may be non-zero
-	cands  []uint64 // ranks holding the first block: each gets an Overlap
-	live   []uint64 // per class: ranks holding every block so far in it
-	exact  []uint64 // live ranks that must be walked block by block
-	node   []uint64 // a sparse node's holders as classBits (see bitsOf)
-	levels [][]uint64
-	reach  [nClasses][]int32 // per slot and class: blocks matched
-	stride int               // next jump length; doubles after each jump
+	ix    *Index
+	seq   []uint64
+	cands []uint64 // ranks holding the first block: each gets an Overlap
+	// Per class, the candidates holding every block so far in it: closed
+	// ranks (see slot.closed) in closed, the others in exact. Only words
+	// [lo, hi) of closed and [elo, ehi) of exact may be non-zero; nClosed
+	// counts the closed ones in class any.
+	closed, exact    []uint64
+	lo, hi, elo, ehi int
+	nClosed          int
+	open             []uint64          // start's scratch: the candidates that are not closed
+	node             []uint64          // a sparse node's holders as classBits (see bitsOf)
+	reach            [nClasses][]int32 // per slot and class: blocks matched
 }
+
+// gallopAfter is how many blocks in a row must drop no closed rank before
+// Match searches ahead for the next block that does.
+const gallopAfter = 4
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 
@@ -639,21 +763,24 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // SequenceHashes) and appends to dst one Overlap per worker rank holding at
 // least its first block, in slot order. It returns the extended slice.
 //
-// The ranks still matching are a bit set, intersected with each node's
-// holders a word at a time. While any of them needs it (see
-// slot.jumpable), the walk goes block by block. Otherwise it searches
-// exponentially (1, 2, 4, ... blocks ahead) and finds where ranks dropped
-// out by bisection: exact, because those ranks hold only device-tier,
-// prefix-closed blocks.
+// Closed ranks (see slot) are followed by the nodes' ends: where the prompt
+// goes on to a node's only child, the ranks dropping out are those whose
+// prefix ends at the node, so a block costs a lookup and a look at the
+// ranks ending there. Where the node has other children, the ranks still
+// matching, a bit set, are intersected with the child's holders a word at
+// a time. Over a stretch where no closed rank drops out, Match searches
+// exponentially (8, 16, 32, ... blocks ahead) and finds the next drop by
+// bisection: a closed rank holding a block holds all before it. Ranks
+// that are not closed are walked block by block, by bit sets.
 func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
 	m := matcherPool.Get().(*matcher)
-	m.ix, m.seq, m.stride = ix, seq, 1
+	m.ix, m.seq = ix, seq
 	ix.mu.RLock()
-	if m.start() {
-		m.run()
+	if n := m.start(); n != nil {
+		m.run(n)
 		dst = m.emit(dst)
 	}
 	ix.mu.RUnlock()
@@ -669,21 +796,23 @@ func words(s []uint64, n int) []uint64 {
 	return s
 }
 
-// start sets up the candidates from the first block's holders and applies
-// that block. It reports whether any rank holds it.
-func (m *matcher) start() bool {
+// start sets up the candidates from the first block's holders, settling
+// the classes they do not hold it in. It returns the first block's node,
+// or nil if no rank holds it.
+func (m *matcher) start() *node {
 	n := m.ix.nodes[m.seq[0]]
 	if n == nil {
-		return false
+		return nil
 	}
 	slots := m.ix.slots
 	nw := (len(slots) + 63) / 64
-	m.cands, m.exact = words(m.cands, nw), words(m.exact, nw)
-	m.live, m.node = words(m.live, nClasses*nw), words(m.node, nClasses*nw)
+	m.cands, m.open = words(m.cands, nw), words(m.open, nw)
+	m.closed, m.exact, m.node = words(m.closed, nClasses*nw), words(m.exact, nClasses*nw), words(m.node, nClasses*nw)
 	for c := range m.reach {
 		m.reach[c] = slices.Grow(m.reach[c][:0], len(slots))[:len(slots)]
 	}
-	m.lo, m.hi = nw, 0
+	miss := m.node // per class, the candidates not holding the first block in it
+	lo, hi := nw, 0
 	for _, h := range n.holders {
 		s := &slots[h.slot]
 		if s.retired {
@@ -691,67 +820,193 @@ func (m *matcher) start() bool {
 		}
 		w, bit := int(h.slot/64), uint64(1)<<(h.slot%64)
 		m.cands[w] |= bit
-		if !s.jumpable() {
-			m.exact[w] |= bit
+		lo, hi = min(lo, w), max(hi, w+1)
+		if !s.closed() {
+			m.open[w] |= bit
 		}
-		m.lo, m.hi = min(m.lo, w), max(m.hi, w+1)
+		if cl := classesOf(h.tiers); cl != 1<<nClasses-1 {
+			for c := range nClasses {
+				if cl&(1<<c) == 0 {
+					miss[nClasses*w+c] |= bit
+					m.reach[c][h.slot] = 0
+				}
+			}
+		}
 	}
-	for w := m.lo; w < m.hi; w++ {
+	m.lo, m.hi, m.elo, m.ehi, m.nClosed = nw, 0, nw, 0, 0
+	for w := lo; w < hi; w++ {
 		for c := range nClasses {
-			m.live[nClasses*w+c] = m.cands[w]
+			l := m.cands[w] &^ miss[nClasses*w+c]
+			m.closed[nClasses*w+c], m.exact[nClasses*w+c] = l&^m.open[w], l&m.open[w]
+		}
+		if x := m.cands[w] &^ m.open[w]; x != 0 {
+			m.lo, m.hi = min(m.lo, w), w+1
+			m.nClosed += bits.OnesCount64(x)
+		}
+		if m.open[w] != 0 {
+			m.elo, m.ehi = min(m.elo, w), w+1
 		}
 	}
-	if m.lo >= m.hi {
-		return false
+	if m.nClosed == 0 && m.elo >= m.ehi {
+		return nil
 	}
-	m.step(0, n)
-	return true
+	return n
 }
 
-func (m *matcher) run() {
+// run walks the prompt from its first block, node n.
+func (m *matcher) run(n *node) {
 	last := len(m.seq) - 1
-	for depth := 0; m.lo < m.hi && depth < last; {
-		if m.anyExact() {
-			depth++
-			m.step(depth, m.ix.nodes[m.seq[depth]])
-			m.stride = 1
-		} else {
-			depth = m.jump(depth)
+	quiet := 0 // blocks in a row that dropped no closed rank
+	for depth := 0; depth < last && (m.nClosed > 0 || m.elo < m.ehi); {
+		if quiet >= gallopAfter && m.elo >= m.ehi {
+			depth, n = m.gallop(depth, n)
+			quiet = 0
+			continue
 		}
+		next := n.only // n's key is seq[depth]: next's key follows from it
+		if next == nil || NextSequenceHash(m.seq[depth], next.local) != m.seq[depth+1] {
+			next = m.ix.nodes[m.seq[depth+1]]
+		}
+		if m.advance(depth, n, next) {
+			quiet = 0
+		} else {
+			quiet++
+		}
+		if m.elo < m.ehi {
+			m.stepExact(depth+1, next)
+		}
+		depth, n = depth+1, next
 	}
 	// Whoever is still live holds the whole prompt in that class.
 	all := int32(len(m.seq))
 	for w := m.lo; w < m.hi; w++ {
 		for c := range nClasses {
-			m.settle(c, w, m.live[nClasses*w+c], all)
+			m.settle(c, w, m.closed[nClasses*w+c], all)
+		}
+	}
+	for w := m.elo; w < m.ehi; w++ {
+		for c := range nClasses {
+			m.settle(c, w, m.exact[nClasses*w+c], all)
 		}
 	}
 }
 
-func (m *matcher) anyExact() bool {
-	for _, x := range m.exact[m.lo:m.hi] {
-		if x != 0 {
-			return true
-		}
+// advance moves the closed ranks from the block at depth (node n, which
+// they all hold in their live classes) to the next one (node next, nil if
+// no rank holds it), settling those that drop out. It reports whether any
+// did.
+func (m *matcher) advance(depth int, n, next *node) bool {
+	if m.nClosed == 0 {
+		return false
 	}
-	return false
+	d := int32(depth + 1)
+	if next == nil {
+		for w := m.lo; w < m.hi; w++ {
+			for c := range nClasses {
+				m.settle(c, w, m.closed[nClasses*w+c], d)
+				m.closed[nClasses*w+c] = 0
+			}
+		}
+		m.nClosed, m.lo, m.hi = 0, 0, 0
+		return true
+	}
+	if n.kids == 0 || n.kids == 1 && next.linked == n {
+		// The closed ranks holding a child of n in a class hold next in
+		// it: the others, n's ends, drop out.
+		dropped := false
+		for _, e := range n.ends {
+			i, bit := nClasses*int(e.slot/64), uint64(1)<<(e.slot%64)
+			if m.closed[i+classAny]&bit == 0 {
+				continue // not a closed candidate, or gone already
+			}
+			for c := range nClasses {
+				if e.classes&(1<<c) != 0 && m.closed[i+c]&bit != 0 {
+					m.closed[i+c] &^= bit
+					m.reach[c][e.slot] = d
+					dropped = true
+				}
+			}
+			if m.closed[i+classAny]&bit == 0 {
+				m.nClosed--
+			}
+		}
+		return dropped
+	}
+	// n has other children: intersect with next's holders.
+	b, dropped := m.bitsOf(next, m.lo, m.hi), false
+	m.nClosed = 0
+	for w := m.lo; w < m.hi; w++ {
+		for c := range nClasses {
+			i := nClasses*w + c
+			l := m.closed[i]
+			keep := l & b.at(i)
+			if gone := l &^ keep; gone != 0 {
+				m.settle(c, w, gone, d)
+				m.closed[i], dropped = keep, true
+			}
+		}
+		m.nClosed += bits.OnesCount64(m.closed[nClasses*w+classAny])
+	}
+	m.shrink()
+	return dropped
 }
 
-// bitsOf returns n's holders as classBits valid over words [m.lo, m.hi)
+// holdsAll reports whether every closed rank holds node n (nil: no rank
+// does) in each class it is live in.
+func (m *matcher) holdsAll(n *node) bool {
+	if n == nil {
+		return false
+	}
+	b := m.bitsOf(n, m.lo, m.hi)
+	for i := nClasses * m.lo; i < nClasses*m.hi; i++ {
+		if m.closed[i]&^b.at(i) != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// gallop moves the closed ranks (there are no exact ones) from depth (node
+// n) as far as they all hold the prompt: exponentially far ahead, then by
+// bisection. It returns the new depth and its node; from there the next
+// block drops a rank, or it is the last.
+func (m *matcher) gallop(depth int, n *node) (int, *node) {
+	last := len(m.seq) - 1
+	for stride := 2 * gallopAfter; depth < last; stride *= 2 {
+		to := min(depth+stride, last)
+		nt := m.ix.nodes[m.seq[to]]
+		if !m.holdsAll(nt) {
+			lo, hi := depth, to // all hold lo, not hi
+			for hi-lo > 1 {
+				mid := (lo + hi) / 2
+				if nm := m.ix.nodes[m.seq[mid]]; m.holdsAll(nm) {
+					lo, n = mid, nm
+				} else {
+					hi = mid
+				}
+			}
+			return lo, n
+		}
+		depth, n = to, nt
+	}
+	return depth, n
+}
+
+// bitsOf returns n's holders as classBits valid over words [lo, hi)
 // (entries past its end are zero). For a node without its own classBits it
 // fills m.node, which the next call overwrites.
-func (m *matcher) bitsOf(n *node) classBits {
+func (m *matcher) bitsOf(n *node, lo, hi int) classBits {
 	if n == nil {
 		return nil
 	}
 	if n.bits != nil {
 		return *n.bits
 	}
-	b := m.node[:nClasses*m.hi]
-	clear(b[nClasses*m.lo:])
+	b := m.node[:nClasses*hi]
+	clear(b[nClasses*lo:])
 	for _, h := range n.holders {
 		w := int(h.slot / 64)
-		if w < m.lo || w >= m.hi {
+		if w < lo || w >= hi {
 			continue
 		}
 		bit, cl := uint64(1)<<(h.slot%64), classesOf(h.tiers)
@@ -772,21 +1027,19 @@ func (b classBits) at(i int) uint64 {
 	return 0
 }
 
-// step applies the block at depth (node n, nil if no rank holds it) to every
-// live rank: who does not hold it in a class has matched depth blocks in it.
-func (m *matcher) step(depth int, n *node) {
-	b, d := m.bitsOf(n), int32(depth)
-	live := m.live[:nClasses*m.hi]
-	for w := m.lo; w < m.hi; w++ {
+// stepExact applies the block at depth (node n, nil if no rank holds it)
+// to every exact rank: who does not hold it in a class has matched depth
+// blocks in it.
+func (m *matcher) stepExact(depth int, n *node) {
+	b, d := m.bitsOf(n, m.elo, m.ehi), int32(depth)
+	live := m.exact[:nClasses*m.ehi]
+	for w := m.elo; w < m.ehi; w++ {
 		i := nClasses * w
 		la := live[i+classAny]
 		if la == 0 {
 			continue
 		}
-		var bd, bh, ba uint64
-		if i+classAny < len(b) {
-			bd, bh, ba = b[i+classDev], b[i+classHost], b[i+classAny]
-		}
+		bd, bh, ba := b.at(i+classDev), b.at(i+classHost), b.at(i+classAny)
 		ld, lh := live[i+classDev], live[i+classHost]
 		if ld&^bd|lh&^bh|la&^ba == 0 {
 			continue // every live rank of this word holds the block
@@ -795,9 +1048,13 @@ func (m *matcher) step(depth int, n *node) {
 		m.settle(classHost, w, lh&^bh, d)
 		m.settle(classAny, w, la&^ba, d)
 		live[i+classDev], live[i+classHost], live[i+classAny] = ld&bd, lh&bh, la&ba
-		m.exact[w] &= la & ba
 	}
-	m.shrink()
+	for m.elo < m.ehi && live[nClasses*m.elo+classAny] == 0 {
+		m.elo++
+	}
+	for m.ehi > m.elo && live[nClasses*(m.ehi-1)+classAny] == 0 {
+		m.ehi--
+	}
 }
 
 // settle records that the ranks in word w of gone matched d blocks in class c.
@@ -809,78 +1066,13 @@ func (m *matcher) settle(c, w int, gone uint64, d int32) {
 	}
 }
 
-// shrink narrows [lo, hi) to the words with live ranks.
+// shrink narrows [lo, hi) to the words with closed live ranks.
 func (m *matcher) shrink() {
-	for m.lo < m.hi && m.live[nClasses*m.lo+classAny] == 0 {
+	for m.lo < m.hi && m.closed[nClasses*m.lo+classAny] == 0 {
 		m.lo++
 	}
-	for m.hi > m.lo && m.live[nClasses*(m.hi-1)+classAny] == 0 {
+	for m.hi > m.lo && m.closed[nClasses*(m.hi-1)+classAny] == 0 {
 		m.hi--
-	}
-}
-
-// level returns bisection scratch set i, sized like m.cands.
-func (m *matcher) level(i int) []uint64 {
-	for len(m.levels) <= i {
-		m.levels = append(m.levels, nil)
-	}
-	m.levels[i] = slices.Grow(m.levels[i][:0], len(m.cands))[:len(m.cands)]
-	return m.levels[i]
-}
-
-// jump moves every live (hence jumpable: device-only, so equal in every
-// class) rank from depth, which they all hold, to depth+stride (or the last
-// block), and settles those that dropped out in between. It returns the new
-// depth.
-func (m *matcher) jump(depth int) int {
-	to := min(depth+m.stride, len(m.seq)-1)
-	m.stride *= 2
-	b := m.bitsOf(m.ix.nodes[m.seq[to]])
-	drop, dropped := m.level(0), false
-	for w := m.lo; w < m.hi; w++ {
-		l := m.live[nClasses*w+classAny]
-		keep := l & b.at(nClasses*w+classAny)
-		drop[w] = l &^ keep
-		dropped = dropped || drop[w] != 0
-		for c := range nClasses {
-			m.live[nClasses*w+c] = keep
-		}
-	}
-	if dropped {
-		m.bisect(depth, to, 1, drop)
-	}
-	m.shrink()
-	return to
-}
-
-// bisect settles the ranks of d (jumpable ones) that all hold the block at
-// lo and none at hi, using scratch sets from level on.
-func (m *matcher) bisect(lo, hi, level int, d []uint64) {
-	for {
-		if hi-lo == 1 {
-			for w := m.lo; w < m.hi; w++ {
-				for c := range nClasses {
-					m.settle(c, w, d[w], int32(hi))
-				}
-			}
-			return
-		}
-		mid := (lo + hi) / 2
-		b := m.bitsOf(m.ix.nodes[m.seq[mid]])
-		held, anyHeld, anyRest := m.level(level), false, false
-		for w := m.lo; w < m.hi; w++ {
-			x := d[w] & b.at(nClasses*w+classAny)
-			held[w], d[w] = x, d[w]&^x
-			anyHeld = anyHeld || x != 0
-			anyRest = anyRest || d[w] != 0
-		}
-		if anyHeld {
-			m.bisect(mid, hi, level+1, held)
-		}
-		if !anyRest {
-			return
-		}
-		hi = mid
 	}
 }
 

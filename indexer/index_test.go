@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"errors"
+	"math/bits"
 	"slices"
 	"testing"
 )
@@ -357,17 +358,64 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 	}
 }
 
+// TestKidsSaturate: a rank holding more children of a node than its holder
+// can count is no longer followed by node ends (it would never be seen to
+// end at the node again), yet matches right.
+func TestKidsSaturate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stores 65536 blocks")
+	}
+	ix := NewIndex(4)
+	a, b := wr(1, 0), wr(2, 0)
+	root := Block{Hash: 1, Local: 1000}
+	for _, w := range []WorkerRank{a, b} {
+		if _, err := ix.Apply(stored(w, TierDevice, nil, []Block{root})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []uint64
+	for i := range uint64(maxKids + 1) {
+		id := 100 + i
+		if _, err := ix.Apply(stored(a, TierDevice, ptr(1), []Block{{Hash: id, Local: 5000 + i}})); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if _, err := ix.Apply(removed(a, TierDevice, ids...)); err != nil {
+		t.Fatal(err)
+	}
+	// b holds another child: a holds the root only, so its prefix ends there.
+	if _, err := ix.Apply(stored(b, TierDevice, ptr(1), []Block{{Hash: 7, Local: 77}})); err != nil {
+		t.Fatal(err)
+	}
+	query := SequenceHashes(nil, []uint64{1000, 77})
+	if got, want := ix.Match(query, nil), []Overlap{{a, 1, 1, 1}, {b, 2, 2, 2}}; !slices.Equal(got, want) {
+		t.Errorf("match = %v, want %v", got, want)
+	}
+	checkInvariants(t, ix)
+}
+
 // checkInvariants verifies the index's internal consistency: holders sorted
-// and non-empty, entries counted right, every holder backed by a rank.
+// and non-empty, entries counted right, every holder backed by a rank; the
+// ends of every node in step with its holders; and, recomputed from the
+// holders, the child links of nodes and, for every rank that is not holey,
+// its kids and open counts, which Match relies on.
 func checkInvariants(t testing.TB, ix *Index) {
 	t.Helper()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for wr, w := range ix.workers {
-		if s := ix.slots[w.slot]; s.w != wr || s.retired || s.lower < 0 || s.holes < 0 {
+		if s := ix.slots[w.slot]; s.w != wr || s.retired || s.holes < 0 || s.holes == 0 && s.open < 0 {
 			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
 		}
 	}
+	children := make(map[uint64][]uint64) // parent key -> child keys
+	for key, n := range ix.nodes {
+		if key != n.local {
+			children[n.parent] = append(children[n.parent], key)
+		}
+	}
+	open := make(map[uint32]int32) // per slot, recomputed
 	for key, n := range ix.nodes {
 		if len(n.holders) == 0 {
 			t.Errorf("node %d has no holders", key)
@@ -384,6 +432,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 				}
 			}
 		}
+		var ends []end
 		for i, h := range n.holders {
 			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
 				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)
@@ -393,7 +442,57 @@ func checkInvariants(t testing.TB, ix *Index) {
 			}
 			if int(h.slot) >= len(ix.slots) || ix.slots[h.slot].retired {
 				t.Errorf("node %d holder slot %d is not live", key, h.slot)
+				continue
 			}
+			if e := h.ends(); e != 0 {
+				ends = append(ends, end{h.slot, e})
+			}
+			if ix.slots[h.slot].holes != 0 {
+				continue // its counts are not kept exact
+			}
+			// The rank's children of n, per class.
+			var kids [nClasses]uint16
+			for _, ck := range children[key] {
+				c := ix.nodes[ck]
+				if ch := c.find(h.slot); ch != nil {
+					cl := classesOf(ch.tiers)
+					for k := range nClasses {
+						if cl&(1<<k) != 0 {
+							kids[k]++
+						}
+					}
+					if c.linked != n {
+						t.Errorf("node %d: child %d held by slot %d is not linked to it", key, ck, h.slot)
+					}
+					open[h.slot] += int32(bits.OnesCount8(cl &^ classesOf(h.tiers)))
+				}
+			}
+			if kids != h.kids {
+				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
+			}
+			if key != n.local && ix.nodes[n.parent].find(h.slot) == nil {
+				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
+			}
+		}
+		if !slices.Equal(n.ends, ends) {
+			t.Errorf("node %d ends %v, holders say %v", key, n.ends, ends)
+		}
+		linked := int32(0)
+		for _, ck := range children[key] {
+			if ix.nodes[ck].linked == n {
+				linked++
+			}
+		}
+		if n.kids != linked {
+			t.Errorf("node %d counts %d linked children, %d are", key, n.kids, linked)
+		}
+		if o := n.only; o != nil && (n.kids != 1 || ix.nodes[NextSequenceHash(key, o.local)] != o || o.linked != n) {
+			t.Errorf("node %d: its only child (local %d) is not (%d children)", key, o.local, n.kids)
+		}
+	}
+	for _, w := range ix.workers {
+		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
+			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
 		}
 	}
 }

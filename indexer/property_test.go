@@ -78,6 +78,16 @@ func (m *refModel) remove(w WorkerRank, t Tier, ids []uint64) {
 	}
 }
 
+// storeByID adds t to the blocks of ids the rank holds.
+func (m *refModel) storeByID(w WorkerRank, t Tier, ids []uint64) {
+	for _, id := range ids {
+		if e, ok := m.ranks[w][id]; ok {
+			e.tiers |= t
+			m.ranks[w][id] = e
+		}
+	}
+}
+
 func (m *refModel) clear(w WorkerRank, t Tier) {
 	for id := range m.ranks[w] {
 		m.remove(w, t, []uint64{id})
@@ -201,7 +211,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 		for step := 0; step < steps; step++ {
 			w := genWorker.Draw(t, "w")
 			var log string
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); {
 			case op < 5: // store, often under a parent
 				path := genPath.Draw(t, "path")
 				k := rapid.IntRange(0, len(path)-1).Draw(t, "split")
@@ -240,6 +250,18 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 				ix.RemoveWorkerRank(w)
 				delete(m.ranks, w)
 				log = fmt.Sprintf("remove rank %v", w)
+			case op < 10: // another tier for blocks named by id (Mooncake)
+				tier := genTier.Draw(t, "tier")
+				paths := rapid.SliceOfN(genPath, 1, 4).Draw(t, "byID")
+				ids := make([]uint64, len(paths))
+				for i, p := range paths {
+					ids[i] = pathID(p)
+				}
+				if _, err := ix.Apply(Event{Kind: Stored, ByID: true, Worker: w, Tier: tier, Hashes: ids}); err != nil {
+					t.Fatal(err)
+				}
+				m.storeByID(w, tier, ids)
+				log = fmt.Sprintf("store by id %v %s %v", w, tier, paths)
 			default:
 				ix.RemoveWorker(w.Worker)
 				for r := range m.ranks {
@@ -251,6 +273,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 			}
 			queries = append(queries, genPath.Draw(t, "probe"))
 			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (%s)", step, log))
+			checkInvariantsRapid(t, ix)
 			if got, want := nonZero(ix.BlockCounts()), m.counts(); !mapsEqual(got, want) {
 				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, want)
 			}
@@ -367,6 +390,7 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
 			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
+			checkInvariantsRapid(t, ix)
 		}
 		checkInvariantsRapid(t, ix)
 	})

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync"
@@ -88,30 +89,57 @@ type tracker struct {
 	mu    sync.Mutex
 	ranks map[indexer.WorkerRank]*rankLoad
 	order []*rankLoad // ranks sorted by worker and rank, for deterministic scans
+	find  rankTable   // the ranks again, for the lookups of a decision
 	reqs  map[string]*request
+	byAge ageHeap // the requests of reqs, oldest first, for expiry
 	// holders lists, per sequence hash, the ranks whose active requests
-	// hold it, with reference counts: the held blocks of a prompt on every
-	// rank are found in one pass over its hashes.
-	holders map[uint64][]holderRef
-	pass    uint64 // countHeld's current pass
+	// hold it, each once (the reference counts are in rankLoad.held): the
+	// held blocks of a prompt on every rank are found in one pass over its
+	// hashes.
+	holders map[uint64][]*rankLoad
+	pass    uint64 // the current pass (see begin)
+	counts  uint64 // countHeld's current pass
+	// negative counts the ranks whose output went below 0 (float residue
+	// of releases): a decision's cost bounds assume there are none.
+	negative int
 }
 
+// rankLoad is the load of one rank. What a decision reads of every rank
+// comes first, to share a cache line.
 type rankLoad struct {
 	wr      indexer.WorkerRank
 	prefill int64
-	blocks  int     // unique sequence hashes held by active requests
 	output  float64 // weighted output blocks
-	reqs    int
-	seen    int // countHeld scratch: prompt hashes held, valid when mark is the pass
-	mark    uint64
+	// Scratch, valid when its mark equals the tracker's pass (see
+	// tracker.begin, tracker.countHeld): a decision's overlap from the
+	// index, and countHeld's count of prompt hashes held.
+	ovMark, mark uint64
+	// held counts, per unique sequence hash held by active requests, the
+	// references to it, and keeps the rank's position in tracker.holders.
+	held hashRefs
+	ov   indexer.Overlap
+	seen int
+	// pos is the index in tracker.order, head the worker's first rank
+	// there, which keeps the worker's eligibility for a decision, valid
+	// when eligMark is the pass.
+	pos      int
+	head     *rankLoad
+	eligMark uint64
+	eligible bool
+
+	reqs int
+	// active are the rank's requests (request.at is the index), refs the
+	// sum of their hashes: refs == held.len() when no hash is held twice.
+	active []*request
+	refs   int
 }
 
-type holderRef struct {
-	rank *rankLoad
-	refs int32
-}
+// blocks returns the number of unique sequence hashes the rank's active
+// requests hold.
+func (rl *rankLoad) blocks() int { return rl.held.len() }
 
 type request struct {
+	id      string
 	rank    *rankLoad
 	hashes  []uint64
 	prefill int64 // remaining prefill tokens; 0 once prefill completed
@@ -119,6 +147,8 @@ type request struct {
 	prefillDone bool
 	output      float64
 	added       time.Time
+	age         int // position in tracker.byAge
+	at          int // position in rank.active
 }
 
 // NewLoads returns empty accounting.
@@ -189,20 +219,37 @@ func (l *Loads) AddRanks(key indexer.Key, blockSize int, ranks ...indexer.Worker
 	t := l.trackers[key]
 	if t == nil {
 		t = &tracker{key: key, blockSize: blockSize, ranks: make(map[indexer.WorkerRank]*rankLoad),
-			reqs: make(map[string]*request), holders: make(map[uint64][]holderRef)}
+			reqs: make(map[string]*request), holders: make(map[uint64][]*rankLoad)}
 		l.trackers[key] = t
 	}
 	l.mu.Unlock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	added := false
 	for _, wr := range ranks {
 		if t.ranks[wr] == nil {
 			rl := &rankLoad{wr: wr}
 			t.ranks[wr] = rl
 			i, _ := slices.BinarySearchFunc(t.order, wr, func(x *rankLoad, wr indexer.WorkerRank) int { return cmpRank(x.wr, wr) })
 			t.order = slices.Insert(t.order, i, rl)
+			added = true
 		}
 	}
+	if added {
+		t.reorder()
+	}
+}
+
+// reorder updates what follows t.order: the ranks' positions and heads,
+// and t.find. Call with t.mu held.
+func (t *tracker) reorder() {
+	for i, rl := range t.order {
+		rl.pos, rl.head = i, rl
+		if i > 0 && t.order[i-1].wr.Worker == rl.wr.Worker {
+			rl.head = t.order[i-1].head
+		}
+	}
+	t.find.build(t.order)
 }
 
 func cmpRank(a, b indexer.WorkerRank) int {
@@ -218,9 +265,9 @@ func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for id, r := range t.reqs {
+	for _, r := range t.reqs {
 		if r.rank.wr.Worker == worker && (rank == nil || r.rank.wr.Rank == *rank) {
-			t.release(id, r)
+			t.release(r)
 		}
 	}
 	for wr := range t.ranks {
@@ -229,6 +276,7 @@ func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {
 		}
 	}
 	t.order = slices.DeleteFunc(t.order, func(rl *rankLoad) bool { return t.ranks[rl.wr] != rl })
+	t.reorder()
 }
 
 // Add books a request. A duplicate id is ErrConflict; an unknown (model,
@@ -269,58 +317,75 @@ func (t *tracker) add(b Booking, now time.Time) error {
 		return fmt.Errorf("%w: worker %d dp_rank %d is not registered for model_name %q tenant_id %q",
 			ErrNotFound, b.Worker.Worker, b.Worker.Rank, t.key.Model, t.key.Tenant)
 	}
-	r := &request{rank: rl, hashes: slices.Clone(b.Hashes), prefill: b.PrefillTokens, added: now}
+	r := &request{id: b.ID, rank: rl, hashes: slices.Clone(b.Hashes), prefill: b.PrefillTokens, added: now}
+	rl.held.reserve(len(r.hashes))
 	for _, h := range r.hashes {
-		refs := t.holders[h]
-		i := slices.IndexFunc(refs, func(x holderRef) bool { return x.rank == rl })
-		if i < 0 {
-			t.holders[h] = append(refs, holderRef{rank: rl, refs: 1})
-			rl.blocks++
-			continue
+		if e, first := rl.held.inc(h); first {
+			hs := t.holders[h]
+			e.pos = int32(len(hs))
+			t.holders[h] = append(hs, rl)
 		}
-		refs[i].refs++
 	}
 	rl.prefill += r.prefill
 	rl.reqs++
+	r.at, rl.active, rl.refs = len(rl.active), append(rl.active, r), rl.refs+len(r.hashes)
 	t.reqs[b.ID] = r
+	t.byAge.push(r)
 	return nil
 }
 
-// release removes request id's load; call with t.mu held.
-func (t *tracker) release(id string, r *request) {
+// release removes request r's load; call with t.mu held.
+func (t *tracker) release(r *request) {
 	rl := r.rank
 	for _, h := range r.hashes {
-		refs := t.holders[h]
-		i := slices.IndexFunc(refs, func(x holderRef) bool { return x.rank == rl })
-		if i < 0 {
-			continue // a hash listed twice in one prompt was released already
+		i, lastRef := rl.held.dec(h)
+		if !lastRef {
+			continue
 		}
-		if refs[i].refs--; refs[i].refs == 0 {
-			refs = slices.Delete(refs, i, i+1)
-			rl.blocks--
-			if len(refs) == 0 {
-				delete(t.holders, h)
-			} else {
-				t.holders[h] = refs
-			}
+		// The rank's last reference: swap it out of the hash's holders.
+		hs := t.holders[h]
+		last := len(hs) - 1
+		if last == 0 {
+			delete(t.holders, h)
+			continue
 		}
+		if int(i) != last {
+			hs[i] = hs[last]
+			hs[i].held.get(h).pos = i
+		}
+		hs[last] = nil
+		t.holders[h] = hs[:last]
 	}
+	rl.held.fit()
 	rl.prefill -= r.prefill
+	wasNegative := rl.output < 0
 	rl.output -= r.output
+	last := len(rl.active) - 1
+	rl.active[r.at], rl.active[last].at = rl.active[last], r.at
+	rl.active[last] = nil
+	rl.active, rl.refs = rl.active[:last], rl.refs-len(r.hashes)
 	if rl.reqs--; rl.reqs == 0 {
 		rl.output = 0 // no float residue once idle
 	}
-	delete(t.reqs, id)
+	if isNegative := rl.output < 0; isNegative != wasNegative {
+		if isNegative {
+			t.negative++
+		} else {
+			t.negative--
+		}
+	}
+	delete(t.reqs, r.id)
+	t.byAge.remove(r)
 }
 
-// sweep expires requests added before cutoff; call with t.mu held.
+// sweep expires requests added before cutoff; call with t.mu held. It
+// costs O(log n) per expired request, nothing when none is due.
 func (t *tracker) sweep(cutoff time.Time) int {
 	n := 0
-	for id, r := range t.reqs {
-		if r.added.Before(cutoff) {
-			t.release(id, r)
-			n++
-		}
+	for len(t.byAge) > 0 && t.byAge[0].added.Before(cutoff) {
+		r := t.byAge[0]
+		t.release(r)
+		n++
 	}
 	return n
 }
@@ -395,9 +460,13 @@ func (l *Loads) OutputBlock(key indexer.Key, id string, decay float64) error {
 	if !(decay >= 0 && decay <= 1) {
 		return fmt.Errorf("%w: decay_fraction %v is not in [0, 1]", ErrInvalid, decay)
 	}
-	return l.withRequest(key, id, true, func(_ *tracker, r *request) {
+	return l.withRequest(key, id, true, func(t *tracker, r *request) {
 		r.output += 1 - decay
-		r.rank.output += 1 - decay
+		rl := r.rank
+		wasNegative := rl.output < 0
+		if rl.output += 1 - decay; wasNegative && rl.output >= 0 {
+			t.negative--
+		}
 	})
 }
 
@@ -414,7 +483,7 @@ func (l *Loads) Free(key indexer.Key, id string) (bool, error) {
 
 func (l *Loads) free(key indexer.Key, id string) (freed bool, err error) {
 	err = l.withRequest(key, id, false, func(t *tracker, r *request) {
-		t.release(id, r)
+		t.release(r)
 		freed = true
 	})
 	return freed, err
@@ -435,7 +504,7 @@ func (l *Loads) Snapshot(model, tenant string) []Load {
 	for _, t := range ts {
 		t.mu.Lock()
 		for _, rl := range t.ranks {
-			out = append(out, Load{Key: t.key, Worker: rl.wr, PrefillTokens: rl.prefill, DecodeBlocks: float64(rl.blocks) + rl.output, Requests: rl.reqs})
+			out = append(out, Load{Key: t.key, Worker: rl.wr, PrefillTokens: rl.prefill, DecodeBlocks: float64(rl.blocks()) + rl.output, Requests: rl.reqs})
 		}
 		t.mu.Unlock()
 	}
@@ -468,30 +537,329 @@ func (l *Loads) Potentials(key indexer.Key, hashes []uint64, newPrefill int64) (
 	out := make([]Potential, 0, len(t.order))
 	for _, rl := range t.order {
 		out = append(out, Potential{Worker: rl.wr, PrefillTokens: rl.prefill + newPrefill,
-			DecodeBlocks: float64(rl.blocks) + rl.output + float64(len(hashes)-t.held(rl))})
+			DecodeBlocks: float64(rl.blocks()) + rl.output + float64(len(hashes)-t.held(rl))})
 	}
 	return out, nil
 }
 
+// begin starts a new pass of a decision: the scratch of every rank from
+// older ones (a decision's overlaps and eligibility) reads as unset. Call
+// with t.mu held.
+func (t *tracker) begin() { t.pass++ }
+
 // countHeld counts, for every rank, how many of hashes its active requests
-// hold; read the counts with held until the next call. Call with t.mu held.
+// hold, in one pass over the hashes' holders; read the counts with held
+// until the next call. Call with t.mu held.
 func (t *tracker) countHeld(hashes []uint64) {
-	t.pass++ // a new pass: counts of older passes read as 0
+	t.counts++ // counts of older calls read as 0
 	for _, h := range hashes {
-		for _, ref := range t.holders[h] {
-			rl := ref.rank
-			if rl.mark != t.pass {
-				rl.mark, rl.seen = t.pass, 0
+		for _, rl := range t.holders[h] {
+			if rl.mark != t.counts {
+				rl.mark, rl.seen = t.counts, 0
 			}
 			rl.seen++
 		}
 	}
 }
 
-// held returns the count of the tracker's last countHeld pass.
+// held returns rl's count of the last countHeld (0 if it held none of the
+// hashes).
 func (t *tracker) held(rl *rankLoad) int {
-	if rl.mark != t.pass {
+	if rl.mark != t.counts {
 		return 0
 	}
 	return rl.seen
+}
+
+// heldOf counts how many of hashes rl's active requests hold, without
+// countHeld. prompt counts hashes (occurrences in refs); repeats says
+// whether a hash occurs twice in them. It costs about heldCost lookups.
+//
+// When no hash occurs twice, in hashes or over the rank's requests, it is
+// the sum over the requests of their common prefix with hashes (compared
+// in order, no lookups) plus the rest of their hashes found in prompt.
+// Otherwise it looks up each hash of rl.held in prompt (a small table,
+// so the lookups stay in cache while rl.held is read in order), or each
+// of hashes in rl.held when that is much larger.
+func (rl *rankLoad) heldOf(hashes []uint64, prompt *hashRefs, repeats bool) int {
+	n := 0
+	switch {
+	case !repeats && rl.refs == rl.held.len():
+		for _, r := range rl.active {
+			q := r.hashes
+			k := 0
+			for k < len(q) && k < len(hashes) && q[k] == hashes[k] {
+				k++
+			}
+			n += k
+			for _, h := range q[k:] {
+				if prompt.has(h) {
+					n++
+				}
+			}
+		}
+	case len(rl.held.slots) <= scanRatio*len(hashes):
+		for i := range rl.held.slots {
+			if e := &rl.held.slots[i]; e.refs != 0 {
+				if p := prompt.get(e.hash); p != nil {
+					n += int(p.refs)
+				}
+			}
+		}
+	default:
+		for _, h := range hashes {
+			if rl.held.has(h) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// scanRatio is how many slots of a rank's hashRefs heldOf reads in order
+// rather than look up one prompt hash at random in it.
+const scanRatio = 8
+
+// heldCost estimates the work of heldOf, in lookups.
+func (rl *rankLoad) heldCost(hashes []uint64) int { return min(len(hashes), rl.held.len()) }
+
+// hashRefs is a set of sequence hashes with a reference count and a
+// position per hash: an open-addressing hash table (linear probing,
+// backward-shift deletion), because a decision may look up every hash of a
+// prompt in the sets of some ranks, and a map lookup is several times
+// slower. The zero value is an empty set.
+type hashRefs struct {
+	n     int
+	shift uint8     // 64 - log2(len(slots))
+	slots []hashRef // nil or a power of two long, at most half full
+}
+
+// hashRef is one slot of a hashRefs; refs 0 marks a free slot.
+type hashRef struct {
+	hash uint64
+	refs int32
+	pos  int32 // the rank's index in tracker.holders[hash]
+}
+
+const minHashRefs = 8 // slots of a non-empty hashRefs, at least
+
+func (s *hashRefs) len() int { return s.n }
+
+// home returns the slot where h's probe sequence starts.
+func (s *hashRefs) home(h uint64) int { return int((h * 0x9e3779b97f4a7c15) >> s.shift) }
+
+// find returns the slot of h, or of the free slot that ends its probe
+// sequence. The set must have slots.
+func (s *hashRefs) find(h uint64) int {
+	mask := len(s.slots) - 1
+	i := s.home(h)
+	for s.slots[i].refs != 0 && s.slots[i].hash != h {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// get returns the entry of h, or nil. It is valid until the next inc or
+// dec.
+func (s *hashRefs) get(h uint64) *hashRef {
+	if s.n == 0 {
+		return nil
+	}
+	if e := &s.slots[s.find(h)]; e.refs != 0 {
+		return e
+	}
+	return nil
+}
+
+// has reports whether h is in the set.
+func (s *hashRefs) has(h uint64) bool { return s.get(h) != nil }
+
+// inc adds a reference to h and returns its entry (valid until the next
+// inc or dec), and whether it is the first.
+func (s *hashRefs) inc(h uint64) (e *hashRef, first bool) {
+	if 2*(s.n+1) > len(s.slots) {
+		s.resize(max(minHashRefs, 2*len(s.slots)))
+	}
+	e = &s.slots[s.find(h)]
+	if e.refs == 0 {
+		*e = hashRef{hash: h}
+		s.n++
+		first = true
+	}
+	e.refs++
+	return e, first
+}
+
+// dec drops a reference to h, which must be in the set. On the last one
+// it removes h and reports its position.
+func (s *hashRefs) dec(h uint64) (pos int32, last bool) {
+	i := s.find(h)
+	if s.slots[i].refs--; s.slots[i].refs > 0 {
+		return 0, false
+	}
+	pos = s.slots[i].pos
+	s.n--
+	// Backward-shift deletion: move later entries of the probe run into
+	// the hole when their home slot is not between the hole and them.
+	mask := len(s.slots) - 1
+	for j := (i + 1) & mask; s.slots[j].refs != 0; j = (j + 1) & mask {
+		if (j-s.home(s.slots[j].hash))&mask >= (j-i)&mask {
+			s.slots[i] = s.slots[j]
+			i = j
+		}
+	}
+	s.slots[i] = hashRef{}
+	return pos, true
+}
+
+// reserve makes room for n more hashes, so that adding them rehashes at
+// most once.
+func (s *hashRefs) reserve(n int) {
+	if need := 2 * (s.n + n); need > len(s.slots) {
+		s.resize(max(minHashRefs, 1<<bits.Len(uint(need-1))))
+	}
+}
+
+// fit shrinks the slots of a set that lost most of its hashes (dec does
+// not, so that removing many costs no rehash each): an empty set keeps
+// none.
+func (s *hashRefs) fit() {
+	switch {
+	case s.n == 0:
+		*s = hashRefs{} // an idle rank keeps no memory
+	case len(s.slots) > minHashRefs && 8*s.n < len(s.slots):
+		s.resize(max(minHashRefs, 1<<bits.Len(uint(2*s.n-1))))
+	}
+}
+
+// clear empties the set, keeping its slots.
+func (s *hashRefs) clear() {
+	if s.n > 0 {
+		clear(s.slots)
+		s.n = 0
+	}
+}
+
+// resize rehashes the set into n slots (a power of two).
+func (s *hashRefs) resize(n int) {
+	old := s.slots
+	s.slots = make([]hashRef, n)
+	s.shift = uint8(64 - bits.TrailingZeros(uint(n)))
+	for _, e := range old {
+		if e.refs != 0 {
+			s.slots[s.find(e.hash)] = e
+		}
+	}
+}
+
+// rankTable finds a tracker's ranks by WorkerRank: an open-addressing hash
+// table rebuilt whenever the ranks change, because a decision looks up
+// every rank the index reports, and a map lookup is several times slower.
+type rankTable struct {
+	slots []*rankLoad // a power of two long, at most half full; nil: free
+	shift uint8
+}
+
+func (rt *rankTable) home(wr indexer.WorkerRank) int {
+	return int(((wr.Worker ^ uint64(wr.Rank)<<40 ^ uint64(wr.Rank)) * 0x9e3779b97f4a7c15) >> rt.shift)
+}
+
+// build fills the table with ranks.
+func (rt *rankTable) build(ranks []*rankLoad) {
+	n := minHashRefs
+	for n < 2*len(ranks) {
+		n *= 2
+	}
+	if len(rt.slots) == n {
+		clear(rt.slots)
+	} else {
+		rt.slots = make([]*rankLoad, n)
+	}
+	rt.shift = uint8(64 - bits.TrailingZeros(uint(n)))
+	for _, rl := range ranks {
+		i := rt.home(rl.wr)
+		for rt.slots[i] != nil {
+			i = (i + 1) & (n - 1)
+		}
+		rt.slots[i] = rl
+	}
+}
+
+// get returns the rank wr, or nil.
+func (rt *rankTable) get(wr indexer.WorkerRank) *rankLoad {
+	if len(rt.slots) == 0 {
+		return nil
+	}
+	for i := rt.home(wr); ; i = (i + 1) & (len(rt.slots) - 1) {
+		rl := rt.slots[i]
+		if rl == nil || rl.wr == wr {
+			return rl
+		}
+	}
+}
+
+// ageHeap is a min-heap of requests by the time they were added, each
+// knowing its position (request.age), so that expiry finds the stale ones
+// without scanning every request, and a free removes its request in
+// O(log n).
+type ageHeap []*request
+
+func (h *ageHeap) push(r *request) {
+	r.age = len(*h)
+	*h = append(*h, r)
+	h.up(r.age)
+}
+
+// remove removes r, which must be in the heap.
+func (h *ageHeap) remove(r *request) {
+	q := *h
+	i, last := r.age, len(q)-1
+	if i != last {
+		q.swap(i, last)
+	}
+	q[last] = nil
+	*h = q[:last]
+	if i != last {
+		if !h.down(i) {
+			h.up(i)
+		}
+	}
+}
+
+func (h ageHeap) less(i, j int) bool { return h[i].added.Before(h[j].added) }
+
+func (h ageHeap) swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].age, h[j].age = i, j
+}
+
+func (h ageHeap) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			return
+		}
+		h.swap(i, p)
+		i = p
+	}
+}
+
+// down moves element i down to its place and reports whether it moved.
+func (h ageHeap) down(i int) bool {
+	start := i
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			break
+		}
+		if r := c + 1; r < len(h) && h.less(r, c) {
+			c = r
+		}
+		if !h.less(c, i) {
+			break
+		}
+		h.swap(i, c)
+		i = c
+	}
+	return i > start
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
@@ -525,6 +526,371 @@ func TestApplyUnknownKind(t *testing.T) {
 	}
 	if err := l.Apply(Lifecycle{Kind: 99, Key: loadKey}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("kind 99: %v, want ErrInvalid", err)
+	}
+	checkIdle(t, l)
+}
+
+// checkHashRefs compares s with want (hash -> references) and checks its
+// layout: at most half full, every entry reachable from its home slot
+// without crossing a free one.
+func checkHashRefs(t *testing.T, what string, s *hashRefs, want map[uint64]int32) {
+	t.Helper()
+	if s.len() != len(want) {
+		t.Fatalf("%s: %d hashes, want %d", what, s.len(), len(want))
+	}
+	for h, refs := range want {
+		if e := s.get(h); e == nil || e.refs != refs || !s.has(h) {
+			t.Fatalf("%s: hash %#x: entry %+v, want %d references", what, h, e, refs)
+		}
+	}
+	n := 0
+	for i, e := range s.slots {
+		if e.refs == 0 {
+			continue
+		}
+		n++
+		for j := s.home(e.hash); j != i; j = (j + 1) & (len(s.slots) - 1) {
+			if s.slots[j].refs == 0 {
+				t.Fatalf("%s: hash %#x in slot %d, a free slot %d lies on its probe sequence", what, e.hash, i, j)
+			}
+		}
+	}
+	if n != len(want) || 2*n > len(s.slots) {
+		t.Fatalf("%s: %d entries in %d slots, want %d, at most half full", what, n, len(s.slots), len(want))
+	}
+}
+
+// multInverse is the inverse of hashRefs' multiplier modulo 2^64.
+const multInverse = 0xf1de83e19937733d
+
+func TestHashRefs(t *testing.T) {
+	if inv := uint64(multInverse); inv*0x9e3779b97f4a7c15 != 1 {
+		t.Fatal("multInverse is not the multiplier's inverse")
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	randomKeys := make([]uint64, 300)
+	for i := range randomKeys {
+		randomKeys[i] = rnd.Uint64()
+	}
+	seqKeys := make([]uint64, 300)
+	for i := range seqKeys {
+		seqKeys[i] = uint64(i) // small consecutive ids, as clients send
+	}
+	// Keys whose hashes (times the multiplier) are 0, 1, 2, ...: they all
+	// share home slot 0 in tables of up to 2^40 slots, so they probe past
+	// each other and deletions must shift entries back.
+	colliding := make([]uint64, 40)
+	for i := range colliding {
+		colliding[i] = uint64(i) * multInverse
+	}
+	tests := []struct {
+		name string
+		keys []uint64
+		// ops: positive i: inc keys[i-1]; negative: dec keys[-i-1].
+		ops func(n int) []int
+	}{
+		{"add all, remove all in order", randomKeys, func(n int) []int {
+			var ops []int
+			for i := range n {
+				ops = append(ops, i+1)
+			}
+			for i := range n {
+				ops = append(ops, -(i + 1))
+			}
+			return ops
+		}},
+		{"add all twice, remove in reverse", seqKeys, func(n int) []int {
+			var ops []int
+			for i := range n {
+				ops = append(ops, i+1, i+1)
+			}
+			for i := n - 1; i >= 0; i-- {
+				ops = append(ops, -(i + 1), -(i + 1))
+			}
+			return ops
+		}},
+		{"colliding keys, removed from the middle", colliding, func(n int) []int {
+			var ops []int
+			for i := range n {
+				ops = append(ops, i+1)
+			}
+			for i := n / 2; i < n; i++ {
+				ops = append(ops, -(i + 1))
+			}
+			for i := range n / 2 {
+				ops = append(ops, -(i + 1))
+			}
+			return ops
+		}},
+		{"random mix", randomKeys[:60], func(n int) []int {
+			var ops []int
+			refs := make([]int, n)
+			for range 3000 {
+				i := rnd.IntN(n)
+				if refs[i] > 0 && rnd.IntN(2) == 0 {
+					refs[i]--
+					ops = append(ops, -(i + 1))
+				} else {
+					refs[i]++
+					ops = append(ops, i+1)
+				}
+			}
+			for i, r := range refs {
+				for range r {
+					ops = append(ops, -(i + 1))
+				}
+			}
+			return ops
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s hashRefs
+			want := map[uint64]int32{}
+			for k, op := range tt.ops(len(tt.keys)) {
+				what := fmt.Sprintf("op %d (%d)", k, op)
+				if op > 0 {
+					h := tt.keys[op-1]
+					e, first := s.inc(h)
+					if first != (want[h] == 0) || e.hash != h {
+						t.Fatalf("%s: inc %#x: entry %+v, first %v; want first %v", what, h, e, first, want[h] == 0)
+					}
+					e.pos = int32(op) // kept through moves
+					want[h]++
+				} else {
+					h := tt.keys[-op-1]
+					pos, last := s.dec(h)
+					if want[h]--; last != (want[h] == 0) || last && pos != int32(-op) {
+						t.Fatalf("%s: dec %#x: last %v pos %d; want last %v pos %d", what, h, last, pos, want[h] == 0, -op)
+					}
+					if want[h] == 0 {
+						delete(want, h)
+					}
+				}
+				if k%17 == 0 || len(want) < 3 {
+					checkHashRefs(t, what, &s, want)
+				}
+				if k%50 == 49 { // fit shrinks a sparse set, and keeps it right
+					s.fit()
+					if len(s.slots) > max(minHashRefs, 8*len(want)) || len(want) == 0 && s.slots != nil {
+						t.Fatalf("%s: fit leaves %d slots for %d hashes", what, len(s.slots), len(want))
+					}
+					checkHashRefs(t, what+", fitted", &s, want)
+				}
+			}
+			checkHashRefs(t, "at the end", &s, want)
+			s.fit()
+			if s.slots != nil {
+				t.Errorf("an empty set keeps %d slots after fit", len(s.slots))
+			}
+			if s.has(tt.keys[0]) || s.get(tt.keys[0]) != nil {
+				t.Error("the empty set has a key")
+			}
+		})
+	}
+}
+
+func TestHashRefsReserve(t *testing.T) {
+	for _, tt := range []struct{ have, more int }{{0, 1}, {0, 4}, {0, 5}, {0, 500}, {3, 1}, {100, 29}, {100, 28}, {100, 300}} {
+		var s hashRefs
+		want := map[uint64]int32{}
+		for i := range uint64(tt.have) {
+			s.inc(i)
+			want[i] = 1
+		}
+		s.reserve(tt.more)
+		slots := len(s.slots)
+		for i := range uint64(tt.more) {
+			s.inc(1000 + i)
+			want[1000+i] = 1
+		}
+		if len(s.slots) != slots || slots > max(minHashRefs, 4*(tt.have+tt.more)) {
+			t.Errorf("%d hashes, reserve(%d): %d slots, then %d after adding them", tt.have, tt.more, slots, len(s.slots))
+		}
+		checkHashRefs(t, fmt.Sprintf("%d + %d", tt.have, tt.more), &s, want)
+	}
+}
+
+func TestHashRefsClear(t *testing.T) {
+	var s hashRefs
+	s.clear() // of an empty set
+	for i := range uint64(20) {
+		s.inc(i * 7)
+	}
+	slots := len(s.slots)
+	s.clear()
+	if s.len() != 0 || len(s.slots) != slots || s.has(7) {
+		t.Errorf("cleared set: %d hashes, %d slots (had %d), has 7: %v", s.len(), len(s.slots), slots, s.has(7))
+	}
+	if _, first := s.inc(7); !first || s.len() != 1 {
+		t.Errorf("inc after clear: first %v, %d hashes", first, s.len())
+	}
+}
+
+func TestRankTable(t *testing.T) {
+	var rt rankTable
+	if rt.get(rk(1, 0)) != nil {
+		t.Fatal("empty table finds a rank")
+	}
+	tests := []struct {
+		name  string
+		ranks []indexer.WorkerRank
+		not   []indexer.WorkerRank
+	}{
+		{"one", []indexer.WorkerRank{rk(1, 0)}, []indexer.WorkerRank{rk(1, 1), rk(0, 0), rk(2, 0)}},
+		{"dp ranks of workers", func() (out []indexer.WorkerRank) {
+			for w := range uint64(256) {
+				for r := range uint32(8) {
+					out = append(out, rk(w+1, r))
+				}
+			}
+			return out
+		}(), []indexer.WorkerRank{rk(0, 0), rk(1, 8), rk(257, 0), rk(1<<40, 1)}},
+		{"lease ids", []indexer.WorkerRank{rk(0x694d9f5a3c11e001, 0), rk(0x694d9f5a3c11e002, 0), rk(0x694d9f5a3c11e001, 1), rk(1<<63, 1<<31)},
+			[]indexer.WorkerRank{rk(0x694d9f5a3c11e003, 0), rk(0x694d9f5a3c11e001, 2)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ranks := make([]*rankLoad, len(tt.ranks))
+			for i, wr := range tt.ranks {
+				ranks[i] = &rankLoad{wr: wr}
+			}
+			rt.build(ranks)
+			for _, rl := range ranks {
+				if got := rt.get(rl.wr); got != rl {
+					t.Errorf("get(%s) = %p, want %p", rl.wr, got, rl)
+				}
+			}
+			for _, wr := range tt.not {
+				if got := rt.get(wr); got != nil {
+					t.Errorf("get(%s) = %+v, want nil", wr, got.wr)
+				}
+			}
+			// Rebuilt without the first rank, it is gone.
+			rt.build(ranks[1:])
+			if rt.get(ranks[0].wr) != nil {
+				t.Errorf("%s found after the rebuild without it", ranks[0].wr)
+			}
+		})
+	}
+}
+
+func TestAgeHeap(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	tests := []struct {
+		name   string
+		ages   []int // seconds after t0, in push order
+		remove []int // indexes into ages, removed after all pushes
+	}{
+		{"in order", []int{0, 1, 2, 3, 4, 5}, nil},
+		{"reversed", []int{9, 8, 7, 6, 5, 4, 3, 2, 1}, []int{0}},
+		{"ties and a clock going back", []int{5, 5, 1, 9, 5, 0, 7, 7, 3}, []int{3, 5}},
+		{"remove the root and leaves", []int{4, 2, 8, 6, 1, 3, 9, 0, 5, 7}, []int{7, 4, 6, 9, 2}},
+		{"remove everything", []int{3, 1, 2}, []int{1, 0, 2}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h ageHeap
+			reqs := make([]*request, len(tt.ages))
+			for i, a := range tt.ages {
+				reqs[i] = &request{id: fmt.Sprint(i), added: t0.Add(time.Duration(a) * time.Second)}
+				h.push(reqs[i])
+			}
+			gone := map[int]bool{}
+			for _, i := range tt.remove {
+				h.remove(reqs[i])
+				gone[i] = true
+			}
+			for i, r := range h {
+				if r.age != i {
+					t.Fatalf("request %s at %d says %d", r.id, i, r.age)
+				}
+			}
+			var want []int
+			for i, a := range tt.ages {
+				if !gone[i] {
+					want = append(want, a)
+				}
+			}
+			slices.Sort(want)
+			var got []int
+			for len(h) > 0 {
+				got = append(got, int(h[0].added.Sub(t0)/time.Second))
+				h.remove(h[0])
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("oldest first: %v, want %v", got, want)
+			}
+		})
+	}
+}
+
+// TestExpiryOutOfOrder: expiry does not assume requests are added in time
+// order (the clock may step back).
+func TestExpiryOutOfOrder(t *testing.T) {
+	clk := newFakeClock()
+	l := NewLoads(LoadOptions{Now: clk.Now, TTL: 10 * time.Second})
+	l.AddRanks(loadKey, 16, rk(1, 0))
+	clk.Advance(100 * time.Second)
+	must(t, l.Add(loadKey, Booking{ID: "late", Worker: rk(1, 0), Hashes: []uint64{1}}))      // t = 100
+	clk.Advance(-95 * time.Second)                                                           // the clock steps back
+	must(t, l.Add(loadKey, Booking{ID: "early", Worker: rk(1, 0), Hashes: []uint64{2}}))     // t = 5
+	must(t, l.Add(loadKey, Booking{ID: "early2", Worker: rk(1, 0), Hashes: []uint64{2, 3}})) // t = 5
+	clk.Advance(10*time.Second + 1)                                                          // t = 15+: both early ones are stale
+	if n := l.Expire(); n != 2 {
+		t.Fatalf("expired %d, want early and early2", n)
+	}
+	if got := loadsOf(l, loadKey)[rk(1, 0)]; got != (load{0, 1, 1}) {
+		t.Errorf("after expiry: %+v, want late alone", got)
+	}
+	clk.Advance(100 * time.Second)
+	if n := l.Expire(); n != 1 {
+		t.Errorf("expired %d, want late", n)
+	}
+	checkIdle(t, l)
+}
+
+// TestNegativeOutputCounted: a rank's output may end a hair below zero
+// (float residue of releases) while it has requests; the tracker counts
+// such ranks, as decisions rely on costs bounds that assume none.
+func TestNegativeOutputCounted(t *testing.T) {
+	l := NewLoads(LoadOptions{})
+	l.AddRanks(loadKey, 16, rk(1, 0), rk(2, 0))
+	negative := func() int {
+		tr := l.tracker(loadKey)
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return tr.negative
+	}
+	steps := []struct {
+		op   loadOp
+		want int
+	}{
+		{loadOp{do: "add", id: "a", rank: rk(1, 0), hashes: []uint64{1}}, 0},
+		{loadOp{do: "add", id: "b", rank: rk(1, 0), hashes: []uint64{2}}, 0},
+		{loadOp{do: "add", id: "c", rank: rk(1, 0), hashes: []uint64{3}}, 0},
+		{loadOp{do: "output", id: "a", decay: 0}, 0},   // 1
+		{loadOp{do: "output", id: "b", decay: 0.1}, 0}, // 1 + 0.9 = 1.9
+		{loadOp{do: "free", id: "b", freed: true}, 0},  // 1.9 - 0.9
+		{loadOp{do: "free", id: "a", freed: true}, 1},  // ... - 1 = -1.1e-16, c still active
+		{loadOp{do: "output", id: "c", decay: 0.5}, 0},
+		{loadOp{do: "add", id: "d", rank: rk(2, 0), hashes: []uint64{1}}, 0},
+		{loadOp{do: "add", id: "e", rank: rk(2, 0), hashes: []uint64{1}}, 0},
+		{loadOp{do: "add", id: "f", rank: rk(2, 0), hashes: []uint64{1}}, 0},
+		{loadOp{do: "output", id: "d", decay: 0}, 0},
+		{loadOp{do: "output", id: "e", decay: 0.1}, 0},
+		{loadOp{do: "free", id: "e", freed: true}, 0},
+		{loadOp{do: "free", id: "d", freed: true}, 1},
+		{loadOp{do: "free", id: "f", freed: true}, 0}, // idle: output reset to 0
+		{loadOp{do: "free", id: "c", freed: true}, 0},
+	}
+	for i, st := range steps {
+		if err := st.op.run(l); err != nil {
+			t.Fatalf("step %d (%s %s): %v", i, st.op.do, st.op.id, err)
+		}
+		if got := negative(); got != st.want {
+			t.Fatalf("step %d (%s %s): %d ranks with negative output, want %d", i, st.op.do, st.op.id, got, st.want)
+		}
 	}
 	checkIdle(t, l)
 }

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -66,10 +67,27 @@ func overlapsByRank(m map[indexer.WorkerRank]indexer.Overlap, os []indexer.Overl
 type scratch struct {
 	match    []uint64
 	overlaps []indexer.Overlap
-	byRank   map[indexer.WorkerRank]indexer.Overlap
+	cached   []*rankLoad // the ranks with cached blocks
 	cands    []candidate
+	bounded  []int // indexes in cands of candidates whose cost is a bound
 	weights  []float64
 	ties     []int
+	trees    []int // per tie, its tree size
+	// prompt counts the prompt's hashes (refs: occurrences), when a
+	// decision bounds costs.
+	prompt hashRefs
+}
+
+// countPrompt fills sc.prompt with seq and reports whether a hash occurs
+// twice in it.
+func (sc *scratch) countPrompt(seq []uint64) (repeats bool) {
+	sc.prompt.clear()
+	for _, h := range seq {
+		if _, first := sc.prompt.inc(h); !first {
+			repeats = true
+		}
+	}
+	return repeats
 }
 
 func (o CostOptions) withDefaults() CostOptions {
@@ -165,13 +183,33 @@ func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions
 	return s
 }
 
-// candidate is one rank's inputs and cost.
+// candidate is one rank's inputs and cost, kept small: a decision costs
+// thousands.
 type candidate struct {
 	rl      *rankLoad
-	ov      indexer.Overlap
 	prefill int64 // effective new prefill tokens
 	cost    float64
-	tree    int
+	// held counts the prompt's blocks the rank's active requests hold;
+	// while bound, it is only an upper bound, and cost a lower bound.
+	held  int32
+	bound bool
+}
+
+// costOf returns the cost (shared/spec/scheduling.md) of sending a prompt
+// of n blocks to rl, with c's new prefill and held blocks, at overlap
+// weight w and block size bs.
+func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
+	prefill := float64(rl.prefill + c.prefill)
+	decode := float64(rl.blocks()) + rl.output + float64(n-int(c.held))
+	return w*prefill/float64(bs) + decode
+}
+
+// choice is the outcome of decide.
+type choice struct {
+	wr      indexer.WorkerRank
+	ov      indexer.Overlap
+	prefill int64
+	cost    float64
 }
 
 // Select chooses a rank for req, and books it when req.Reserve.
@@ -217,7 +255,6 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	}
 	sc.overlaps = ix.Match(match, sc.overlaps[:0])
 	overlaps := sc.overlaps
-	sc.byRank = overlapsByRank(sc.byRank, overlaps)
 	sched := s.cat.schedulable()[req.Key]
 	var b *Booking
 	if req.Reserve {
@@ -227,7 +264,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 			b.Hashes = slices.Clone(seq)
 		}
 	}
-	c, err := s.decide(sc, t, ix, req, seq, isl, w, temp, sched, b)
+	c, err := s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, sched, b)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -236,8 +273,8 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	if b != nil {
 		s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *b})
 	}
-	d := Decision{Worker: c.rl.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, DP: map[uint32]int{}}
-	d.Overlap.Worker = c.rl.wr
+	d := Decision{Worker: c.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, DP: map[uint32]int{}}
+	d.Overlap.Worker = c.wr
 	for _, o := range overlaps {
 		if o.Worker.Worker == d.Worker.Worker {
 			d.DP[o.Worker.Rank] = o.Device
@@ -252,51 +289,209 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // decide costs every schedulable rank of t and picks one, under t's lock;
 // with book not nil it also books the request there (filling in book's
 // Worker and PrefillTokens), in the same critical section.
-func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, seq []uint64, isl int64, w, temp float64,
-	sched map[uint64]bool, book *Booking) (candidate, error) {
+//
+// Counting the prompt's blocks held by every busy rank's requests is the
+// costly part. At temperature 0 only the cheapest ranks matter, so a busy
+// rank is first costed with an upper bound of its held blocks (a lower
+// bound of its cost), and counted exactly only if that bound does not
+// exceed the best exact cost so far (see countBounded). And no rank
+// without cached blocks can cost less than such a rank would idle (see
+// costing.cold): when a rank with cached blocks costs less, the others
+// are not even looked at.
+func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
+	isl int64, w, temp float64, sched map[uint64]bool, book *Booking) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.countHeld(seq)
-	cands, byRank := sc.cands[:0], sc.byRank
-	for _, rl := range t.order {
-		wr := rl.wr
-		if !sched[wr.Worker] || (len(req.Workers) > 0 && !slices.Contains(req.Workers, wr.Worker)) {
-			continue
+	t.begin()
+	cached := sc.cached[:0]
+	for _, o := range overlaps {
+		if rl := t.find.get(o.Worker); rl != nil {
+			rl.ov, rl.ovMark = o, t.pass
+			cached = append(cached, rl)
 		}
-		c := candidate{rl: rl, ov: byRank[wr]}
-		c.prefill = s.opts.uncached(c.ov, isl, bs)
-		prefill := float64(rl.prefill + c.prefill)
-		decode := float64(rl.blocks) + rl.output + float64(len(seq)-t.held(rl))
-		c.cost = w*prefill/float64(bs) + decode
-		cands = append(cands, c)
 	}
-	sc.cands = cands
-	if len(cands) == 0 {
-		return candidate{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
+	sc.cached = cached
+	k := costing{s: s, t: t, req: req, sched: sched, isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
+		cands: sc.cands[:0], bounded: sc.bounded[:0]}
+	k.reset()
+	if k.counted { // sampling weighs every cost: count every rank's blocks
+		t.countHeld(seq)
+	} else if len(t.reqs) > 0 {
+		k.repeats = sc.countPrompt(seq)
 	}
-	c := cands[s.pick(sc, cands, temp, ix)]
+	done := false
+	if !k.counted && !k.repeats && t.negative == 0 {
+		for _, rl := range cached {
+			k.add(rl)
+		}
+		if len(k.bounded) > 0 {
+			k.best = t.countBounded(k.cands, k.bounded, seq, &sc.prompt, false, k.budget, k.best, w, bs)
+		}
+		if done = k.best < k.cold(); done {
+			// In the order of the ranks, as when every rank is costed:
+			// the ties are then the same, and so is the choice.
+			slices.SortFunc(k.cands, func(a, b candidate) int { return cmp.Compare(a.rl.pos, b.rl.pos) })
+		} else {
+			k.reset()
+		}
+	}
+	if !done {
+		for _, rl := range t.order {
+			k.add(rl)
+		}
+		if k.schedulable == 0 {
+			sc.cands, sc.bounded = k.cands, k.bounded
+			return choice{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
+		}
+		if len(k.bounded) > 0 {
+			k.best = t.countBounded(k.cands, k.bounded, seq, &sc.prompt, k.repeats, k.budget, k.best, w, bs)
+		}
+	}
+	sc.cands, sc.bounded = k.cands, k.bounded
+	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix)]
+	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost}
+	if c.rl.ovMark == t.pass {
+		ch.ov = c.rl.ov
+	}
 	if book != nil {
 		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
 		now := s.loads.now()
 		t.sweep(now.Add(-s.loads.ttl))
 		if err := t.add(*book, now); err != nil {
-			return candidate{}, err
+			return choice{}, err
 		}
 	}
-	return c, nil
+	return ch, nil
 }
 
+// costing is the state of one decision's costing of ranks (see decide).
+type costing struct {
+	s                *Scheduler
+	t                *tracker
+	req              SelectRequest
+	sched            map[uint64]bool
+	isl              int64
+	w                float64
+	bs, n            int  // block size, prompt blocks
+	counted, repeats bool // t.countHeld was run; a hash occurs twice in the prompt
+
+	cands       []candidate // at temperature 0, only those that may win
+	bounded     []int       // indexes in cands of candidates whose cost is a bound
+	best        float64     // the least exact cost
+	budget      int         // what a countHeld pass would cost, about
+	schedulable int         // ranks costed
+}
+
+func (k *costing) reset() {
+	k.cands, k.bounded = k.cands[:0], k.bounded[:0]
+	k.best, k.budget, k.schedulable = math.Inf(1), k.n, 0
+}
+
+// cold returns a lower bound of the cost of every rank without cached
+// blocks (Overlap zero): the cost of such a rank with no load. A loaded
+// one costs no less: its active prefill and output are not negative, and
+// its active requests hold at least as many blocks as they hold of the
+// prompt, when no hash occurs twice in the prompt. So it is valid when
+// !k.repeats and k.t.negative is 0.
+func (k *costing) cold() float64 {
+	return k.w*float64(max(0, k.isl))/float64(k.bs) + float64(k.n)
+}
+
+// eligible reports whether rl may be chosen: its worker is schedulable
+// and, when the request names workers, one of them. It is worked out once
+// per worker and pass, on the worker's first rank.
+func (k *costing) eligible(rl *rankLoad) bool {
+	h := rl.head
+	if h.eligMark != k.t.pass {
+		w := rl.wr.Worker
+		h.eligMark, h.eligible = k.t.pass, k.sched[w] && (len(k.req.Workers) == 0 || slices.Contains(k.req.Workers, w))
+	}
+	return h.eligible
+}
+
+// add costs rl, if eligible, and keeps it unless it cannot win.
+func (k *costing) add(rl *rankLoad) {
+	if !k.eligible(rl) {
+		return
+	}
+	k.schedulable++
+	c := candidate{rl: rl, prefill: max(0, k.isl)} // no overlap
+	if rl.ovMark == k.t.pass {
+		c.prefill = k.s.opts.uncached(rl.ov, k.isl, k.bs)
+	}
+	switch blocks := rl.blocks(); {
+	case k.counted:
+		c.held = int32(k.t.held(rl))
+	case blocks > 0:
+		c.held, c.bound = int32(min(k.n, blocks)), true
+		if k.repeats {
+			c.held = int32(k.n)
+		}
+		k.budget += min(k.n, blocks)
+	}
+	c.cost = costOf(rl, &c, k.n, k.w, k.bs)
+	if !k.counted && c.cost > k.best {
+		return
+	}
+	if c.bound {
+		k.bounded = append(k.bounded, len(k.cands))
+	} else {
+		k.best = min(k.best, c.cost)
+	}
+	k.cands = append(k.cands, c)
+}
+
+// countBounded makes exact the costs of the bounded candidates (indexes in
+// cands) whose lower bound does not exceed best, the least exact cost,
+// cheapest bound first; the others keep their bound, above the least cost.
+// Each is counted on its own (see rankLoad.heldOf; prompt counts seq,
+// repeats says whether a hash occurs twice in it) until that would have
+// cost more than a countHeld pass over every holder of the prompt's
+// hashes, about budget (a lookup of heldOf counting for perLookup of its
+// steps). It returns the least exact cost. Call with t.mu held.
+func (t *tracker) countBounded(cands []candidate, bounded []int, seq []uint64, prompt *hashRefs, repeats bool, budget int, best, w float64, bs int) float64 {
+	bounded = slices.DeleteFunc(bounded, func(i int) bool { return cands[i].cost > best })
+	slices.SortFunc(bounded, func(a, b int) int { return cmp.Compare(cands[a].cost, cands[b].cost) })
+	counted, spent := false, 0
+	for _, i := range bounded {
+		c := &cands[i]
+		if c.cost > best {
+			break // so are the rest
+		}
+		if !counted {
+			if spent += perLookup * c.rl.heldCost(seq); spent > budget {
+				t.countHeld(seq)
+				counted = true
+			}
+		}
+		if counted {
+			c.held = int32(t.held(c.rl))
+		} else {
+			c.held = int32(c.rl.heldOf(seq, prompt, repeats))
+		}
+		c.bound = false
+		c.cost = costOf(c.rl, c, len(seq), w, bs)
+		best = min(best, c.cost)
+	}
+	return best
+}
+
+// perLookup is what a lookup of heldOf costs, in steps of countHeld.
+const perLookup = 2
+
 // pick returns the index of the chosen candidate: the cheapest (ties: the
-// smaller tree, then random) at temperature 0, else a softmax sample.
-func (s *Scheduler) pick(sc *scratch, cands []candidate, temp float64, ix *indexer.Index) int {
+// smaller tree, then random) at temperature 0, where least is the least
+// cost (the bounded candidates and those left out by decide cost more),
+// else a softmax sample over every schedulable rank.
+func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix *indexer.Index) int {
 	s.randMu.Lock()
 	defer s.randMu.Unlock()
-	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, c := range cands {
-		lo, hi = min(lo, c.cost), max(hi, c.cost)
-	}
 	if temp > 0 {
+		lo, hi := math.Inf(1), math.Inf(-1)
+		for _, c := range cands {
+			lo, hi = min(lo, c.cost), max(hi, c.cost)
+		}
 		if hi == lo {
 			return s.rand.IntN(len(cands))
 		}
@@ -320,17 +515,26 @@ func (s *Scheduler) pick(sc *scratch, cands []candidate, temp float64, ix *index
 	ties := sc.ties[:0]
 	defer func() { sc.ties = ties }()
 	for i, c := range cands {
-		if c.cost == lo {
+		if c.cost == least {
 			ties = append(ties, i)
 		}
 	}
 	if len(ties) > 1 {
+		trees := slices.Grow(sc.trees[:0], len(ties))[:len(ties)]
+		sc.trees = trees
 		small := math.MaxInt
-		for _, i := range ties {
-			cands[i].tree = ix.RankBlocks(cands[i].rl.wr)
-			small = min(small, cands[i].tree)
+		for k, i := range ties {
+			trees[k] = ix.RankBlocks(cands[i].rl.wr)
+			small = min(small, trees[k])
 		}
-		ties = slices.DeleteFunc(ties, func(i int) bool { return cands[i].tree != small })
+		n := 0
+		for k, i := range ties {
+			if trees[k] == small {
+				ties[n] = i
+				n++
+			}
+		}
+		ties = ties[:n]
 	}
 	return ties[s.rand.IntN(len(ties))]
 }
@@ -338,6 +542,7 @@ func (s *Scheduler) pick(sc *scratch, cands []candidate, temp float64, ix *index
 // release returns sc to the pool, dropping its references to loads.
 func (s *Scheduler) release(sc *scratch) {
 	clear(sc.cands)
+	clear(sc.cached)
 	s.scratch.Put(sc)
 }
 

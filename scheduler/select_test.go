@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -656,4 +657,185 @@ func TestSelectWhileRegistering(t *testing.T) {
 	}
 	wg.Wait()
 	checkIdle(t, s.cat.Loads())
+}
+
+// TestSelectMatchesBruteForce compares decisions with costs worked out
+// naively from the spec's formula, over random loads: every rank's held
+// blocks are the set union of its active requests' hashes, counted over
+// the prompt's positions. Loads mix idle and busy ranks, requests holding
+// a prefix of a prompt or other hashes, several per rank, sharing hashes
+// or not, and hashes repeated in prompts and requests, so that decide's
+// cost bounds, its per-rank counts (heldOf, each way) and its fallback to
+// countHeld must all agree with the naive count.
+func TestSelectMatchesBruteForce(t *testing.T) {
+	const bs = 4
+	tests := []struct {
+		name        string
+		workers, dp int
+		busyEvery   int // every n-th rank runs requests
+		perRank     int // requests per busy rank, at most
+		promptLen   int
+		other       int  // hashes of a request for no prompt, at most
+		pad         int  // if not 0, every busy rank also runs a request of pad other hashes, one twice
+		repeats     bool // prompts and requests repeat hashes
+		same        bool // every request is the same prompt's, whole: ranks tie
+	}{
+		{"few busy ranks", 16, 4, 5, 1, 40, 40, 0, false, false},
+		{"every rank busy", 12, 2, 1, 3, 30, 30, 0, false, false},
+		{"requests sharing prefixes", 8, 4, 2, 6, 24, 24, 0, false, false},
+		{"repeated hashes", 8, 2, 2, 3, 20, 20, 0, true, false},
+		{"short prompts, long requests", 6, 2, 1, 3, 3, 80, 40, true, false},
+		{"busy ranks alike", 10, 4, 1, 1, 30, 1, 0, false, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for seed := range uint64(6) {
+				bruteForceCase(t, seed, bs, tt.workers, tt.dp, tt.busyEvery, tt.perRank, tt.promptLen, tt.other, tt.pad, tt.repeats, tt.same)
+			}
+		})
+	}
+}
+
+func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRank, promptLen, other, pad int, repeats, same bool) {
+	rnd := rand.New(rand.NewPCG(seed, 77))
+	s := newSelRig(t, bs, rigOptions{})
+	prompts := [][]uint64{promptOf(1, promptLen), promptOf(2, promptLen), promptOf(3, promptLen)}
+	if repeats {
+		for _, p := range prompts {
+			p[len(p)-1] = p[0] // a local hash twice: distinct sequence hashes, still
+		}
+	}
+	type rankState struct {
+		held    map[uint64]bool
+		prefill int64
+		output  float64
+	}
+	state := map[indexer.WorkerRank]*rankState{}
+	loads := s.cat.Loads()
+	id := 0
+	for w := range workers {
+		s.ranks(uint64(w+1), uint32(dp))
+		for r := range dp {
+			wr := rk(uint64(w+1), uint32(r))
+			st := &rankState{held: map[uint64]bool{}}
+			state[wr] = st
+			p := prompts[rnd.IntN(len(prompts))]
+			if n := rnd.IntN(promptLen + 1); n > 0 {
+				s.store(wr, indexer.TierDevice, p, 0, n)
+				if m := min(promptLen, n+rnd.IntN(4)); rnd.IntN(3) == 0 && m > n {
+					s.store(wr, indexer.TierHost, p, n, m)
+				}
+			}
+			if (w*dp+r)%busyEvery != 0 {
+				continue
+			}
+			reqs := 1 + rnd.IntN(perRank)
+			for k := range reqs + min(pad, 1) {
+				var hashes []uint64
+				switch kind := rnd.IntN(4); {
+				case k == reqs: // the padding
+					for range pad {
+						hashes = append(hashes, rnd.Uint64N(1<<62))
+					}
+					hashes = append(hashes, hashes[0])
+				case kind == 0: // other hashes
+					for range 1 + rnd.IntN(other) {
+						hashes = append(hashes, rnd.Uint64N(1<<62))
+					}
+				case kind == 1: // some hashes of a prompt, in any order
+					seq := indexer.SequenceHashes(nil, prompts[rnd.IntN(len(prompts))])
+					rnd.Shuffle(len(seq), func(i, j int) { seq[i], seq[j] = seq[j], seq[i] })
+					hashes = append(seq[:rnd.IntN(len(seq))], rnd.Uint64N(1<<62))
+				default: // a prefix of a prompt, perhaps with an own tail
+					p := prompts[rnd.IntN(len(prompts))]
+					hashes = indexer.SequenceHashes(nil, p[:1+rnd.IntN(promptLen)])
+					for range rnd.IntN(3) {
+						hashes = append(hashes, rnd.Uint64N(1<<62))
+					}
+				}
+				if repeats && rnd.IntN(2) == 0 {
+					hashes = append(hashes, hashes[rnd.IntN(len(hashes))])
+				}
+				b := Booking{Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(4) * bs)}
+				if same {
+					b.Hashes, b.PrefillTokens = indexer.SequenceHashes(nil, prompts[0]), 0
+				}
+				id++
+				b.ID = fmt.Sprint("r", id)
+				must(t, loads.Add(s.key, b))
+				for _, h := range b.Hashes {
+					st.held[h] = true
+				}
+				st.prefill += b.PrefillTokens
+				if !same && rnd.IntN(3) == 0 {
+					must(t, loads.OutputBlock(s.key, b.ID, 0.5))
+					st.output += 0.5
+				}
+			}
+		}
+	}
+	ix := s.set.Lookup(s.key)
+	// The queries: each prompt, whole or with an own tail, by local hashes
+	// or by sequence hashes with one repeated.
+	type query struct {
+		req SelectRequest
+		seq []uint64
+	}
+	var queries []query
+	for i, p := range prompts {
+		local := slices.Clone(p)
+		if i == 1 {
+			local[len(local)-1] = 99
+		}
+		seq := indexer.SequenceHashes(nil, local)
+		queries = append(queries, query{SelectRequest{Key: s.key, Local: local}, seq})
+		if repeats {
+			seq := slices.Clone(seq)
+			seq[len(seq)-1] = seq[0]
+			queries = append(queries, query{SelectRequest{Key: s.key, Seq: seq}, seq})
+		}
+	}
+	for qi, q := range queries {
+		overlaps := overlapsByRank(nil, ix.Match(q.seq, nil))
+		for _, weight := range []float64{1, 0, 2.5} {
+			costs := map[indexer.WorkerRank]float64{}
+			prefills := map[indexer.WorkerRank]int64{}
+			least := math.Inf(1)
+			for wr, st := range state {
+				ov := overlaps[wr]
+				eff := float64(ov.Device) + 0.8*float64(ov.Host-ov.Device) + 0.5*float64(ov.Disk-ov.Host)
+				prefills[wr] = max(0, int64(len(q.seq)*bs)-int64(math.Round(eff*float64(bs))))
+				held := 0
+				for _, h := range q.seq {
+					if st.held[h] {
+						held++
+					}
+				}
+				decode := float64(len(st.held)) + st.output + float64(len(q.seq)-held)
+				costs[wr] = weight*float64(st.prefill+prefills[wr])/float64(bs) + decode
+				least = min(least, costs[wr])
+			}
+			smallest := math.MaxInt
+			for wr, c := range costs {
+				if c == least {
+					smallest = min(smallest, ix.RankBlocks(wr))
+				}
+			}
+			what := fmt.Sprintf("seed %d query %d weight %v", seed, qi, weight)
+			req := q.req
+			req.OverlapWeight = ptrTo(weight)
+			d, err := s.scheduler(seed, CostOptions{}).Select(req)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			if d.Cost != least || costs[d.Worker] != least || ix.RankBlocks(d.Worker) != smallest || d.EffectivePrefillTokens != prefills[d.Worker] {
+				t.Fatalf("%s: chose %s at cost %v (naive %v, tree %d, prefill %d), want the least cost %v, tree %d, prefill %d",
+					what, d.Worker, d.Cost, costs[d.Worker], ix.RankBlocks(d.Worker), d.EffectivePrefillTokens, least, smallest, prefills[d.Worker])
+			}
+			req.Temperature = ptrTo(1.0)
+			if d, err := s.scheduler(seed, CostOptions{}).Select(req); err != nil || d.Cost != costs[d.Worker] {
+				t.Fatalf("%s, sampled: chose %s at cost %v (%v), naive cost %v", what, d.Worker, d.Cost, err, costs[d.Worker])
+			}
+		}
+	}
 }
