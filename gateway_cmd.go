@@ -7,9 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -49,7 +47,7 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 			var out []string
 			for _, t := range catalog.Targets(indexer.Key{Model: model, Tenant: cfg.TenantID}) {
 				if t.Endpoint != "" {
-					out = append(out, "http://"+hostPort(t.Endpoint))
+					out = append(out, "http://"+extproc.HostPort(t.Endpoint))
 				}
 			}
 			return out
@@ -63,16 +61,6 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 		Tenant: cfg.TenantID, Fallbacks: cfg.Fallbacks, MaxRequestsPerRank: cfg.MaxRequestsPerRank,
 		DefaultModel: cfg.ModelName, Logger: logger, Registerer: reg,
 	}), nil
-}
-
-// hostPort strips a URL's scheme and path ("http://h:8000/v1" -> "h:8000").
-func hostPort(ep string) string {
-	if strings.Contains(ep, "://") {
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
-			return u.Host
-		}
-	}
-	return ep
 }
 
 // startFronts starts the ext_proc server and the embedded proxy (each

@@ -66,6 +66,10 @@ func New(reg *tokenize.Registry, cat *scheduler.Catalog, sched *scheduler.Schedu
 	return &Gateway{reg: reg, cat: cat, sched: sched, loads: cat.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
 }
 
+// PathIDs is Route.Path for a completion whose client sent token ids:
+// nothing was tokenized.
+const PathIDs tokenize.Path = "ids"
+
 // Route is a routed request: where it goes, and its booking until Finish.
 type Route struct {
 	// ID is the request id (x-request-id, or one made up).
@@ -161,7 +165,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 	r.started = time.Now()
 	for _, t := range targets {
 		if t.ID == d.Worker.Worker {
-			r.Endpoint, r.SetRank = hostPort(t.Endpoint), t.Ranks > 1
+			r.Endpoint, r.SetRank = HostPort(t.Endpoint), t.Ranks > 1
 		}
 	}
 	if r.Endpoint == "" {
@@ -185,7 +189,7 @@ func (g *Gateway) tokenize(ctx context.Context, req tokenize.Request, ids []uint
 	if err != nil {
 		return tokenize.Result{}, err
 	}
-	info.Tokens, info.Path = ids, "ids"
+	info.Tokens, info.Path = ids, PathIDs
 	return info, nil
 }
 
@@ -209,10 +213,10 @@ func (g *Gateway) candidates(key indexer.Key, targets []scheduler.Target, subset
 	if subset != nil {
 		want := make(map[string]bool, len(subset))
 		for _, s := range subset {
-			want[hostPort(s)] = true
+			want[HostPort(s)] = true
 		}
 		for _, t := range targets {
-			if want[hostPort(t.Endpoint)] {
+			if want[HostPort(t.Endpoint)] {
 				allowed = append(allowed, t.ID)
 			}
 		}
@@ -263,7 +267,7 @@ func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed 
 			break
 		}
 		pool = slices.DeleteFunc(pool, func(id uint64) bool { return id == d.Worker.Worker })
-		if ep := hostPort(d.Endpoint); ep != "" {
+		if ep := HostPort(d.Endpoint); ep != "" {
 			out = append(out, ep)
 		}
 	}
@@ -396,8 +400,9 @@ func parseUsage(doc []byte) *Usage {
 	return &u
 }
 
-// hostPort reduces an endpoint (URL or host:port) to host:port.
-func hostPort(ep string) string {
+// HostPort reduces an endpoint (URL or host:port) to host:port:
+// "http://h:8000/v1" -> "h:8000".
+func HostPort(ep string) string {
 	if _, rest, ok := strings.Cut(ep, "://"); ok {
 		ep = rest
 	}

@@ -21,13 +21,16 @@ func (e *Error) Error() string { return e.Message }
 
 // Body returns the error's JSON body.
 func (e *Error) Body() []byte {
-	typ := map[int]string{
-		http.StatusBadRequest: "BadRequestError", http.StatusNotFound: "NotFoundError",
-		http.StatusTooManyRequests: "RateLimitError", http.StatusServiceUnavailable: "ServiceUnavailableError",
-		http.StatusRequestEntityTooLarge: "BadRequestError",
-	}[e.Status]
-	if typ == "" {
-		typ = "InternalServerError"
+	typ := "InternalServerError"
+	switch e.Status {
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+		typ = "BadRequestError"
+	case http.StatusNotFound:
+		typ = "NotFoundError"
+	case http.StatusTooManyRequests:
+		typ = "RateLimitError"
+	case http.StatusServiceUnavailable:
+		typ = "ServiceUnavailableError"
 	}
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": e.Message, "type": typ, "param": nil, "code": e.Status}})
 	return b

@@ -172,8 +172,8 @@ func TestSubsetHintAndHeaders(t *testing.T) {
 		t.Errorf("headers %v", h)
 	}
 	for in, want := range map[string]string{"http://h:1/v1": "h:1", "h:2": "h:2", "https://h:3": "h:3"} {
-		if got := hostPort(in); got != want {
-			t.Errorf("hostPort(%q) = %q", in, got)
+		if got := HostPort(in); got != want {
+			t.Errorf("HostPort(%q) = %q", in, got)
 		}
 	}
 }

@@ -208,9 +208,6 @@ type RankStats struct {
 	PrefixQueries, PrefixHits      uint64
 	PromptTokens, GenerationTokens uint64
 	Preemptions                    uint64
-	Steps                          uint64
-	// Busy is the simulated time spent in steps.
-	Busy time.Duration
 }
 
 // Rank is one data-parallel rank of a simulated engine: a KV cache with
@@ -473,10 +470,8 @@ func (r *Rank) preempt(s *Seq) {
 // requests whose tokens are all computed sample their next token, and
 // those at their output length finish. Requests that ended or were
 // preempted since schedule are skipped. r.mu held.
-func (r *Rank) finish(plan []work, d time.Duration) {
+func (r *Rank) finish(plan []work) {
 	bs := r.cfg.BlockSize
-	r.stats.Steps++
-	r.stats.Busy += d
 	for _, w := range plan {
 		s := w.s
 		if s.state != running || s.computed+w.n > len(s.tokens) {
@@ -534,7 +529,7 @@ func (r *Rank) step() (time.Duration, bool) {
 	if len(plan) == 0 {
 		return 0, false
 	}
-	r.finish(plan, d)
+	r.finish(plan)
 	return d, true
 }
 
@@ -560,7 +555,7 @@ func (r *Rank) run(ctx context.Context, published func(n int, err error)) {
 			case <-timer.C:
 			}
 			r.mu.Lock()
-			r.finish(plan, d)
+			r.finish(plan)
 			r.mu.Unlock()
 		}
 		r.mu.Lock()

@@ -283,8 +283,8 @@ func (w *Worker) handler() http.Handler {
 			h(rw, r)
 		})
 	}
-	route("/v1/completions", http.MethodPost, w.serveCompletion)
-	route("/v1/chat/completions", http.MethodPost, w.serveChat)
+	route("/v1/completions", http.MethodPost, serveGen(w, w.completionGen))
+	route("/v1/chat/completions", http.MethodPost, serveGen(w, w.chatGen))
 	route("/tokenize", http.MethodPost, w.serveTokenize)
 	route("/v1/models", http.MethodGet, w.serveModels)
 	route("/health", http.MethodGet, func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
@@ -396,20 +396,24 @@ type gen struct {
 	rankHeader string
 }
 
-func (w *Worker) serveCompletion(rw http.ResponseWriter, r *http.Request) {
-	var req completionRequest
-	if e := decodeBody(rw, r, &req); e != nil {
-		writeError(rw, e)
-		return
-	}
-	g, e := w.completionGen(r, &req)
-	if e != nil {
-		if r.Context().Err() == nil {
+// serveGen decodes a generation request into T, builds it with build and
+// runs it.
+func serveGen[T any](w *Worker, build func(*http.Request, *T) (*gen, *apiError)) http.HandlerFunc {
+	return func(rw http.ResponseWriter, r *http.Request) {
+		var req T
+		if e := decodeBody(rw, r, &req); e != nil {
 			writeError(rw, e)
+			return
 		}
-		return
+		g, e := build(r, &req)
+		if e != nil {
+			if r.Context().Err() == nil {
+				writeError(rw, e)
+			}
+			return
+		}
+		w.generate(rw, r, g)
 	}
-	w.generate(rw, r, g)
 }
 
 func (w *Worker) completionGen(r *http.Request, req *completionRequest) (*gen, *apiError) {
@@ -440,22 +444,6 @@ func (w *Worker) completionGen(r *http.Request, req *completionRequest) (*gen, *
 		return nil, e
 	}
 	return g, nil
-}
-
-func (w *Worker) serveChat(rw http.ResponseWriter, r *http.Request) {
-	var req chatRequest
-	if e := decodeBody(rw, r, &req); e != nil {
-		writeError(rw, e)
-		return
-	}
-	g, e := w.chatGen(r, &req)
-	if e != nil {
-		if r.Context().Err() == nil {
-			writeError(rw, e)
-		}
-		return
-	}
-	w.generate(rw, r, g)
 }
 
 func (w *Worker) chatGen(r *http.Request, req *chatRequest) (*gen, *apiError) {
