@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/spf13/cobra"
@@ -65,6 +66,9 @@ type serveConfig struct {
 	WorkerEndpoints    map[uint64]string
 	Fallbacks          int
 	MaxRequestsPerRank int
+	// RoutingPolicy is kvgate's KV-aware routing or a baseline to compare
+	// it with.
+	RoutingPolicy extproc.Policy
 }
 
 // dynMinWorkersEnv is Dynamo's variable for the startup gate; kvgate honours
@@ -154,6 +158,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("worker-endpoints", "", `where the requests of the --workers go: comma-separated id=host:port, e.g. "1=10.0.0.5:8000,2=10.0.0.6:8000"`)
 	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
 	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
+	fs.String("routing-policy", string(extproc.PolicyKV), "how requests are routed: kv (KV-cache-aware), or a baseline to compare with: round-robin, random, least-loaded, prefix-hash (approximate prefix routing on prompt bytes)")
 	fs.String("replica-sync-peers", "", `comma-separated replica sync PUB endpoints of the other replicas, e.g. "tcp://kvgate-b:9092"; requires --replica-sync-port`)
 }
 
@@ -414,6 +419,13 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	}
 	if cfg.MaxRequestsPerRank, err = getInt(v, "max-requests-per-rank"); err != nil || cfg.MaxRequestsPerRank < 0 {
 		return cfg, bad("max-requests-per-rank", v.Get("max-requests-per-rank"), "want an integer >= 0")
+	}
+	policy, err := getString(v, "routing-policy")
+	if err != nil {
+		return cfg, bad("routing-policy", v.Get("routing-policy"), err.Error())
+	}
+	if cfg.RoutingPolicy, err = extproc.ParsePolicy(policy); err != nil {
+		return cfg, bad("routing-policy", policy, "want kv, round-robin, random, least-loaded or prefix-hash")
 	}
 	return cfg, nil
 }

@@ -98,7 +98,7 @@ func TestLoadServeConfig(t *testing.T) {
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
-		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}}
+		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv"}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	syncFile := file("sync.yaml", "replica-sync-port: 9092\nreplica-sync-peers: \"tcp://b:9092\"\n")
 	with := func(f func(*serveConfig)) serveConfig {
@@ -123,7 +123,7 @@ func TestLoadServeConfig(t *testing.T) {
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
-					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints}
+					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy}
 			}),
 		},
 		{
@@ -157,7 +157,7 @@ func TestLoadServeConfig(t *testing.T) {
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
-					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints}
+					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy}
 			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
@@ -244,14 +244,16 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "replica sync peer bind address", args: []string{"--replica-sync-port", "1", "--replica-sync-peers", "tcp://*:9092"}, wantErr: "is not a host name or address"},
 		{name: "replica sync peer without port", args: []string{"--replica-sync-port", "1", "--replica-sync-peers", "tcp://b"}, wantErr: "no host:port"},
 		{name: "gateway flags", args: []string{"--ext-proc-addr", "", "--proxy-addr", "127.0.0.1:8080", "--models", "m.yaml",
-			"--worker-endpoints", "1=10.0.0.1:8000, 2=http://10.0.0.2:8000", "--fallbacks", "2", "--max-requests-per-rank", "8"},
+			"--worker-endpoints", "1=10.0.0.1:8000, 2=http://10.0.0.2:8000", "--fallbacks", "2", "--max-requests-per-rank", "8", "--routing-policy", "prefix-hash"},
 			want: with(func(c *serveConfig) {
 				c.ExtProcAddr, c.ProxyAddr, c.ModelsFile, c.Fallbacks, c.MaxRequestsPerRank = "", "127.0.0.1:8080", "m.yaml", 2, 8
+				c.RoutingPolicy = "prefix-hash"
 				c.WorkerEndpoints = map[uint64]string{1: "10.0.0.1:8000", 2: "10.0.0.2:8000"}
 			})},
 		{name: "gateway TLS", env: map[string]string{"KVGATE_TLS_CERT": "c.pem", "KVGATE_TLS_KEY": "k.pem"},
 			want: with(func(c *serveConfig) { c.TLSCert, c.TLSKey = "c.pem", "k.pem" })},
 		{name: "TLS cert without key", args: []string{"--tls-cert", "c.pem"}, wantErr: "--tls-cert and --tls-key go together"},
+		{name: "bad routing policy", args: []string{"--routing-policy", "fastest"}, wantErr: `invalid routing-policy "fastest" (from flag --routing-policy): want kv, round-robin`},
 		{name: "bad ext-proc addr", args: []string{"--ext-proc-addr", "9002"}, wantErr: `invalid ext-proc-addr "9002" (from flag --ext-proc-addr): want host:port`},
 		{name: "bad worker endpoint", args: []string{"--worker-endpoints", "1=nohost"}, wantErr: `invalid worker-endpoints "1=nohost" (from flag --worker-endpoints): entry "1=nohost": want id=host:port`},
 		{name: "duplicate worker endpoint", args: []string{"--worker-endpoints", "1=a:1,1=b:2"}, wantErr: "worker 1 listed twice"},

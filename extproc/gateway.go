@@ -36,8 +36,12 @@ type Options struct {
 	MaxRequestsPerRank int
 	// DefaultModel routes requests without a body (load only).
 	DefaultModel string
-	Logger       *slog.Logger
-	Registerer   prometheus.Registerer
+	// Policy is how ranks are picked (default PolicyKV); the others are
+	// baselines for comparison. Seed seeds their random choices.
+	Policy     Policy
+	Seed       uint64
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
 }
 
 // Gateway decides where OpenAI requests go and accounts them until they
@@ -52,6 +56,7 @@ type Gateway struct {
 	log   *slog.Logger
 	m     *metrics
 	seq   atomic.Uint64 // booking id suffixes
+	base  *baseline     // nil for PolicyKV
 }
 
 // New returns a gateway deciding with sched over cat's workers and
@@ -63,7 +68,11 @@ func New(reg *tokenize.Registry, cat *scheduler.Catalog, sched *scheduler.Schedu
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Gateway{reg: reg, cat: cat, sched: sched, loads: cat.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
+	g := &Gateway{reg: reg, cat: cat, sched: sched, loads: cat.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
+	if opts.Policy != "" && opts.Policy != PolicyKV {
+		g.base = newBaseline(opts.Policy, opts.Seed)
+	}
+	return g
 }
 
 // PathIDs is Route.Path for a completion whose client sent token ids:
@@ -154,29 +163,70 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 	}
 	r.key = key
 	r.booking = id + "#" + strconv.FormatUint(g.seq.Add(1), 36)
-	d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: allowed, Reserve: true, ReservationID: r.booking})
-	if err != nil {
-		if errors.Is(err, scheduler.ErrUnavailable) {
-			return nil, errorf(http.StatusServiceUnavailable, "no ready worker serves model %q", key.Model)
+	var wr indexer.WorkerRank
+	if g.base != nil {
+		var e *Error
+		if wr, e = g.pickBaseline(key, targets, allowed, p, local, isl, r.booking); e != nil {
+			return nil, e
 		}
-		return nil, errorf(http.StatusInternalServerError, "routing failed: %v", err)
+	} else {
+		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: allowed, Reserve: true, ReservationID: r.booking})
+		if err != nil {
+			if errors.Is(err, scheduler.ErrUnavailable) {
+				return nil, errorf(http.StatusServiceUnavailable, "no ready worker serves model %q", key.Model)
+			}
+			return nil, errorf(http.StatusInternalServerError, "routing failed: %v", err)
+		}
+		wr, r.CachedBlocks = d.Worker, d.Overlap.Device
 	}
-	r.Worker, r.Rank, r.CachedBlocks, r.Blocks = d.Worker.Worker, d.Worker.Rank, d.Overlap.Device, len(local)
+	r.Worker, r.Rank, r.Blocks = wr.Worker, wr.Rank, len(local)
 	r.started = time.Now()
 	for _, t := range targets {
-		if t.ID == d.Worker.Worker {
+		if t.ID == wr.Worker {
 			r.Endpoint, r.SetRank = HostPort(t.Endpoint), t.Ranks > 1
 		}
 	}
 	if r.Endpoint == "" {
 		r.Finish()
-		return nil, errorf(http.StatusServiceUnavailable, "worker %d of model %q has no endpoint to send requests to", d.Worker.Worker, key.Model)
+		return nil, errorf(http.StatusServiceUnavailable, "worker %d of model %q has no endpoint to send requests to", wr.Worker, key.Model)
 	}
-	r.Fallbacks = g.fallbacks(key, local, isl, allowed, targets, d.Worker.Worker)
+	if g.base == nil {
+		r.Fallbacks = g.fallbacks(key, local, isl, allowed, targets, wr.Worker)
+	}
 	g.m.routed.WithLabelValues(key.Model, strconv.FormatUint(r.Worker, 10)).Inc()
 	g.log.Debug("routed", "id", id, "model", key.Model, "worker", r.Worker, "rank", r.Rank, "endpoint", r.Endpoint,
 		"cached_blocks", r.CachedBlocks, "blocks", r.Blocks, "path", r.Path)
 	return r, nil
+}
+
+// pickBaseline picks a rank with a baseline policy among the ranks of the
+// allowed targets (every target when allowed is nil) under the load limit,
+// and books the request there, without cache credit.
+func (g *Gateway) pickBaseline(key indexer.Key, targets []scheduler.Target, allowed []uint64, p *Prompt, local []uint64, isl int64, booking string) (indexer.WorkerRank, *Error) {
+	all := g.loads.Snapshot(key.Model, key.Tenant)
+	if g.base.policy == PolicyPrefixHash && g.seq.Load()%1024 == 0 {
+		g.base.forget(key, all) // now and then, the chunks of ranks gone
+	}
+	cands := all[:0:0]
+	for _, l := range all {
+		if l.Key != key || (allowed != nil && !slices.Contains(allowed, l.Worker.Worker)) ||
+			!slices.ContainsFunc(targets, func(t scheduler.Target) bool { return t.ID == l.Worker.Worker }) {
+			continue
+		}
+		if limit := g.opts.MaxRequestsPerRank; limit > 0 && l.Requests >= limit {
+			continue
+		}
+		cands = append(cands, l)
+	}
+	if len(cands) == 0 {
+		return indexer.WorkerRank{}, errorf(http.StatusServiceUnavailable, "no ready worker serves model %q", key.Model)
+	}
+	wr := g.base.pick(key, cands, promptBytes(p))
+	b := scheduler.Booking{ID: booking, Worker: wr, Hashes: indexer.SequenceHashes(nil, local), PrefillTokens: isl}
+	if err := g.loads.Add(key, b); err != nil {
+		return indexer.WorkerRank{}, errorf(http.StatusServiceUnavailable, "cannot book the request on worker %d: %v", wr.Worker, err)
+	}
+	return wr, nil
 }
 
 // tokenize returns the prompt's tokens: the client's ids as they are (an
