@@ -3,6 +3,7 @@ package extproc
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -85,39 +86,43 @@ type Prompt struct {
 	Bytes int
 }
 
-// completionBody, chatBody, responsesBody and embeddingsBody are the parts
-// of the OpenAI request bodies the gateway reads; everything else passes
-// through untouched.
-type completionBody struct {
-	Model            string          `json:"model"`
-	Prompt           json.RawMessage `json:"prompt"`
-	Stream           bool            `json:"stream"`
-	AddSpecialTokens *bool           `json:"add_special_tokens"`
+// members are the top-level members of an OpenAI request body the gateway
+// reads, raw (aliasing the body); everything else passes through
+// untouched. Keys match as encoding/json matches struct fields: exactly or
+// case-insensitively, the last occurrence winning.
+type members struct {
+	model, prompt, stream, addSpecialTokens                    []byte
+	messages, tools, addGenerationPrompt, continueFinalMessage []byte
+	chatTemplateKwargs, documents, input, instructions         []byte
 }
 
-type chatBody struct {
-	Model                string          `json:"model"`
-	Messages             json.RawMessage `json:"messages"`
-	Tools                json.RawMessage `json:"tools"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
-	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
-	Documents            json.RawMessage `json:"documents"`
-	Stream               bool            `json:"stream"`
+func (m *members) set(key string, raw []byte) {
+	for _, f := range [...]struct {
+		name string
+		dst  *[]byte
+	}{
+		{"model", &m.model}, {"prompt", &m.prompt}, {"stream", &m.stream}, {"add_special_tokens", &m.addSpecialTokens},
+		{"messages", &m.messages}, {"tools", &m.tools}, {"add_generation_prompt", &m.addGenerationPrompt},
+		{"continue_final_message", &m.continueFinalMessage}, {"chat_template_kwargs", &m.chatTemplateKwargs},
+		{"documents", &m.documents}, {"input", &m.input}, {"instructions", &m.instructions},
+	} {
+		if len(key) == len(f.name) && strings.EqualFold(key, f.name) {
+			*f.dst = raw
+			return
+		}
+	}
 }
 
-type responsesBody struct {
-	Model        string          `json:"model"`
-	Input        json.RawMessage `json:"input"`
-	Instructions *string         `json:"instructions"`
-	Tools        json.RawMessage `json:"tools"`
-	Stream       bool            `json:"stream"`
-}
-
-type modelOnly struct {
-	Model  string          `json:"model"`
-	Input  json.RawMessage `json:"input"`
-	Stream bool            `json:"stream"`
+// decode decodes the member raw (when present) into v, as encoding/json
+// would have decoded it as a struct field named name.
+func decode(name string, raw []byte, v any) error {
+	if raw == nil {
+		return nil
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
 }
 
 // ParsePrompt reads an OpenAI request body for path. Errors are 400s.
@@ -127,55 +132,59 @@ func ParsePrompt(path string, body []byte) (Prompt, *Error) {
 		return p, errorf(http.StatusBadRequest, "request body is empty; want a JSON object")
 	}
 	bad := func(err error) *Error {
-		return errorf(http.StatusBadRequest, "invalid JSON body: %s", strings.TrimPrefix(err.Error(), "json: "))
+		return errorf(http.StatusBadRequest, "invalid JSON body: %s", strings.ReplaceAll(err.Error(), "json: ", ""))
 	}
+	var m members
+	if err := scanObject(body, m.set); err != nil {
+		return p, bad(err)
+	}
+	var model string
+	if err := errors.Join(decode("model", m.model, &model), decode("stream", m.stream, &p.Stream)); err != nil {
+		return p, bad(err)
+	}
+	p.Model = model
 	switch p.Kind {
 	case KindCompletion:
-		var b completionBody
-		if err := json.Unmarshal(body, &b); err != nil {
+		var add *bool
+		if err := decode("add_special_tokens", m.addSpecialTokens, &add); err != nil {
 			return p, bad(err)
 		}
-		p.Model, p.Stream = b.Model, b.Stream
-		text, ids, e := completionPrompt(b.Prompt)
+		text, ids, e := completionPrompt(m.prompt)
 		if e != nil {
 			return p, e
 		}
 		p.IDs = ids
-		p.Tokenize = tokenize.Request{Text: text, AddSpecialTokens: b.AddSpecialTokens}
+		p.Tokenize = tokenize.Request{Text: text, AddSpecialTokens: add}
 	case KindChat:
-		var b chatBody
-		if err := json.Unmarshal(body, &b); err != nil {
+		var gen *bool
+		var cont bool
+		if err := errors.Join(decode("add_generation_prompt", m.addGenerationPrompt, &gen),
+			decode("continue_final_message", m.continueFinalMessage, &cont)); err != nil {
 			return p, bad(err)
 		}
-		p.Model, p.Stream = b.Model, b.Stream
-		if !present(b.Messages) {
+		if !present(m.messages) {
 			return p, errorf(http.StatusBadRequest, "messages is required")
 		}
-		gen := b.AddGenerationPrompt == nil || *b.AddGenerationPrompt
-		if b.ContinueFinalMessage && b.AddGenerationPrompt == nil {
-			gen = false // vLLM: continue_final_message and add_generation_prompt exclude each other
+		addGen := gen == nil || *gen
+		if cont && gen == nil {
+			addGen = false // vLLM: continue_final_message and add_generation_prompt exclude each other
 		}
 		p.Tokenize = tokenize.Request{Chat: &tokenize.ChatRequest{
-			Messages: b.Messages, Tools: nullToNil(b.Tools), AddGenerationPrompt: gen,
-			ContinueFinalMessage: b.ContinueFinalMessage, Documents: nullToNil(b.Documents), Kwargs: nullToNil(b.ChatTemplateKwargs),
+			Messages: m.messages, Tools: nullToNil(m.tools), AddGenerationPrompt: addGen,
+			ContinueFinalMessage: cont, Documents: nullToNil(m.documents), Kwargs: nullToNil(m.chatTemplateKwargs),
 		}}
 	case KindResponses:
-		var b responsesBody
-		if err := json.Unmarshal(body, &b); err != nil {
+		var instructions *string
+		if err := decode("instructions", m.instructions, &instructions); err != nil {
 			return p, bad(err)
 		}
-		p.Model, p.Stream = b.Model, b.Stream
-		msgs, e := responsesMessages(b.Instructions, b.Input)
+		msgs, e := responsesMessages(instructions, m.input)
 		if e != nil {
 			return p, e
 		}
-		p.Tokenize = tokenize.Request{Chat: &tokenize.ChatRequest{Messages: msgs, Tools: responsesTools(b.Tools), AddGenerationPrompt: true}}
+		p.Tokenize = tokenize.Request{Chat: &tokenize.ChatRequest{Messages: msgs, Tools: responsesTools(m.tools), AddGenerationPrompt: true}}
 	default:
-		var b modelOnly
-		if err := json.Unmarshal(body, &b); err != nil {
-			return p, bad(err)
-		}
-		p.Model, p.Stream, p.LoadOnly = b.Model, b.Stream, true
+		p.LoadOnly = true
 	}
 	if p.Model == "" {
 		return p, errorf(http.StatusBadRequest, "model is required")

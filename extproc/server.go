@@ -36,8 +36,12 @@ const (
 	RequestIDHeader     = "x-request-id"
 	ExtProcServiceName  = "envoy.service.ext_proc.v3.ExternalProcessor"
 	defaultMaxBody      = 32 << 20
-	streamedChunkSize   = 64 << 10
 	readinessPollPeriod = time.Second
+	// streamedChunkSize is the largest body chunk streamed back in
+	// FULL_DUPLEX_STREAMED mode: with the message's framing it stays in
+	// gRPC's 16 KiB send buffer tier (the next tier is 32 KiB and then
+	// 1 MiB, and pooled buffers are cleared whole on every send).
+	streamedChunkSize = 16<<10 - 256
 )
 
 // ServerOptions configure a Server.

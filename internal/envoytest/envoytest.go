@@ -13,6 +13,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -96,6 +97,10 @@ type Exchange struct {
 	ClearRouteCache bool
 	// Body is the request body as it continues upstream.
 	Body []byte
+	// Decision is the time from sending the request's last phase (the
+	// last body chunk, or the headers of a bodyless request) to receiving
+	// the picker's answer: its decision latency as Envoy sees it.
+	Decision time.Duration
 }
 
 // Route sends req's request phases and returns the picker's answer. The
@@ -134,7 +139,7 @@ func (c *Client) Route(ctx context.Context, req Request) (*Exchange, error) {
 		return fail(err)
 	}
 	if req.Body == nil {
-		return x.finishRoute(nil)
+		return x.finishRoute(nil, time.Now())
 	}
 	chunk := req.Chunk
 	if chunk <= 0 {
@@ -156,7 +161,7 @@ func (c *Client) Route(ctx context.Context, req Request) (*Exchange, error) {
 			RequestBody: &extprocv3.HttpBody{Body: req.Body, EndOfStream: true}}}); err != nil {
 			return fail(err)
 		}
-		return x.finishRoute(req.Body)
+		return x.finishRoute(req.Body, time.Now())
 	}
 	for off := 0; ; off += chunk {
 		end := min(off+chunk, len(req.Body))
@@ -168,17 +173,18 @@ func (c *Client) Route(ctx context.Context, req Request) (*Exchange, error) {
 			break
 		}
 	}
-	return x.finishRoute(req.Body)
+	return x.finishRoute(req.Body, time.Now())
 }
 
 // finishRoute reads the picker's answer: the headers (or, buffered, body)
 // response with the mutation, then in full-duplex mode the body chunks.
-func (x *Exchange) finishRoute(body []byte) (*Exchange, error) {
+func (x *Exchange) finishRoute(body []byte, sent time.Time) (*Exchange, error) {
 	resp, err := x.stream.Recv()
 	if err != nil {
 		x.cancel()
 		return nil, err
 	}
+	x.Decision = time.Since(sent)
 	if x.immediate(resp) {
 		return x, nil
 	}
