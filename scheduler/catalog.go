@@ -2,7 +2,9 @@
 // (model, tenant), where their requests and KV events go, and whether they
 // are ready; and the catalog's HTTP views (shared/spec/http-api.md, "One
 // worker catalog"). Later: active-load accounting, cost-based selection,
-// reservations and replica sync (shared/spec/scheduling.md).
+// reservations and replica sync (shared/spec/scheduling.md), and the load
+// each worker's engine reports on its vLLM /metrics page (scrape.go), an
+// optional correction of the cost.
 //
 // It drives the indexer (an Ingester per process) to start and stop event
 // listeners and drop a removed worker's blocks, and must not touch the
@@ -125,6 +127,9 @@ type Catalog struct {
 	loads *Loads
 	gen   atomic.Uint64 // bumped on every change of workers
 	sched atomic.Pointer[schedCache]
+	// scrape keeps what the Scraper read of the workers' engines; an
+	// entry goes with its worker (or rank).
+	scrape scrapeStore
 }
 
 // schedCache is the set of schedulable workers, valid while neither the
@@ -200,6 +205,7 @@ func (c *Catalog) lock(wk WorkerKey, blockSize int) (*Worker, error) {
 
 func (c *Catalog) unlock() {
 	c.gen.Add(1)
+	c.scrape.retain(c.workers) // a change may move a worker or drop ranks
 	c.mu.Unlock()
 	c.opMu.Unlock()
 }
@@ -410,13 +416,16 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 		c.gen.Add(1)
 		if rank == nil {
 			delete(c.workers, w.WorkerKey)
+			c.scrape.forget(w.WorkerKey, nil)
 		} else {
 			delete(w.Events, *rank)
 			if i, found := slices.BinarySearch(w.Ranks, *rank); found {
 				w.Ranks = slices.Delete(w.Ranks, i, i+1)
 			}
+			c.scrape.forget(w.WorkerKey, rank)
 			if len(w.Ranks) == 0 {
 				delete(c.workers, w.WorkerKey)
+				c.scrape.forget(w.WorkerKey, nil)
 			}
 		}
 		c.mu.Unlock()
@@ -466,6 +475,8 @@ type WorkerState struct {
 	Worker
 	Status    Status
 	Listeners map[uint32]indexer.ListenerInfo // by rank
+	// Scrape is what the Scraper read of its engine; nil if never scraped.
+	Scrape *WorkerScrape
 }
 
 // Workers returns the workers of model and tenant ("" matches any),
@@ -478,6 +489,7 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 		k := WorkerKey{l.Key, l.Worker}
 		byWorker[k] = append(byWorker[k], l)
 	}
+	now := c.loads.now()
 	c.mu.Lock()
 	out := make([]WorkerState, 0, len(c.workers))
 	for k, w := range c.workers {
@@ -492,6 +504,7 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 				ws.Listeners[l.Rank] = l
 			}
 		}
+		ws.Scrape = c.scrape.view(w, now)
 		ws.Status = aggregate(ws.Listeners)
 		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[indexer.StatusPending] {
 			// A rank whose listener is gone (being unregistered) or not

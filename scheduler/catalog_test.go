@@ -552,6 +552,16 @@ func checkView(w workerView) error {
 	if want := highest(w.Listeners); w.Status != want {
 		fail("status %s, but its listeners %v aggregate to %s", w.Status, w.Listeners, want)
 	}
+	if em := w.EngineMetrics; em != nil {
+		for rs := range em.Ranks {
+			if rank, err := strconv.ParseUint(rs, 10, 32); err != nil || !slices.Contains(w.DPRanks, uint32(rank)) {
+				fail("engine_metrics of rank %q not in dp_ranks %v", rs, w.DPRanks)
+			}
+		}
+		if em.Fresh && (em.LastError != "" || em.ScrapedAt == nil) {
+			fail("engine_metrics fresh with error %q, scraped at %v", em.LastError, em.ScrapedAt)
+		}
+	}
 	if len(errs) > 0 {
 		return fmt.Errorf("worker %d of %s:%s: %s", w.InstanceID, w.ModelName, w.TenantID, strings.Join(errs, "; "))
 	}

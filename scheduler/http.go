@@ -2,9 +2,11 @@ package scheduler
 
 import (
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
@@ -197,6 +199,49 @@ type workerView struct {
 	Source                string                  `json:"source"`
 	Status                Status                  `json:"status"`
 	Listeners             map[string]listenerView `json:"listeners"`
+	// EngineMetrics is what the scrapes of the worker's /metrics page
+	// found (see Scraper); left out when it was never scraped.
+	EngineMetrics *engineMetricsView `json:"engine_metrics,omitempty"`
+}
+
+type engineMetricsView struct {
+	URL         string     `json:"url"`
+	ScrapedAt   *time.Time `json:"scraped_at,omitempty"` // the last success
+	AttemptedAt time.Time  `json:"attempted_at"`
+	LastError   string     `json:"last_error,omitempty"` // of the last attempt
+	// Fresh: the values count in the cost (the last scrape succeeded and
+	// is not stale).
+	Fresh bool                       `json:"fresh"`
+	Ranks map[string]rankMetricsView `json:"ranks"` // of the last success, by dp rank
+}
+
+// rankMetricsView is a rank's values, each left out when not reported.
+type rankMetricsView struct {
+	Waiting      *float64 `json:"num_requests_waiting,omitempty"`
+	Running      *float64 `json:"num_requests_running,omitempty"`
+	KVCacheUsage *float64 `json:"kv_cache_usage_perc,omitempty"`
+	KVBlocks     *float64 `json:"num_gpu_blocks,omitempty"`
+}
+
+func engineMetricsOf(s *WorkerScrape) *engineMetricsView {
+	if s == nil {
+		return nil
+	}
+	v := &engineMetricsView{URL: s.URL, AttemptedAt: s.AttemptedAt.UTC(), LastError: s.LastError, Fresh: s.Fresh, Ranks: map[string]rankMetricsView{}}
+	if !s.ScrapedAt.IsZero() {
+		at := s.ScrapedAt.UTC()
+		v.ScrapedAt = &at
+	}
+	known := func(f float64) *float64 {
+		if math.IsNaN(f) {
+			return nil
+		}
+		return &f
+	}
+	for rank, l := range s.Ranks {
+		v.Ranks[strconv.FormatUint(uint64(rank), 10)] = rankMetricsView{known(l.Waiting), known(l.Running), known(l.KVUsage), known(l.KVBlocks)}
+	}
+	return v
 }
 
 type listenerView struct {
@@ -212,6 +257,7 @@ func viewOf(ws WorkerState) workerView {
 		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
 		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
 		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
+		EngineMetrics: engineMetricsOf(ws.Scrape),
 	}
 	if v.DPRanks == nil {
 		v.DPRanks = []uint32{}

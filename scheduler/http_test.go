@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
@@ -302,6 +303,9 @@ func TestWorkersView(t *testing.T) {
 				t.Errorf("worker %d has no %s: %s", i, f, rep.body)
 			}
 		}
+		if _, ok := w["engine_metrics"]; ok {
+			t.Errorf("worker %d has engine_metrics, but was never scraped: %s", i, rep.body)
+		}
 	}
 	r.checkViews()
 	for _, w := range r.workers("") {
@@ -336,6 +340,51 @@ func TestWorkersView(t *testing.T) {
 	if w4.Status != active || len(w4.Listeners) != 0 || len(w4.Endpoints) != 0 || !slices.Equal(w4.DPRanks, []uint32{2, 3, 4}) {
 		t.Errorf("range worker %+v, want active ranks 2..4 without listeners", w4)
 	}
+}
+
+// TestWorkersEngineMetrics checks the engine_metrics of GET /workers: the
+// values a scrape found, by rank, each left out when not reported, and the
+// state of the scrapes.
+func TestWorkersEngineMetrics(t *testing.T) {
+	clock := newFakeClock()
+	p := newPages(t)
+	s := newSelRig(t, testBS, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clock.Now})}})
+	s.putWorker(1, p.endpoint("/w1/v1"), 2, 2)
+	p.set("/w1/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"2": engLoad(3, 5, 0.5, 2048), "3": engLoad(0, nan, 0.25, nan)})})
+	sc := newScraper(t, s.cat, ScrapeOptions{Interval: 10 * time.Second}, s.rig)
+	must(t, sc.ScrapeOnce(t.Context()))
+	at := clock.Now().UTC().Format(time.RFC3339Nano)
+	url := p.endpoint("/w1/metrics")
+	engineJSON := func() string {
+		t.Helper()
+		rep := s.do(http.MethodGet, "/workers", nil)
+		var raw []map[string]json.RawMessage
+		if err := json.Unmarshal(rep.body, &raw); err != nil || len(raw) != 1 {
+			t.Fatalf("GET /workers: %s (%v)", rep.body, err)
+		}
+		return string(raw[0]["engine_metrics"])
+	}
+	want := `{"url":"` + url + `","scraped_at":"` + at + `","attempted_at":"` + at + `","fresh":true,"ranks":{` +
+		`"2":{"num_requests_waiting":3,"num_requests_running":5,"kv_cache_usage_perc":0.5,"num_gpu_blocks":2048},` +
+		`"3":{"num_requests_waiting":0,"kv_cache_usage_perc":0.25}}}`
+	if got := engineJSON(); got != want {
+		t.Errorf("engine_metrics\n%s\nwant\n%s", got, want)
+	}
+	clock.Advance(30 * time.Second) // 3 intervals: stale
+	if got, want := engineJSON(), strings.Replace(want, `"fresh":true`, `"fresh":false`, 1); got != want {
+		t.Errorf("stale engine_metrics\n%s\nwant\n%s", got, want)
+	}
+	p.set("/w1/metrics", pageAnswer{status: http.StatusServiceUnavailable, body: "starting"})
+	must(t, sc.ScrapeOnce(t.Context()))
+	failedAt := clock.Now().UTC().Format(time.RFC3339Nano)
+	want = `{"url":"` + url + `","scraped_at":"` + at + `","attempted_at":"` + failedAt + `",` +
+		`"last_error":"scrape ` + url + `: 503 Service Unavailable: \"starting\"","fresh":false,"ranks":{` +
+		`"2":{"num_requests_waiting":3,"num_requests_running":5,"kv_cache_usage_perc":0.5,"num_gpu_blocks":2048},` +
+		`"3":{"num_requests_waiting":0,"kv_cache_usage_perc":0.25}}}`
+	if got := engineJSON(); got != want {
+		t.Errorf("engine_metrics after a failure\n%s\nwant\n%s", got, want)
+	}
+	s.checkViews()
 }
 
 func TestWorkersSortedAndFiltered(t *testing.T) {

@@ -18,7 +18,9 @@ import (
 // This file is the decision (shared/spec/scheduling.md): for a prompt,
 // each schedulable rank's cached overlap from the index and active load
 // from Loads give a cost; the cheapest rank wins (or one is sampled with a
-// temperature), and may be booked in the same step.
+// temperature), and may be booked in the same step. The load a rank's
+// engine reports on its /metrics page (Scraper) may correct the cost (see
+// CostOptions.MetricsWeight); it is off by default.
 
 // CostOptions are the scheduler's defaults; a request may override the
 // overlap weight and the temperature.
@@ -33,6 +35,31 @@ type CostOptions struct {
 	// or only on disk/external storage, as a fraction of a device block.
 	// Defaults 0.8 and 0.5; NoDiscount gives 0.
 	HostWeight, DiskWeight float64
+	// MetricsWeight weighs the load a rank's engine reports (Scraper)
+	// beyond the load tracked locally; 0, the default, ignores it and
+	// leaves every decision as without it. It must be finite and not
+	// negative (other values count as 0). The reported load is expressed
+	// in the cost's units, as if the router had booked the engine's
+	// requests itself:
+	//
+	//	reported = (w + 1) * waiting * b + used_blocks
+	//	tracked  = w * active_prefill_tokens / block_size + active_decode_blocks
+	//	cost    += MetricsWeight * max(0, reported - tracked)
+	//
+	// with w the overlap weight of the decision: each waiting request is
+	// a prompt of b blocks, none cached, so b blocks of prefill and b
+	// decode blocks; used_blocks are the KV blocks in use
+	// (kv_cache_usage_perc * num_gpu_blocks, or running * b when the
+	// engine does not say its cache's size). Only the excess counts: the
+	// router's own requests are in both terms, and with weight 1 a rank
+	// costs as much as the larger of the two loads. A rank whose scrape
+	// failed or is stale has no correction. The correction is not
+	// negative and does not depend on the new prompt's blocks held by the
+	// rank, so it keeps the bounds of decide. Decision.Cost includes it.
+	MetricsWeight float64
+	// MetricsRequestBlocks is b, in blocks; 0 (the default) takes the
+	// size of the prompt being placed (isl / block size, at least 1).
+	MetricsRequestBlocks float64
 }
 
 // Zero-value markers for CostOptions fields whose default is not zero.
@@ -102,6 +129,11 @@ func (o CostOptions) withDefaults() CostOptions {
 	def(&o.OverlapWeight, 1)
 	def(&o.HostWeight, 0.8)
 	def(&o.DiskWeight, 0.5)
+	for _, v := range []*float64{&o.MetricsWeight, &o.MetricsRequestBlocks} {
+		if !(*v > 0 && *v <= math.MaxFloat64) { // negative, NaN, infinite
+			*v = 0
+		}
+	}
 	return o
 }
 
@@ -193,15 +225,16 @@ type candidate struct {
 	// while bound, it is only an upper bound, and cost a lower bound.
 	held  int32
 	bound bool
+	extra float64 // the metrics correction, in cost
 }
 
 // costOf returns the cost (shared/spec/scheduling.md) of sending a prompt
-// of n blocks to rl, with c's new prefill and held blocks, at overlap
-// weight w and block size bs.
+// of n blocks to rl, with c's new prefill, held blocks and metrics
+// correction, at overlap weight w and block size bs.
 func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
 	prefill := float64(rl.prefill + c.prefill)
 	decode := float64(rl.blocks()) + rl.output + float64(n-int(c.held))
-	return w*prefill/float64(bs) + decode
+	return w*prefill/float64(bs) + decode + c.extra
 }
 
 // choice is the outcome of decide.
@@ -297,7 +330,8 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // exceed the best exact cost so far (see countBounded). And no rank
 // without cached blocks can cost less than such a rank would idle (see
 // costing.cold): when a rank with cached blocks costs less, the others
-// are not even looked at.
+// are not even looked at. The metrics correction (CostOptions.MetricsWeight)
+// is not negative and does not depend on held blocks: it keeps both bounds.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
 	isl int64, w, temp float64, sched map[uint64]bool, book *Booking) (choice, error) {
 	bs := ix.BlockSize()
@@ -314,6 +348,18 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	sc.cached = cached
 	k := costing{s: s, t: t, req: req, sched: sched, isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
+	if mw := s.opts.MetricsWeight; mw > 0 {
+		st := &s.cat.scrape
+		st.mu.RLock()
+		defer st.mu.RUnlock()
+		if k.eng = st.ranks[req.Key]; k.eng != nil {
+			k.mw, k.now = mw, s.loads.now()
+			k.reqBlocks = s.opts.MetricsRequestBlocks
+			if k.reqBlocks == 0 {
+				k.reqBlocks = max(1, float64(isl)/float64(bs))
+			}
+		}
+	}
 	k.reset()
 	if k.counted { // sampling weighs every cost: count every rank's blocks
 		t.countHeld(seq)
@@ -375,6 +421,12 @@ type costing struct {
 	w                float64
 	bs, n            int  // block size, prompt blocks
 	counted, repeats bool // t.countHeld was run; a hash occurs twice in the prompt
+	// The metrics correction's inputs (see engineExtra): the scraped ranks
+	// (nil: no correction), its weight, the clock and the blocks of a
+	// request.
+	eng           map[indexer.WorkerRank]rankEngine
+	mw, reqBlocks float64
+	now           time.Time
 
 	cands       []candidate // at temperature 0, only those that may win
 	bounded     []int       // indexes in cands of candidates whose cost is a bound
@@ -392,8 +444,9 @@ func (k *costing) reset() {
 // blocks (Overlap zero): the cost of such a rank with no load. A loaded
 // one costs no less: its active prefill and output are not negative, and
 // its active requests hold at least as many blocks as they hold of the
-// prompt, when no hash occurs twice in the prompt. So it is valid when
-// !k.repeats and k.t.negative is 0.
+// prompt, when no hash occurs twice in the prompt; and its metrics
+// correction is not negative. So it is valid when !k.repeats and
+// k.t.negative is 0.
 func (k *costing) cold() float64 {
 	return k.w*float64(max(0, k.isl))/float64(k.bs) + float64(k.n)
 }
@@ -431,6 +484,11 @@ func (k *costing) add(rl *rankLoad) {
 		k.budget += min(k.n, blocks)
 	}
 	c.cost = costOf(rl, &c, k.n, k.w, k.bs)
+	if k.eng != nil && (k.counted || c.cost <= k.best) {
+		// Not negative: a rank that cannot win without it cannot with it.
+		c.extra = k.engineExtra(rl)
+		c.cost += c.extra // as costOf adds it
+	}
 	if !k.counted && c.cost > k.best {
 		return
 	}

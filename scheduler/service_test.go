@@ -205,7 +205,7 @@ func TestLoadsFilteredAndSorted(t *testing.T) {
 var svcSSWorker = obj{"worker_id": 1, "model_name": "model", "tenant_id": "default", "endpoint": "http://worker:8000",
 	"block_size": 16, "data_parallel_start_rank": 0, "data_parallel_size": 2}
 
-func TesvcSTWorkersSelectionShape(t *testing.T) {
+func TestWorkersSelectionShape(t *testing.T) {
 	r := newSvcRig(t, rigOptions{}, CostOptions{})
 	e0, e1, e2, replay := deadEndpoint("w1-r0"), deadEndpoint("w1-r1"), deadEndpoint("w1-r1b"), deadEndpoint("w1-replay")
 	seed := svcSSWorker.with("kv_events_endpoints", obj{"0": e0, "1": e1}, "replay_endpoint", replay)
