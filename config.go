@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -69,6 +70,23 @@ type serveConfig struct {
 	// RoutingPolicy is kvgate's KV-aware routing or a baseline to compare
 	// it with.
 	RoutingPolicy extproc.Policy
+
+	// Engine metrics: how often workers' /metrics are scraped (0: never)
+	// and the weight of their load in the cost (0: not used).
+	MetricsScrapeInterval time.Duration
+	MetricsLoadWeight     float64
+
+	// Discovery is "static" (flags and HTTP registration only) or
+	// "kubernetes" (the workers of an InferencePool, with the Pool* and
+	// template settings).
+	Discovery        string
+	PoolName         string
+	PoolNamespace    string
+	PoolAPIVersion   string
+	PodModelLabel    string
+	KVEventsTemplate string
+	KVReplayTemplate string
+	Kubeconfig       string
 }
 
 // dynMinWorkersEnv is Dynamo's variable for the startup gate; kvgate honours
@@ -158,6 +176,16 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("worker-endpoints", "", `where the requests of the --workers go: comma-separated id=host:port, e.g. "1=10.0.0.5:8000,2=10.0.0.6:8000"`)
 	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
 	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
+	fs.Duration("metrics-scrape-interval", 0, "how often to scrape every worker's /metrics (vLLM's num_requests_waiting, kv_cache_usage_perc), shown in /workers; 0: never")
+	fs.Float64("metrics-load-weight", 0, "weight of the scraped engine load in the routing cost, as a correction to the load kvgate tracks (see README); 0: not used")
+	fs.String("discovery", "static", "where workers come from besides flags and HTTP registration: static (nowhere else) or kubernetes (the Ready pods of an InferencePool)")
+	fs.String("pool-name", "", "InferencePool to follow with --discovery kubernetes")
+	fs.String("pool-namespace", "", "namespace of the InferencePool (and its pods) with --discovery kubernetes")
+	fs.String("pool-api-version", "auto", "InferencePool API: auto (inference.networking.k8s.io/v1, else v1alpha2), v1 or v1alpha2")
+	fs.String("pod-model-label", "", "pod label holding the served model name (overrides --model-name for that pod) with --discovery kubernetes")
+	fs.String("kv-events-template", "tcp://{podIP}:{5557+rank}", "KV event endpoint of a discovered pod's DP rank ({podIP}, {rank}, {port}, {N+rank}); none: no events; the pod annotation kvgate.io/kv-events-endpoints overrides it")
+	fs.String("kv-replay-template", "", "KV event replay endpoint of a discovered pod's DP rank, same placeholders; empty: none")
+	fs.String("kubeconfig", "", "kubeconfig file for --discovery kubernetes; empty: the in-cluster configuration")
 	fs.String("routing-policy", string(extproc.PolicyKV), "how requests are routed: kv (KV-cache-aware), or a baseline to compare with: round-robin, random, least-loaded, prefix-hash (approximate prefix routing on prompt bytes)")
 	fs.String("replica-sync-peers", "", `comma-separated replica sync PUB endpoints of the other replicas, e.g. "tcp://kvgate-b:9092"; requires --replica-sync-port`)
 }
@@ -427,6 +455,37 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if cfg.RoutingPolicy, err = extproc.ParsePolicy(policy); err != nil {
 		return cfg, bad("routing-policy", policy, "want kv, round-robin, random, least-loaded or prefix-hash")
 	}
+	if cfg.MetricsScrapeInterval, err = getDuration(v, "metrics-scrape-interval"); err != nil || cfg.MetricsScrapeInterval < 0 {
+		return cfg, bad("metrics-scrape-interval", v.Get("metrics-scrape-interval"), "want a duration >= 0 with a unit, e.g. 2s")
+	}
+	if cfg.MetricsLoadWeight, err = getFloat(v, "metrics-load-weight"); err != nil || cfg.MetricsLoadWeight < 0 || math.IsInf(cfg.MetricsLoadWeight, 0) {
+		return cfg, bad("metrics-load-weight", v.Get("metrics-load-weight"), "want a finite number >= 0")
+	}
+	if cfg.MetricsLoadWeight > 0 && cfg.MetricsScrapeInterval == 0 {
+		return cfg, bad("metrics-load-weight", cfg.MetricsLoadWeight, "needs --metrics-scrape-interval > 0: without scrapes there is no engine load to weigh")
+	}
+	for _, k := range []struct {
+		key string
+		dst *string
+	}{{"discovery", &cfg.Discovery}, {"pool-name", &cfg.PoolName}, {"pool-namespace", &cfg.PoolNamespace}, {"pool-api-version", &cfg.PoolAPIVersion},
+		{"pod-model-label", &cfg.PodModelLabel}, {"kv-events-template", &cfg.KVEventsTemplate}, {"kv-replay-template", &cfg.KVReplayTemplate}, {"kubeconfig", &cfg.Kubeconfig}} {
+		if *k.dst, err = getString(v, k.key); err != nil {
+			return cfg, bad(k.key, v.Get(k.key), err.Error())
+		}
+		*k.dst = strings.TrimSpace(*k.dst)
+	}
+	switch cfg.Discovery {
+	case "static":
+		if cfg.PoolName != "" {
+			return cfg, bad("pool-name", cfg.PoolName, "needs --discovery kubernetes")
+		}
+	case "kubernetes":
+		if cfg.PoolName == "" || cfg.PoolNamespace == "" {
+			return cfg, bad("discovery", cfg.Discovery, "needs --pool-name and --pool-namespace")
+		}
+	default:
+		return cfg, bad("discovery", cfg.Discovery, "want static or kubernetes")
+	}
 	return cfg, nil
 }
 
@@ -497,6 +556,22 @@ func getInt(v *viper.Viper, key string) (int, error) {
 		}
 	}
 	return 0, errors.New("want an integer")
+}
+
+func getFloat(v *viper.Viper, key string) (float64, error) {
+	switch x := v.Get(key).(type) {
+	case float64:
+		if !math.IsNaN(x) {
+			return x, nil
+		}
+	case int:
+		return float64(x), nil
+	case string:
+		if f, err := strconv.ParseFloat(strings.TrimSpace(x), 64); err == nil && !math.IsNaN(f) {
+			return f, nil
+		}
+	}
+	return 0, errors.New("want a number")
 }
 
 func getDuration(v *viper.Viper, key string) (time.Duration, error) {

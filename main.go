@@ -27,12 +27,14 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kvgate/kvgate/discovery"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -191,13 +193,21 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// index, the slot tracker and selection service routes, the periodic
 	// expiry of requests never freed, and replica sync of the loads.
 	loads := catalog.Loads()
-	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{}, randomSeed(), reg)
+	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{MetricsWeight: cfg.MetricsLoadWeight}, randomSeed(), reg)
 	srv.Handle(scheduler.NewService(catalog, sched).Routes()...)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stopBg()
 	bg.Go(func() { expireLoads(bgCtx, loads, loadExpiryInterval, logger) })
+	if cfg.MetricsScrapeInterval > 0 {
+		scraper := scheduler.NewScraper(catalog, scheduler.ScrapeOptions{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+		bg.Go(func() {
+			if err := scraper.Run(bgCtx); err != nil {
+				logger.Error("engine metrics scraping stopped", "err", err)
+			}
+		})
+	}
 	if cfg.ReplicaSyncPort == 0 {
 		srv.Handle(scheduler.ReplicaSyncOffRoutes()...)
 	} else {
@@ -235,6 +245,18 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}
 	}
 
+	if cfg.Discovery == "kubernetes" {
+		d, err := newDiscovery(cfg, catalog, reg, logger)
+		if err != nil {
+			return err
+		}
+		bg.Go(func() {
+			if err := d.Run(bgCtx); err != nil {
+				logger.Error("kubernetes discovery stopped", "err", err)
+			}
+		})
+	}
+
 	gw, err := newGateway(cfg, catalog, sched, reg, logger)
 	if err != nil {
 		return err
@@ -264,6 +286,24 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		})
 	}
 	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
+}
+
+// newDiscovery follows the InferencePool named by the configuration.
+func newDiscovery(cfg serveConfig, catalog *scheduler.Catalog, reg prometheus.Registerer, logger *slog.Logger) (*discovery.Discovery, error) {
+	klog.SetSlogLogger(logger.With("component", "client-go")) // client-go logs through klog, a process-wide logger
+	kube, dyn, err := discovery.Clients(cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
+	}
+	d, err := discovery.New(kube, dyn, catalog, discovery.Config{
+		PoolName: cfg.PoolName, PoolNamespace: cfg.PoolNamespace, APIVersion: cfg.PoolAPIVersion,
+		Model: cfg.ModelName, ModelLabel: cfg.PodModelLabel, Tenant: cfg.TenantID, BlockSize: cfg.BlockSize,
+		EventsTemplate: cfg.KVEventsTemplate, ReplayTemplate: cfg.KVReplayTemplate, Logger: logger,
+	}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
+	}
+	return d, nil
 }
 
 // loadExpiryInterval is how often requests older than the TTL are freed.

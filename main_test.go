@@ -98,7 +98,8 @@ func TestLoadServeConfig(t *testing.T) {
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
-		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv"}
+		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv",
+		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}"}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	syncFile := file("sync.yaml", "replica-sync-port: 9092\nreplica-sync-peers: \"tcp://b:9092\"\n")
 	with := func(f func(*serveConfig)) serveConfig {
@@ -123,7 +124,8 @@ func TestLoadServeConfig(t *testing.T) {
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
-					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy}
+					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate}
 			}),
 		},
 		{
@@ -157,7 +159,8 @@ func TestLoadServeConfig(t *testing.T) {
 			want: with(func(c *serveConfig) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
-					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy}
+					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate}
 			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
@@ -253,6 +256,22 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "gateway TLS", env: map[string]string{"KVGATE_TLS_CERT": "c.pem", "KVGATE_TLS_KEY": "k.pem"},
 			want: with(func(c *serveConfig) { c.TLSCert, c.TLSKey = "c.pem", "k.pem" })},
 		{name: "TLS cert without key", args: []string{"--tls-cert", "c.pem"}, wantErr: "--tls-cert and --tls-key go together"},
+		{name: "kubernetes discovery", args: []string{"--discovery", "kubernetes", "--pool-name", "llama", "--pod-model-label", "kvgate.io/model",
+			"--kv-replay-template", "tcp://{podIP}:{5657+rank}", "--kubeconfig", "/k.yaml", "--pool-api-version", "v1"},
+			env: map[string]string{"KVGATE_POOL_NAMESPACE": "inference"},
+			want: with(func(c *serveConfig) {
+				c.Discovery, c.PoolName, c.PoolNamespace, c.PodModelLabel = "kubernetes", "llama", "inference", "kvgate.io/model"
+				c.KVReplayTemplate, c.Kubeconfig, c.PoolAPIVersion = "tcp://{podIP}:{5657+rank}", "/k.yaml", "v1"
+			})},
+		{name: "kubernetes discovery without pool", args: []string{"--discovery", "kubernetes", "--pool-name", "p"}, wantErr: "needs --pool-name and --pool-namespace"},
+		{name: "pool without discovery", args: []string{"--pool-name", "p"}, wantErr: "needs --discovery kubernetes"},
+		{name: "unknown discovery", args: []string{"--discovery", "consul"}, wantErr: "want static or kubernetes"},
+		{name: "engine metrics", args: []string{"--metrics-scrape-interval", "2s"}, env: map[string]string{"KVGATE_METRICS_LOAD_WEIGHT": "0.5"},
+			want: with(func(c *serveConfig) { c.MetricsScrapeInterval, c.MetricsLoadWeight = 2*time.Second, 0.5 })},
+		{name: "metrics weight without scrapes", args: []string{"--metrics-load-weight", "1"}, wantErr: "needs --metrics-scrape-interval > 0"},
+		{name: "negative metrics weight", args: []string{"--metrics-scrape-interval", "1s", "--metrics-load-weight", "-1"}, wantErr: "want a finite number >= 0"},
+		{name: "metrics weight not a number", args: []string{"--metrics-scrape-interval", "1s"}, env: map[string]string{"KVGATE_METRICS_LOAD_WEIGHT": "NaN"}, wantErr: "want a finite number >= 0"},
+		{name: "negative scrape interval", args: []string{"--metrics-scrape-interval", "-1s"}, wantErr: "want a duration >= 0"},
 		{name: "bad routing policy", args: []string{"--routing-policy", "fastest"}, wantErr: `invalid routing-policy "fastest" (from flag --routing-policy): want kv, round-robin`},
 		{name: "bad ext-proc addr", args: []string{"--ext-proc-addr", "9002"}, wantErr: `invalid ext-proc-addr "9002" (from flag --ext-proc-addr): want host:port`},
 		{name: "bad worker endpoint", args: []string{"--worker-endpoints", "1=nohost"}, wantErr: `invalid worker-endpoints "1=nohost" (from flag --worker-endpoints): entry "1=nohost": want id=host:port`},
