@@ -364,7 +364,7 @@ func TestE2EGatewayExtProc(t *testing.T) {
 // TestE2EGatewayProxy sends OpenAI requests through the embedded proxy,
 // streaming and not.
 func TestE2EGatewayProxy(t *testing.T) {
-	r := startGatewayRig(t)
+	r := startGatewayRig(t, "--metrics-scrape-interval", "50ms", "--metrics-load-weight", "0.5")
 	post := func(body []byte) (int, []byte) {
 		t.Helper()
 		resp, err := r.http.Post(r.proxy+"/v1/chat/completions", "application/json", bytes.NewReader(body))
@@ -398,4 +398,24 @@ func TestE2EGatewayProxy(t *testing.T) {
 		t.Errorf("unknown model through the proxy: %d %s", status, out)
 	}
 	r.loadsZero()
+	// The workers' vLLM metrics are scraped and shown, per DP rank.
+	r.api.eventually(func() string {
+		var ws []struct {
+			ID      uint64 `json:"instance_id"`
+			Metrics *struct {
+				Fresh bool                       `json:"fresh"`
+				Ranks map[string]json.RawMessage `json:"ranks"`
+			} `json:"engine_metrics"`
+		}
+		body := r.api.must(http.StatusOK, "GET", "/workers", nil)
+		if err := json.Unmarshal([]byte(body), &ws); err != nil || len(ws) != 3 {
+			return fmt.Sprintf("workers: %v %s", err, body)
+		}
+		for _, w := range ws {
+			if w.Metrics == nil || !w.Metrics.Fresh || len(w.Metrics.Ranks) != 2 {
+				return "engine metrics not scraped for every rank: " + body
+			}
+		}
+		return ""
+	})
 }
