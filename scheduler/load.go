@@ -319,10 +319,19 @@ func (t *tracker) add(b Booking, now time.Time) error {
 	}
 	r := &request{id: b.ID, rank: rl, hashes: slices.Clone(b.Hashes), prefill: b.PrefillTokens, added: now}
 	rl.held.reserve(len(r.hashes))
+	// A hash nobody held gets a one-slot holder list cut from slab: one
+	// allocation per booking, not one per block.
+	var slab []*rankLoad
 	for _, h := range r.hashes {
 		if e, first := rl.held.inc(h); first {
 			hs := t.holders[h]
 			e.pos = int32(len(hs))
+			if hs == nil {
+				if len(slab) == 0 {
+					slab = make([]*rankLoad, len(r.hashes))
+				}
+				hs, slab = slab[:0:1], slab[1:]
+			}
 			t.holders[h] = append(hs, rl)
 		}
 	}
