@@ -29,6 +29,7 @@ bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conve
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -split 1 -capacity 512
 	$(GO) run ./bench/ingest -publishers 4 -batches 20000
 	$(GO) run ./bench/ingest -publishers 64 -batches 2000 -encoding array
+	$(GO) run ./bench/gateway -tokenizer ../shared/tokenizers/qwen2.5 -duration 30s -sweep 200,400,800,1200 -sweep-duration 10s
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' .ci/fuzz
