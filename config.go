@@ -76,6 +76,11 @@ type serveConfig struct {
 	MetricsScrapeInterval time.Duration
 	MetricsLoadWeight     float64
 
+	// OverlapWeight and RouterTemperature are the cost function's defaults
+	// (shared/spec/scheduling.md); requests to /select may override them.
+	OverlapWeight     float64
+	RouterTemperature float64
+
 	// Discovery is "static" (flags and HTTP registration only) or
 	// "kubernetes" (the workers of an InferencePool, with the Pool* and
 	// template settings).
@@ -176,6 +181,8 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String("worker-endpoints", "", `where the requests of the --workers go: comma-separated id=host:port, e.g. "1=10.0.0.5:8000,2=10.0.0.6:8000"`)
 	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
 	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
+	fs.Float64("overlap-weight", 1, "weight of prefill against decode load in the routing cost (Dynamo's overlap_score_weight): higher favours cached prefixes over balance")
+	fs.Float64("router-temperature", 0, "0 picks the cheapest rank; T > 0 samples ranks with p ∝ exp(-normalized cost / T)")
 	fs.Duration("metrics-scrape-interval", 0, "how often to scrape every worker's /metrics (vLLM's num_requests_waiting, kv_cache_usage_perc), shown in /workers; 0: never")
 	fs.Float64("metrics-load-weight", 0, "weight of the scraped engine load in the routing cost, as a correction to the load kvgate tracks (see README); 0: not used")
 	fs.String("discovery", "static", "where workers come from besides flags and HTTP registration: static (nowhere else) or kubernetes (the Ready pods of an InferencePool)")
@@ -454,6 +461,14 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	}
 	if cfg.RoutingPolicy, err = extproc.ParsePolicy(policy); err != nil {
 		return cfg, bad("routing-policy", policy, "want kv, round-robin, random, least-loaded or prefix-hash")
+	}
+	for _, k := range []struct {
+		key string
+		dst *float64
+	}{{"overlap-weight", &cfg.OverlapWeight}, {"router-temperature", &cfg.RouterTemperature}} {
+		if *k.dst, err = getFloat(v, k.key); err != nil || *k.dst < 0 || math.IsInf(*k.dst, 0) {
+			return cfg, bad(k.key, v.Get(k.key), "want a finite number >= 0")
+		}
 	}
 	if cfg.MetricsScrapeInterval, err = getDuration(v, "metrics-scrape-interval"); err != nil || cfg.MetricsScrapeInterval < 0 {
 		return cfg, bad("metrics-scrape-interval", v.Get("metrics-scrape-interval"), "want a duration >= 0 with a unit, e.g. 2s")

@@ -193,7 +193,8 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// index, the slot tracker and selection service routes, the periodic
 	// expiry of requests never freed, and replica sync of the loads.
 	loads := catalog.Loads()
-	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{MetricsWeight: cfg.MetricsLoadWeight}, randomSeed(), reg)
+	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{
+		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight}, randomSeed(), reg)
 	srv.Handle(scheduler.NewService(catalog, sched).Routes()...)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
@@ -324,6 +325,15 @@ func expireLoads(ctx context.Context, loads *scheduler.Loads, interval time.Dura
 			}
 		}
 	}
+}
+
+// zeroAs returns v, or marker when v is 0 (for options whose zero value
+// means "the default").
+func zeroAs(v, marker float64) float64 {
+	if v == 0 {
+		return marker
+	}
+	return v
 }
 
 // randomSeed seeds the scheduler's tie-breaks and sampling.

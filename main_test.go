@@ -99,7 +99,7 @@ func TestLoadServeConfig(t *testing.T) {
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
 		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv",
-		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}"}
+		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}", OverlapWeight: 1}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	syncFile := file("sync.yaml", "replica-sync-port: 9092\nreplica-sync-peers: \"tcp://b:9092\"\n")
 	with := func(f func(*serveConfig)) serveConfig {
@@ -125,7 +125,7 @@ func TestLoadServeConfig(t *testing.T) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
-					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate}
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight}
 			}),
 		},
 		{
@@ -160,7 +160,7 @@ func TestLoadServeConfig(t *testing.T) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
-					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate}
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight}
 			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
@@ -271,6 +271,9 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "metrics weight without scrapes", args: []string{"--metrics-load-weight", "1"}, wantErr: "needs --metrics-scrape-interval > 0"},
 		{name: "negative metrics weight", args: []string{"--metrics-scrape-interval", "1s", "--metrics-load-weight", "-1"}, wantErr: "want a finite number >= 0"},
 		{name: "metrics weight not a number", args: []string{"--metrics-scrape-interval", "1s"}, env: map[string]string{"KVGATE_METRICS_LOAD_WEIGHT": "NaN"}, wantErr: "want a finite number >= 0"},
+		{name: "cost defaults", args: []string{"--overlap-weight", "0", "--router-temperature", "0.5"},
+			want: with(func(c *serveConfig) { c.OverlapWeight, c.RouterTemperature = 0, 0.5 })},
+		{name: "negative overlap weight", env: map[string]string{"KVGATE_OVERLAP_WEIGHT": "-2"}, wantErr: `invalid overlap-weight "-2" (from env KVGATE_OVERLAP_WEIGHT): want a finite number >= 0`},
 		{name: "negative scrape interval", args: []string{"--metrics-scrape-interval", "-1s"}, wantErr: "want a duration >= 0"},
 		{name: "bad routing policy", args: []string{"--routing-policy", "fastest"}, wantErr: `invalid routing-policy "fastest" (from flag --routing-policy): want kv, round-robin`},
 		{name: "bad ext-proc addr", args: []string{"--ext-proc-addr", "9002"}, wantErr: `invalid ext-proc-addr "9002" (from flag --ext-proc-addr): want host:port`},
