@@ -324,9 +324,17 @@ func (d *jJSONDecoder) str() (string, error) {
 			return "", d.errorf("Invalid control character")
 		}
 	}
-	// s[start:i] has no escapes.
+	// s[start:i] has no escapes. The unescaped string is at most as long
+	// as the rest of the literal: find its end for one allocation.
+	end := i
+	for end < len(s) && s[end] != '"' {
+		if s[end] == '\\' {
+			end++
+		}
+		end++
+	}
 	var b strings.Builder
-	b.Grow(2*(i-start) + 16)
+	b.Grow(min(end, len(s)) - start)
 	b.WriteString(s[start:i])
 	for {
 		if i >= len(s) {

@@ -87,6 +87,7 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // ErrNoChatTemplate is returned (wrapped) by LoadChatTemplate for a model without one.
@@ -437,7 +438,8 @@ func (c *ChatTemplate) Render(req ChatRequest) (out string, err error) {
 	if _, err := e.execBody(tpl.body, root); err != nil {
 		return "", jRenderError(err)
 	}
-	rendered := string(e.buf)
+	// e.buf is never written again: the string shares its bytes.
+	rendered := unsafe.String(unsafe.SliceData(e.buf), len(e.buf))
 	if contFinal {
 		if rendered, err = jContinueFinal(rendered, conv[len(conv)-1]); err != nil {
 			return "", err
