@@ -218,6 +218,9 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		h := headerMap(v.RequestHeaders.GetHeaders())
 		st.path, st.id = h[":path"], h[RequestIDHeader]
 		st.subset, st.subsetErr = subsetHint(req.GetMetadataContext())
+		if n, err := strconv.Atoi(h["content-length"]); err == nil && n > 0 && n <= st.s.opts.MaxBody {
+			st.body = make([]byte, 0, n) // the body's chunks land in one buffer
+		}
 		if v.RequestHeaders.GetEndOfStream() {
 			return st.decide(nil, &extprocv3.ProcessingResponse{})
 		}
