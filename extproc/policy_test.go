@@ -3,8 +3,6 @@ package extproc
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -163,17 +161,7 @@ func TestPromptBytes(t *testing.T) {
 // requests are booked where the policy says, subset hints and the load
 // limit hold, and every booking is freed.
 func TestGatewayPolicies(t *testing.T) {
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	set := indexer.NewSet(indexer.Options{})
-	defer set.Close()
-	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
-	defer ingest.Close()
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
-	reg, err := tokenize.NewRegistry(tokenize.Config{Models: []tokenize.ModelConfig{{Name: "m", BlockSize: 16}}}, tokenize.RegistryOptions{Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
+	logger, cat, sched, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", BlockSize: 16})
 	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 	for id := uint64(1); id <= 3; id++ {
 		ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 2}

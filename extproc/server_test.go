@@ -67,22 +67,29 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	return certFile, keyFile, pool
 }
 
+// newTestCore returns what a Gateway stands on, with model mc and no
+// worker; everything is closed when t ends.
+func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *scheduler.Catalog, *scheduler.Scheduler, *tokenize.Registry) {
+	t.Helper()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	set := indexer.NewSet(indexer.Options{})
+	t.Cleanup(set.Close)
+	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+	t.Cleanup(ingest.Close) // before set.Close: cleanups run last-in first-out
+	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
+	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	reg, err := tokenize.NewRegistry(tokenize.Config{Models: []tokenize.ModelConfig{mc}}, tokenize.RegistryOptions{Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return logger, cat, sched, reg
+}
+
 // TestServerTLSHealthAndDrain serves ext_proc over TLS in process: health
 // follows readiness, a refusal is an ImmediateResponse, and a shutdown
 // with a stream in flight cancels it and frees its booking.
 func TestServerTLSHealthAndDrain(t *testing.T) {
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	set := indexer.NewSet(indexer.Options{})
-	defer set.Close()
-	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
-	defer ingest.Close()
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
-	reg, err := tokenize.NewRegistry(tokenize.Config{Models: []tokenize.ModelConfig{{Name: "m", Fallbacks: []tokenize.Path{tokenize.PathApproximate}}}},
-		tokenize.RegistryOptions{Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
+	logger, cat, sched, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", Fallbacks: []tokenize.Path{tokenize.PathApproximate}})
 	g := New(reg, cat, sched, Options{Logger: logger, Registerer: prometheus.NewRegistry()})
 
 	certFile, keyFile, pool := selfSigned(t)
