@@ -6,10 +6,13 @@ LDFLAGS  := -X main.version=$(VERSION)
 FUZZTIME ?= 10s
 
 .DEFAULT_GOAL := build
-.PHONY: build test test-deps bench fuzz lint clean help
+.PHONY: build demo test test-deps bench bench-routing fuzz lint clean help
 
 build: ## Build bin/kvgate, version stamped from git describe (or "dev")
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kvgate .
+
+demo: build ## Replay a window of the Mooncake conversation trace through kvgate in front of a simulated fleet, once per routing policy; results in demo-out/
+	$(GO) run ./bench/routing -kvgate bin/kvgate -out demo-out
 
 test: test-deps ## Run all tests with the race detector (installs the interop test's Debian packages if missing)
 	KVGATE_INTEROP=1 $(GO) test -race -count=1 ./...
@@ -31,6 +34,10 @@ bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conve
 	$(GO) run ./bench/ingest -publishers 64 -batches 2000 -encoding array
 	$(GO) run ./bench/gateway -tokenizer ../shared/tokenizers/qwen2.5 -duration 30s -sweep 200,400,800,1200 -sweep-duration 10s
 
+bench-routing: build ## Routing quality at larger scale: load sweeps on the conversation and synthetic traces; results in bench-out/
+	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/conversation -window 15m -compression 15,20,25,30
+	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/synthetic -trace ../shared/data/mooncake-traces/synthetic_trace.jsonl -window 0 -compression 12,18,24
+
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' .ci/fuzz
 
@@ -40,7 +47,7 @@ lint: ## Fail on unformatted files; go vet
 	$(GO) vet ./...
 
 clean: ## Remove build output
-	rm -rf bin
+	rm -rf bin demo-out bench-out
 
 help: ## List targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-6s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
