@@ -299,7 +299,7 @@ func newDiscovery(cfg serveConfig, catalog *scheduler.Catalog, reg prometheus.Re
 	d, err := discovery.New(kube, dyn, catalog, discovery.Config{
 		PoolName: cfg.PoolName, PoolNamespace: cfg.PoolNamespace, APIVersion: cfg.PoolAPIVersion,
 		Model: cfg.ModelName, ModelLabel: cfg.PodModelLabel, Tenant: cfg.TenantID, BlockSize: cfg.BlockSize,
-		EventsTemplate: cfg.KVEventsTemplate, ReplayTemplate: cfg.KVReplayTemplate, Logger: logger,
+		EventsTemplate: cfg.KVEventsTemplate, ReplayTemplate: cfg.KVReplayTemplate, Topic: cfg.KVTopic, Logger: logger,
 	}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--discovery kubernetes: %w", err)

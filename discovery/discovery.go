@@ -91,7 +91,9 @@ type Config struct {
 	// ReplayTemplate is the replay endpoint of a pod's rank, "" for none.
 	// Pods override it with AnnotationReplay.
 	ReplayTemplate string
-	Logger         *slog.Logger
+	// Topic is the ZMQ topic prefix subscribed to ("" for every topic).
+	Topic  string
+	Logger *slog.Logger
 }
 
 // Catalog is what Discovery needs of the worker catalog
@@ -591,7 +593,7 @@ func (r *runner) podWorkers(p pool, pod *corev1.Pod) ([]worker, error) {
 		}
 		if ev != "" {
 			s.Events = map[uint32]string{uint32(i): ev}
-			s.Replay = rp
+			s.Replay, s.Topic = rp, cfg.Topic
 		}
 		ws[i] = worker{spec: s, pod: pod.Name, name: workerName(pod.Name, i)}
 	}

@@ -628,7 +628,7 @@ func TestModelFromLabel(t *testing.T) {
 }
 
 func TestEndpointsFromAnnotationsAndTemplates(t *testing.T) {
-	h := newHarness(t, Config{EventsTemplate: "tcp://{podIP}:{6000+rank}", ReplayTemplate: "tcp://{podIP}:{7000+rank}"}, nil)
+	h := newHarness(t, Config{EventsTemplate: "tcp://{podIP}:{6000+rank}", ReplayTemplate: "tcp://{podIP}:{7000+rank}", Topic: "kv-events"}, nil)
 	h.start()
 	h.putPool(APIVersionV1, vllm, 8000, 8001)
 	h.createPod(newPod("tmpl", "127.0.0.2"))
@@ -647,6 +647,13 @@ func TestEndpointsFromAnnotationsAndTemplates(t *testing.T) {
 		with(discovered("off", "127.0.0.4", 1, 8001), "", ""),
 	}
 	h.expect("endpoints, bad pod skipped", good...)
+	for _, w := range h.cat.Workers("", "") {
+		for rank, p := range w.Events {
+			if p.Topic != "kv-events" {
+				t.Errorf("worker %d rank %d subscribes to topic %q, want the configured kv-events", w.ID, rank, p.Topic)
+			}
+		}
+	}
 	poll.Until(t, "bad pod counted", func() bool { return h.metric(h.d.m.errors.WithLabelValues(errPod)) == 1 })
 
 	h.updatePod("bad", withAnnotation(AnnotationEvents, "ipc:///run/kv-{rank}"), withAnnotation(AnnotationReplay, "tcp://{podIP}:{9000+rank}"))

@@ -31,6 +31,9 @@ type WorkerSpec struct {
 	Events map[uint32]string
 	// Replay is the replay endpoint of every rank's publisher ("" for none).
 	Replay string
+	// Topic is the ZMQ topic prefix subscribed to on every publisher (""
+	// for every topic).
+	Topic  string
 	Source string
 }
 
@@ -135,7 +138,7 @@ func (c *Catalog) PutWorker(s WorkerSpec) error {
 	}
 	l := layout{endpoint: s.Endpoint, ranks: ranks, events: make(map[uint32]Publisher, len(s.Events))}
 	for rank, ep := range s.Events {
-		l.events[rank] = Publisher{Endpoint: ep, Replay: s.Replay}
+		l.events[rank] = Publisher{Endpoint: ep, Replay: s.Replay, Topic: s.Topic}
 	}
 	if err := l.validate(); err != nil {
 		return err
