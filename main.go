@@ -266,7 +266,16 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer stopFronts()
+	// The fronts drain as soon as shutdown starts, alongside the admin
+	// server (their health turns NOT_SERVING at once), not after it.
+	var frontsWG sync.WaitGroup
+	defer frontsWG.Wait()
+	frontsCtx, endFronts := context.WithCancel(ctx)
+	defer endFronts()
+	frontsWG.Go(func() {
+		<-frontsCtx.Done()
+		stopFronts()
+	})
 
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {

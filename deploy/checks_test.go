@@ -664,8 +664,9 @@ func (c *checker) checkShutdown(w workload, ct corev1.Container, s map[string]se
 	if g := w.tmpl.Spec.TerminationGracePeriodSeconds; g != nil {
 		grace = time.Duration(*g) * time.Second
 	}
-	if need := preStop + 2*timeout; grace < need {
-		c.bad("kvgate terminationGracePeriodSeconds %v < preStop %v + 2 x --shutdown-timeout %v = %v: the drain would be killed",
+	// The admin server and the ext_proc streams drain together (runServe).
+	if need := preStop + timeout; grace < need {
+		c.bad("kvgate terminationGracePeriodSeconds %v < preStop %v + --shutdown-timeout %v = %v: the drain would be killed",
 			grace, preStop, timeout, need)
 	}
 }
