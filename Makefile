@@ -37,6 +37,7 @@ bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conve
 bench-routing: build ## Routing quality at larger scale: load sweeps on the conversation and synthetic traces; results in bench-out/
 	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/conversation -window 15m -compression 15,20,25,30
 	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/synthetic -trace ../shared/data/mooncake-traces/synthetic_trace.jsonl -window 0 -compression 12,18,24
+	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/dp -window 15m -dp-size 2 -speedup 2.5 -compression 25
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 10s)
 	GO='$(GO)' FUZZTIME='$(FUZZTIME)' .ci/fuzz

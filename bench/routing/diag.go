@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,31 @@ type Diagnostics struct {
 	// the machine spent on other processes meanwhile (Linux /proc; 0
 	// elsewhere): a busy machine distorts latencies.
 	KvgateCPU, SimCPU, RunnerCPU, OtherCPU time.Duration
+	// Wall is the run's wall-clock time, fleet start to diagnostics.
+	Wall time.Duration
+}
+
+// Contention thresholds: a run is flagged when other processes took more
+// than this share of the machine's CPU time, or when the runner itself
+// sent requests this late (p99).
+const (
+	maxOtherShare = 0.10
+	maxSendLag    = 100 * time.Millisecond
+)
+
+// contended says why a run's latencies may not be trustworthy ("" when
+// nothing is wrong): the machine is shared, and a busy machine slows the
+// simulated engines and kvgate alike.
+func contended(s Summary) string {
+	var why []string
+	d := s.Diag
+	if cpu := d.Wall.Seconds() * float64(runtime.NumCPU()); cpu > 0 && d.OtherCPU.Seconds() > maxOtherShare*cpu {
+		why = append(why, fmt.Sprintf("other processes used %.0f%% of the machine's CPU", 100*d.OtherCPU.Seconds()/cpu))
+	}
+	if s.LagP99 > maxSendLag {
+		why = append(why, fmt.Sprintf("the runner sent requests late (p99 %s)", fmtDur(s.LagP99)))
+	}
+	return strings.Join(why, " and ")
 }
 
 // String is a one-line summary.
@@ -43,9 +69,14 @@ var (
 
 // cpuMark is the machine's and the runner's CPU time at the start of a
 // run.
-type cpuMark struct{ busy, self time.Duration }
+type cpuMark struct {
+	busy, self time.Duration
+	at         time.Time
+}
 
-func markCPU() cpuMark { return cpuMark{busy: machineBusy(), self: pidCPU(os.Getpid())} }
+func markCPU() cpuMark {
+	return cpuMark{busy: machineBusy(), self: pidCPU(os.Getpid()), at: time.Now()}
+}
 
 // diagnostics reads f's metrics; what cannot be read stays zero. since is
 // the CPU mark taken when the fleet started.
@@ -72,6 +103,7 @@ func (f *fleet) diagnostics(ctx context.Context, since cpuMark) Diagnostics {
 	}
 	d.KvgateCPU, d.SimCPU = cpuTime(f.kv), cpuTime(f.sim)
 	now := markCPU()
+	d.Wall = now.at.Sub(since.at)
 	d.RunnerCPU = now.self - since.self
 	if since.busy > 0 {
 		d.OtherCPU = max(0, now.busy-since.busy-d.RunnerCPU-d.KvgateCPU-d.SimCPU)

@@ -75,11 +75,15 @@ var tableHeader = []string{"policy", "hit rate", "of oracle", "TTFT mean", "TTFT
 func (r *Report) Table(l Level) string {
 	rows := [][]string{tableHeader}
 	for _, s := range l.Summaries {
+		name := s.Policy
+		if contended(s) != "" {
+			name += " (!)"
+		}
 		done := fmt.Sprintf("%d/%d", s.Completed, s.Requests)
 		if s.Errors > 0 {
 			done += fmt.Sprintf(" (%d errors)", s.Errors)
 		}
-		rows = append(rows, []string{s.Policy, pct(s.HitRate), pct(ratio(s.HitRate, r.Oracle.TokenRate())),
+		rows = append(rows, []string{name, pct(s.HitRate), pct(ratio(s.HitRate, r.Oracle.TokenRate())),
 			fmtDur(s.TTFTMean), fmtDur(s.TTFTP50), fmtDur(s.TTFTP99),
 			fmtDur(s.E2EMean), fmtDur(s.E2EP50), fmtDur(s.E2EP99),
 			fmt.Sprintf("%.0f", s.OutputTokensPerS), fmt.Sprintf("%.1f", s.RequestsPerS), done})
@@ -192,6 +196,11 @@ func (r *Report) WriteText(w io.Writer, l Level) {
 		fmt.Fprintf(w, "%s: %s; send lag p99 %s\n", s.Policy, s.Diag, fmtDur(s.LagP99))
 	}
 	for _, s := range l.Summaries {
+		if why := contended(s); why != "" {
+			fmt.Fprintf(w, "(!) %s: %s: its latencies are not reliable, rerun on a quiet machine\n", s.Policy, why)
+		}
+	}
+	for _, s := range l.Summaries {
 		for _, e := range s.ErrorSamples {
 			fmt.Fprintf(w, "%s error: %s\n", s.Policy, e)
 		}
@@ -215,6 +224,11 @@ func (r *Report) WriteMarkdown(w io.Writer, plots map[float64]string, sweepPlot 
 		for _, s := range l.Summaries {
 			fmt.Fprintf(&b, "- %s: %s; send lag p99 %s\n", s.Policy, s.Diag, fmtDur(s.LagP99))
 		}
+		for _, s := range l.Summaries {
+			if why := contended(s); why != "" {
+				fmt.Fprintf(&b, "- (!) %s: %s: its latencies are not reliable, rerun on a quiet machine\n", s.Policy, why)
+			}
+		}
 		if p := plots[l.Compression]; p != "" {
 			fmt.Fprintf(&b, "\n![TTFT CDF](%s)\n", p)
 		}
@@ -231,7 +245,7 @@ var csvHeader = []string{"trace", "window_start_s", "window_s", "requests", "com
 	"completed", "errors", "prompt_tokens", "cached_tokens", "hit_rate", "oracle_hit_rate", "hit_rate_of_oracle",
 	"ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p99_ms",
 	"output_tokens", "duration_s", "output_tokens_per_s", "requests_per_s", "offered_requests_per_s", "send_lag_p99_ms",
-	"requests_per_worker", "preemptions", "kvgate_cpu_s", "fleet_cpu_s", "runner_cpu_s", "other_cpu_s"}
+	"requests_per_worker", "preemptions", "kvgate_cpu_s", "fleet_cpu_s", "runner_cpu_s", "other_cpu_s", "wall_s", "contended"}
 
 // WriteCSV writes results.csv: a row per (level, policy) and an oracle row
 // per level.
@@ -252,7 +266,7 @@ func (r *Report) WriteCSV(w io.Writer) error {
 				strconv.FormatFloat(s.OutputTokensPerS, 'f', 1, 64), strconv.FormatFloat(s.RequestsPerS, 'f', 3, 64),
 				strconv.FormatFloat(s.OfferedRequestsPS, 'f', 3, 64), ms(s.LagP99),
 				routedList(s.Diag.Routed), strconv.FormatInt(s.Diag.Preemptions, 10), sec(s.Diag.KvgateCPU), sec(s.Diag.SimCPU),
-				sec(s.Diag.RunnerCPU), sec(s.Diag.OtherCPU)))
+				sec(s.Diag.RunnerCPU), sec(s.Diag.OtherCPU), sec(s.Diag.Wall), contended(s)))
 		}
 		row := append(common[:len(common):len(common)], "oracle")
 		for range len(csvHeader) - len(row) {

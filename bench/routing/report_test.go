@@ -6,6 +6,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ func testReport() (*Report, Level) {
 		{Policy: "kv", Requests: 3, Completed: 3, HitRate: 0.25, TTFTMean: 50 * ms, TTFTs: []time.Duration{10 * ms, 50 * ms, 90 * ms},
 			Diag: Diagnostics{Routed: []int{1, 2}}},
 		{Policy: "round-robin", Requests: 3, Completed: 2, Errors: 1, ErrorSamples: []string{"status 502"}, HitRate: 0.1,
-			TTFTMean: 200 * ms, TTFTs: []time.Duration{100 * ms, 300 * ms}},
+			TTFTMean: 200 * ms, TTFTs: []time.Duration{100 * ms, 300 * ms}, LagP99: 150 * ms},
 	}}
 	r := &Report{Command: "routing -x", Machine: "test box", Trace: "t.jsonl", Requests: 3, TokensPerHash: 512,
 		Oracle: Oracle{Blocks: 10, SeenBlocks: 3, Tokens: 100, SeenTokens: 30}, Fleet: FleetConfig{Workers: 2, DPSize: 1, Speedup: 10},
@@ -32,7 +33,7 @@ func TestReportText(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"| kv ", "25.0%", "83.3%", // hit rate and its share of the 30% oracle
-		"| round-robin ", "2/3 (1 errors)",
+		"| round-robin (!) ", "2/3 (1 errors)", "(!) round-robin: the runner sent requests late (p99 150.0 ms)",
 		"| oracle (unbounded cache) |    30.0% |", "round-robin 4.00x", "round-robin error: status 502",
 		"kv: requests per worker 1/2",
 	} {
@@ -152,5 +153,24 @@ func TestLogTicks(t *testing.T) {
 	}
 	if got := (logTicks{}).Ticks(3.5, 3.6); len(got) != 1 || got[0].Label == "" {
 		t.Errorf("narrow range ticks %+v", got)
+	}
+}
+
+func TestContended(t *testing.T) {
+	cpus := time.Duration(runtime.NumCPU())
+	tests := []struct {
+		name string
+		s    Summary
+		want string
+	}{
+		{"quiet", Summary{Diag: Diagnostics{Wall: 10 * time.Second, OtherCPU: cpus * 500 * time.Millisecond}, LagP99: 5 * time.Millisecond}, ""},
+		{"busy machine", Summary{Diag: Diagnostics{Wall: 10 * time.Second, OtherCPU: cpus * 5 * time.Second}}, "other processes used 50% of the machine's CPU"},
+		{"late runner", Summary{LagP99: 2 * time.Second}, "the runner sent requests late (p99 2.00 s)"},
+		{"no measurement", Summary{}, ""},
+	}
+	for _, tc := range tests {
+		if got := contended(tc.s); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
