@@ -59,7 +59,7 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 	}
 	return extproc.New(registry, catalog, sched, extproc.Options{
 		Tenant: cfg.TenantID, Fallbacks: cfg.Fallbacks, MaxRequestsPerRank: cfg.MaxRequestsPerRank,
-		DefaultModel: cfg.ModelName, Policy: cfg.RoutingPolicy, Seed: uint64(time.Now().UnixNano()), Logger: logger, Registerer: reg,
+		DefaultModel: cfg.ModelName, Policy: cfg.RoutingPolicy, Seed: randomSeed(), Logger: logger, Registerer: reg,
 	}), nil
 }
 

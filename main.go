@@ -345,7 +345,8 @@ func zeroAs(v, marker float64) float64 {
 	return v
 }
 
-// randomSeed seeds the scheduler's tie-breaks and sampling.
+// randomSeed seeds the scheduler's tie-breaks and sampling, and the
+// baseline routing policies' random choices.
 func randomSeed() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go >= 1.24)

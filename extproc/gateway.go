@@ -164,6 +164,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 	r.key = key
 	r.booking = id + "#" + strconv.FormatUint(g.seq.Add(1), 36)
 	var wr indexer.WorkerRank
+	best := -1 // the longest cached prefix of any rank; unknown to the baselines
 	if g.base != nil {
 		var e *Error
 		if wr, e = g.pickBaseline(key, targets, allowed, p, local, isl, r.booking); e != nil {
@@ -177,7 +178,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 			}
 			return nil, errorf(http.StatusInternalServerError, "routing failed: %v", err)
 		}
-		wr, r.CachedBlocks = d.Worker, d.Overlap.Device
+		wr, r.CachedBlocks, best = d.Worker, d.Overlap.Device, d.BestDevice
 	}
 	r.Worker, r.Rank, r.Blocks = wr.Worker, wr.Rank, len(local)
 	r.started = time.Now()
@@ -195,7 +196,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 	}
 	g.m.routed.WithLabelValues(key.Model, strconv.FormatUint(r.Worker, 10)).Inc()
 	g.log.Debug("routed", "id", id, "model", key.Model, "worker", r.Worker, "rank", r.Rank, "endpoint", r.Endpoint,
-		"cached_blocks", r.CachedBlocks, "blocks", r.Blocks, "path", r.Path)
+		"cached_blocks", r.CachedBlocks, "best_cached_blocks", best, "blocks", r.Blocks, "path", r.Path)
 	return r, nil
 }
 

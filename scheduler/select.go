@@ -167,6 +167,9 @@ type Decision struct {
 	// (cumulative), and per rank of the chosen worker on device (DP).
 	Overlap indexer.Overlap
 	DP      map[uint32]int
+	// BestDevice is the longest device-tier prefix any rank holds: what
+	// the load term of the cost gave up when it exceeds Overlap.Device.
+	BestDevice int
 	// EffectivePrefillTokens is the prefill the request costs the rank
 	// after cache credit (host and disk overlap discounted): the value
 	// booked.
@@ -312,6 +315,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		if o.Worker.Worker == d.Worker.Worker {
 			d.DP[o.Worker.Rank] = o.Device
 		}
+		d.BestDevice = max(d.BestDevice, o.Device)
 	}
 	d.DP[d.Worker.Rank] = c.ov.Device // present even with no overlap
 	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})

@@ -828,6 +828,13 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 			if err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
+			bestDevice := 0
+			for _, ov := range overlaps {
+				bestDevice = max(bestDevice, ov.Device)
+			}
+			if d.BestDevice != bestDevice {
+				t.Fatalf("%s: best device overlap %d, want %d", what, d.BestDevice, bestDevice)
+			}
 			if d.Cost != least || costs[d.Worker] != least || ix.RankBlocks(d.Worker) != smallest || d.EffectivePrefillTokens != prefills[d.Worker] {
 				t.Fatalf("%s: chose %s at cost %v (naive %v, tree %d, prefill %d), want the least cost %v, tree %d, prefill %d",
 					what, d.Worker, d.Cost, costs[d.Worker], ix.RankBlocks(d.Worker), d.EffectivePrefillTokens, least, smallest, prefills[d.Worker])
