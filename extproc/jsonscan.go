@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // This file reads request bodies in one pass: a chat body is tens of
@@ -272,4 +273,60 @@ func (s *scanner) literal(lit string) error {
 	}
 	s.i += len(lit)
 	return nil
+}
+
+// tokenIDs reads raw, a valid JSON value, as a list of token ids when it
+// is an array of integers in uint32's range written plainly (digits only:
+// no sign, fraction or exponent), which is how clients send them. It
+// reports false for anything else, which the caller decodes with
+// encoding/json: a 12 000-id prompt costs encoding/json about a
+// millisecond, this a fraction of that. Where it reports true, the ids
+// are those json.Unmarshal into a []uint32 gives (FuzzTokenIDs).
+func tokenIDs(raw []byte) ([]uint32, bool) {
+	i, n := 0, len(raw)
+	skip := func() {
+		for i < n && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i == n || raw[i] != '[' {
+		return nil, false
+	}
+	i++
+	// A rough count of the ids for the allocation: one per comma, plus one.
+	ids := make([]uint32, 0, bytes.Count(raw[i:], []byte{','})+1)
+	skip()
+	if i < n && raw[i] == ']' {
+		i++
+		skip()
+		return ids, i == n
+	}
+	for {
+		start := i
+		var v uint64
+		for i < n && raw[i] >= '0' && raw[i] <= '9' && i-start < 11 {
+			v = v*10 + uint64(raw[i]-'0')
+			i++
+		}
+		if i == start || v > math.MaxUint32 || i < n && raw[i] >= '0' && raw[i] <= '9' || raw[start] == '0' && i-start > 1 {
+			return nil, false
+		}
+		ids = append(ids, uint32(v))
+		skip()
+		if i == n {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+			skip()
+		case ']':
+			i++
+			skip()
+			return ids, i == n
+		default: // a fraction, an exponent, ...
+			return nil, false
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -89,6 +90,80 @@ func BenchmarkParsePromptChat(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, e := ParsePrompt("/v1/chat/completions", raw); e != nil {
+			b.Fatal(e)
+		}
+	}
+}
+
+// checkTokenIDs compares tokenIDs with json.Unmarshal into a []uint32 on
+// raw: where the fast path answers, encoding/json must agree.
+func checkTokenIDs(t *testing.T, raw []byte) (fast bool) {
+	t.Helper()
+	got, ok := tokenIDs(raw)
+	if !ok {
+		return false
+	}
+	var want []uint32
+	if err := json.Unmarshal(raw, &want); err != nil {
+		t.Fatalf("%q: tokenIDs read %v, encoding/json: %v", raw, got, err)
+	}
+	if !slices.Equal(got, want) || got == nil {
+		t.Fatalf("%q: tokenIDs %v, encoding/json %v", raw, got, want)
+	}
+	return true
+}
+
+func TestTokenIDs(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		fast bool // the fast path answers (else encoding/json decides)
+	}{
+		{`[]`, true}, {` [ ] `, true}, {`[0]`, true}, {`[1,2,3]`, true}, {"[ 1 ,\n2\t,3 ]\r\n", true},
+		{`[4294967295]`, true}, {`[4294967296]`, false}, {`[99999999999]`, false}, {`[00]`, false}, {`[01]`, false},
+		{`[-1]`, false}, {`[1.0]`, false}, {`[1e3]`, false}, {`[1,null]`, false}, {`[[1]]`, false}, {`["1"]`, false},
+		{`[1,]`, false}, {`[1 2]`, false}, {`[1`, false}, {`[`, false}, {`1`, false}, {`"x"`, false}, {`[1]x`, false}, {``, false},
+	} {
+		if fast := checkTokenIDs(t, []byte(c.raw)); fast != c.fast {
+			t.Errorf("%q: fast path %v, want %v", c.raw, fast, c.fast)
+		}
+	}
+	// Through ParsePrompt, with the fallback: null elements decode as 0 (as
+	// encoding/json does), out-of-range ids fail.
+	for _, c := range []struct {
+		body string
+		ids  []uint32
+		ok   bool
+	}{
+		{`{"model":"m","prompt":[7, 8,9]}`, []uint32{7, 8, 9}, true},
+		{`{"model":"m","prompt":[7,null]}`, []uint32{7, 0}, true},
+		{`{"model":"m","prompt":[7,-1]}`, nil, false},
+		{`{"model":"m","prompt":[4294967296]}`, nil, false},
+		{`{"model":"m","prompt":[]}`, nil, false},
+	} {
+		p, e := ParsePrompt("/v1/completions", []byte(c.body))
+		if (e == nil) != c.ok || c.ok && !slices.Equal(p.IDs, c.ids) {
+			t.Errorf("%s: ids %v err %v, want %v ok %v", c.body, p.IDs, e, c.ids, c.ok)
+		}
+	}
+}
+
+func FuzzTokenIDs(f *testing.F) {
+	for _, s := range []string{`[1,2,3]`, ` [ 4294967295 , 0 ] `, `[1.5]`, `[01]`, `[-0]`, `[1,null]`, `[[1],[2]]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) { checkTokenIDs(t, raw) })
+}
+
+func BenchmarkTokenIDs(b *testing.B) {
+	ids := make([]uint32, 12000)
+	for i := range ids {
+		ids[i] = uint32(i * 7919 % 151000)
+	}
+	raw, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids})
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, e := ParsePrompt("/v1/completions", raw); e != nil {
 			b.Fatal(e)
 		}
 	}

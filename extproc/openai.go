@@ -212,12 +212,18 @@ func completionPrompt(raw json.RawMessage) (string, []uint32, *Error) {
 	if !present(raw) {
 		return "", nil, errorf(http.StatusBadRequest, "prompt is required")
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	// raw is valid JSON (ParsePrompt scanned the body): its first byte
+	// says what it is, and encoding/json need not scan a long list of ids
+	// only to find that it is not a string.
+	if b := bytes.TrimLeft(raw, " \t\r\n"); len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", nil, errorf(http.StatusBadRequest, "prompt: %v", err)
+		}
 		return s, nil, nil
 	}
-	var ids []uint32
-	if json.Unmarshal(raw, &ids) == nil {
+	ids, ok := tokenIDs(raw)
+	if ok || json.Unmarshal(raw, &ids) == nil {
 		if len(ids) == 0 {
 			return "", nil, errorf(http.StatusBadRequest, "prompt is empty")
 		}
