@@ -141,7 +141,8 @@ type schedCache struct {
 }
 
 // NewCatalog returns an empty catalog whose workers' events feed set
-// through ingest. reg, if not nil, receives the kvgate_workers gauges.
+// through ingest. reg, if not nil, receives the kvgate_workers gauges and
+// the count of expired requests of its Loads.
 func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -161,6 +162,10 @@ func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Regis
 				ConstLabels: prometheus.Labels{"status": string(s)},
 			}, func() float64 { return float64(c.countStatus(s)) }))
 		}
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvgate_scheduler_expired_requests_total",
+			Help: "Active requests freed because they outlived the request TTL: their free never came.",
+		}, func() float64 { return float64(c.loads.Expired()) }))
 	}
 	return c
 }

@@ -76,6 +76,8 @@ type Loads struct {
 	ttl time.Duration
 
 	observer atomic.Pointer[func(Lifecycle)]
+	// expired counts the requests freed for their age, by every sweep.
+	expired atomic.Uint64
 
 	mu       sync.RWMutex
 	trackers map[indexer.Key]*tracker
@@ -102,6 +104,7 @@ type tracker struct {
 	// negative counts the ranks whose output went below 0 (float residue
 	// of releases): a decision's cost bounds assume there are none.
 	negative int
+	expired  *atomic.Uint64 // Loads.expired
 }
 
 // rankLoad is the load of one rank. What a decision reads of every rank
@@ -218,7 +221,7 @@ func (l *Loads) AddRanks(key indexer.Key, blockSize int, ranks ...indexer.Worker
 	l.mu.Lock()
 	t := l.trackers[key]
 	if t == nil {
-		t = &tracker{key: key, blockSize: blockSize, ranks: make(map[indexer.WorkerRank]*rankLoad),
+		t = &tracker{key: key, blockSize: blockSize, expired: &l.expired, ranks: make(map[indexer.WorkerRank]*rankLoad),
 			reqs: make(map[string]*request), holders: make(map[uint64][]*rankLoad)}
 		l.trackers[key] = t
 	}
@@ -396,8 +399,16 @@ func (t *tracker) sweep(cutoff time.Time) int {
 		t.release(r)
 		n++
 	}
+	if n > 0 {
+		t.expired.Add(uint64(n))
+	}
 	return n
 }
+
+// Expired returns how many requests were freed for their age (by Expire
+// or by the sweeps of bookings) since l was made: each is a free that
+// never came, or came after the TTL.
+func (l *Loads) Expired() uint64 { return l.expired.Load() }
 
 // Expire frees every request older than the TTL and returns how many.
 // Run it periodically; Add also sweeps its own (model, tenant).

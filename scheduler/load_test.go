@@ -456,8 +456,8 @@ func TestExpiry(t *testing.T) {
 		t.Fatalf("at the TTL: expired %d, %d active; want 0 and 2", n, active(loadKey))
 	}
 	clk.Advance(time.Second)
-	if n := l.Expire(); n != 2 {
-		t.Fatalf("at 301 s: expired %d, want 2 (old, other-old)", n)
+	if n := l.Expire(); n != 2 || l.Expired() != 2 {
+		t.Fatalf("at 301 s: expired %d (counted %d), want 2 (old, other-old)", n, l.Expired())
 	}
 	if got := loadsOf(l, loadKey)[rk(1, 0)]; got != (load{10, 1, 1}) {
 		t.Errorf("after expiry: %+v, want young alone", got)
@@ -476,15 +476,15 @@ func TestExpiry(t *testing.T) {
 	if got := loadsOf(l, loadKey)[rk(1, 0)]; got != (load{10, 1, 1}) {
 		t.Errorf("after an add at 501 s: %+v, want late alone", got)
 	}
-	if freed, _ := l.Free(loadKey, "young"); freed {
-		t.Error("young was not expired by the add")
+	if freed, _ := l.Free(loadKey, "young"); freed || l.Expired() != 3 {
+		t.Errorf("young was not expired by the add, or not counted (%d expired, want 3)", l.Expired())
 	}
 	clk.Advance(101 * time.Second) // other-young is 301 s old
 	if active(other) != 1 {
 		t.Errorf("other: %d active, want other-young until swept", active(other))
 	}
-	if n := l.Expire(); n != 1 || active(other) != 0 {
-		t.Errorf("Expire: %d expired, %d left in other; want 1 and 0", n, active(other))
+	if n := l.Expire(); n != 1 || active(other) != 0 || l.Expired() != 4 {
+		t.Errorf("Expire: %d expired (%d counted in all), %d left in other; want 1 (4) and 0", n, l.Expired(), active(other))
 	}
 	must(t, l.PrefillComplete(loadKey, "late"))
 	if freed, err := l.Free(loadKey, "late"); !freed || err != nil {
@@ -891,6 +891,45 @@ func TestNegativeOutputCounted(t *testing.T) {
 		if got := negative(); got != st.want {
 			t.Fatalf("step %d (%s %s): %d ranks with negative output, want %d", i, st.op.do, st.op.id, got, st.want)
 		}
+	}
+	checkIdle(t, l)
+}
+
+// TestExpiredMetric: the catalog exports its Loads' expirations as
+// kvgate_scheduler_expired_requests_total.
+func TestExpiredMetric(t *testing.T) {
+	clk := newFakeClock()
+	s := newSelRig(t, 16, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clk.Now, TTL: time.Minute})}})
+	s.ranks(1, 1)
+	l, reg := s.cat.Loads(), s.reg
+	expired := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvgate_scheduler_expired_requests_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("kvgate_scheduler_expired_requests_total not registered")
+		return 0
+	}
+	must(t, l.Add(loadKey, Booking{ID: "lost", Worker: rk(1, 0), Hashes: []uint64{1}}))
+	must(t, l.Add(loadKey, Booking{ID: "freed", Worker: rk(1, 0), Hashes: []uint64{2}}))
+	if _, err := l.Free(loadKey, "freed"); err != nil {
+		t.Fatal(err)
+	}
+	if got := expired(); got != 0 {
+		t.Fatalf("before the TTL: %v expired, want 0", got)
+	}
+	clk.Advance(61 * time.Second)
+	if n := l.Expire(); n != 1 {
+		t.Fatalf("Expire freed %d, want 1", n)
+	}
+	if got := expired(); got != 1 {
+		t.Errorf("after the TTL: %v expired, want 1 (a freed request is not counted)", got)
 	}
 	checkIdle(t, l)
 }
