@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -232,6 +233,23 @@ func (s *slot) closed() bool { return s.holes == 0 && s.open == 0 }
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
 
+// yield reports whether a writer at the i-th block of an operation should
+// release mu and take it again: every writeChunk blocks, or at once when a
+// match waits for it.
+func (ix *Index) yield(i int) bool {
+	return i > 0 && (i%writeChunk == 0 || ix.waiting.Load() != 0)
+}
+
+// rlock takes mu for reading, telling writers when it has to wait.
+func (ix *Index) rlock() {
+	if ix.mu.TryRLock() {
+		return
+	}
+	ix.waiting.Add(1)
+	ix.mu.RLock()
+	ix.waiting.Add(-1)
+}
+
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
@@ -239,7 +257,10 @@ const writeChunk = 64
 type Index struct {
 	blockSize int
 
-	mu      sync.RWMutex
+	mu sync.RWMutex
+	// waiting counts matches blocked on mu: a writer holding it gives it
+	// up at the next block instead of the end of its chunk.
+	waiting atomic.Int32
 	nodes   map[uint64]*node
 	workers map[WorkerRank]*worker
 	slots   []slot
@@ -308,7 +329,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	}
 	var parent *node // node of the previous block, once known
 	for i, b := range ev.Blocks {
-		if i > 0 && i%writeChunk == 0 {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
 			if ix.workers[ev.Worker] != w {
@@ -390,7 +411,7 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	defer ix.mu.Unlock()
 	w := ix.workers[wr]
 	for i, h := range hashes {
-		if i > 0 && i%writeChunk == 0 {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
 			w = ix.workers[wr]
@@ -469,7 +490,7 @@ func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
 func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
 	ids := slices.Collect(maps.Keys(w.blocks))
 	for i, h := range ids {
-		if i > 0 && i%writeChunk == 0 {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
 			if !current() {
@@ -778,7 +799,7 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	}
 	m := matcherPool.Get().(*matcher)
 	m.ix, m.seq = ix, seq
-	ix.mu.RLock()
+	ix.rlock()
 	if n := m.start(); n != nil {
 		m.run(n)
 		dst = m.emit(dst)
