@@ -409,23 +409,52 @@ func checkInvariants(t testing.TB, ix *Index) {
 			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
 		}
 	}
+	nodes := make(map[uint64]*node) // by key
+	refs := make(map[uint64]uint64) // key -> ref
+	ix.nodes.each(func(id uint32, n *node) {
+		if _, dup := nodes[n.key]; dup {
+			t.Errorf("node key %d is in the table twice", n.key)
+		}
+		nodes[n.key], refs[n.key] = n, nodeRef(id, n)
+		if got := ix.nodes.find(n.key); got != id {
+			t.Errorf("node %d (id %d) is found as id %d", n.key, id, got)
+		}
+	})
+	if len(nodes) != ix.nodes.live {
+		t.Errorf("%d nodes in the table, %d live", len(nodes), ix.nodes.live)
+	}
+	extUsed := make(map[uint32]bool)
 	children := make(map[uint64][]uint64) // parent key -> child keys
-	for key, n := range ix.nodes {
+	for key, n := range nodes {
 		if key != n.local {
 			children[n.parent] = append(children[n.parent], key)
 		}
 	}
 	open := make(map[uint32]int32) // per slot, recomputed
-	for key, n := range ix.nodes {
-		if len(n.holders) == 0 {
+	for key, n := range nodes {
+		holders := ix.holders(n)
+		if len(holders) == 0 {
 			t.Errorf("node %d has no holders", key)
 		}
-		if n.bits != nil {
+		var listed []end // the ends the node keeps
+		if h := n.one[0]; h.tiers&multi != 0 {
+			if extUsed[h.slot] || int(h.slot) >= len(ix.ext) {
+				t.Errorf("node %d: ext %d is shared or out of range", key, h.slot)
+				continue
+			}
+			extUsed[h.slot] = true
+			if len(holders) < 2 {
+				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
+			}
+			listed = ix.ext[h.slot].ends
+		} else if e := h.ends(); e != 0 {
+			listed = []end{{h.slot, e}}
+		}
+		if got, ok := ix.denseBits(n); ok {
 			want := classBits{}
-			for _, h := range n.holders {
+			for _, h := range holders {
 				want.set(h.slot, h.tiers)
 			}
-			got := *n.bits
 			for i := range max(len(got), len(want)) {
 				if got.at(i) != want.at(i) {
 					t.Errorf("node %d class bits word %d = %x, holders say %x", key, i, got.at(i), want.at(i))
@@ -433,11 +462,11 @@ func checkInvariants(t testing.TB, ix *Index) {
 			}
 		}
 		var ends []end
-		for i, h := range n.holders {
+		for i, h := range holders {
 			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
 				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)
 			}
-			if i > 0 && n.holders[i-1].slot >= h.slot {
+			if i > 0 && holders[i-1].slot >= h.slot {
 				t.Errorf("node %d holders unsorted", key)
 			}
 			if int(h.slot) >= len(ix.slots) || ix.slots[h.slot].retired {
@@ -453,15 +482,15 @@ func checkInvariants(t testing.TB, ix *Index) {
 			// The rank's children of n, per class.
 			var kids [nClasses]uint16
 			for _, ck := range children[key] {
-				c := ix.nodes[ck]
-				if ch := c.find(h.slot); ch != nil {
+				c := nodes[ck]
+				if ch := ix.find(c, h.slot); ch != nil {
 					cl := classesOf(ch.tiers)
 					for k := range nClasses {
 						if cl&(1<<k) != 0 {
 							kids[k]++
 						}
 					}
-					if c.linked != n {
+					if c.linked != refs[key] {
 						t.Errorf("node %d: child %d held by slot %d is not linked to it", key, ck, h.slot)
 					}
 					open[h.slot] += int32(bits.OnesCount8(cl &^ classesOf(h.tiers)))
@@ -470,25 +499,31 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if kids != h.kids {
 				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
 			}
-			if key != n.local && ix.nodes[n.parent].find(h.slot) == nil {
+			if key != n.local && ix.find(nodes[n.parent], h.slot) == nil {
 				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
 			}
 		}
-		if !slices.Equal(n.ends, ends) {
-			t.Errorf("node %d ends %v, holders say %v", key, n.ends, ends)
+		if !slices.Equal(listed, ends) {
+			t.Errorf("node %d ends %v, holders say %v", key, listed, ends)
 		}
 		linked := int32(0)
 		for _, ck := range children[key] {
-			if ix.nodes[ck].linked == n {
+			if nodes[ck].linked == refs[key] {
 				linked++
 			}
 		}
 		if n.kids != linked {
 			t.Errorf("node %d counts %d linked children, %d are", key, n.kids, linked)
 		}
-		if o := n.only; o != nil && (n.kids != 1 || ix.nodes[NextSequenceHash(key, o.local)] != o || o.linked != n) {
-			t.Errorf("node %d: its only child (local %d) is not (%d children)", key, o.local, n.kids)
+		if o := n.only; o != 0 {
+			c := ix.nodes.get(o)
+			if n.kids != 1 || nodes[NextSequenceHash(key, c.local)] != c || c.linked != refs[key] {
+				t.Errorf("node %d: its only child (local %d) is not (%d children)", key, c.local, n.kids)
+			}
 		}
+	}
+	if got, want := len(extUsed), len(ix.ext)-len(ix.extFree); got != want {
+		t.Errorf("%d ext entries used, %d not free", got, want)
 	}
 	for _, w := range ix.workers {
 		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {

@@ -1,0 +1,319 @@
+package indexer
+
+import "math/bits"
+
+// The index's storage holds no Go pointers in its bulk, so that the garbage
+// collector never scans it: nodes live by value in fixed-size chunks of a
+// slab and are named by uint32 ids; the map from sequence hash to node id
+// and each rank's map from engine id to sequence hash are open-addressing
+// tables of plain words, probed linearly and emptied by backward shifting
+// (no tombstones). Tables grow by half when 4/5 full and map a hash to its
+// home slot by multiplication (no power-of-two sizes), so a table's slack
+// stays below 2x.
+
+// nodeChunk is how many nodes a slab chunk holds.
+const nodeChunk = 1 << 12
+
+// maxLoadNum/maxLoadDen is the load factor past which a table grows.
+const maxLoadNum, maxLoadDen = 4, 5
+
+// grown returns the size of a table after growth from size.
+func grown(size int) int { return max(16, size+size/2) }
+
+// nodeStore is the slab of nodes and the table that finds them by key.
+// Node id 0 is never used: it means "no node".
+type nodeStore struct {
+	chunks [][]node // each of nodeChunk nodes, never moved
+	next   uint32   // ids below next were handed out
+	free   uint32   // head of the free list, linked through node.only
+	// tab is the table of live nodes: slot value tag<<32 | id, 0 empty,
+	// where tag is the top half of the key's mix and picks the home slot.
+	tab  []uint64
+	live int
+}
+
+// mix spreads a key's bits; its top 32 bits are a node's tag.
+func mix(k uint64) uint64 {
+	k ^= k >> 32
+	k *= 0xd6e8feb86659fd93
+	k ^= k >> 32
+	return k
+}
+
+// home returns the slot a tag starts probing at in a table of size slots.
+func home(tag uint32, size int) int { return int(uint64(tag) * uint64(size) >> 32) }
+
+// get returns node id (which must have been handed out).
+func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nodeChunk] }
+
+// find returns the id of the live node with key, or 0.
+func (s *nodeStore) find(key uint64) uint32 {
+	size := len(s.tab)
+	if size == 0 {
+		return 0
+	}
+	tag := uint32(mix(key) >> 32)
+	for i := home(tag, size); ; {
+		e := s.tab[i]
+		if e == 0 {
+			return 0
+		}
+		if uint32(e>>32) == tag {
+			if id := uint32(e); s.get(id).key == key {
+				return id
+			}
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+// add creates a node with key, which must not be live, and returns its id
+// and the node, zeroed but for key and gen.
+func (s *nodeStore) add(key uint64) (uint32, *node) {
+	if (s.live+1)*maxLoadDen > len(s.tab)*maxLoadNum {
+		s.rehash(grown(len(s.tab)))
+	}
+	var id uint32
+	if s.free != 0 {
+		id = s.free
+		s.free = s.get(id).only
+	} else {
+		if s.next == 0 {
+			s.next = 1
+		}
+		id = s.next
+		if int(id/nodeChunk) == len(s.chunks) {
+			s.chunks = append(s.chunks, make([]node, nodeChunk))
+		}
+		s.next++
+	}
+	n := s.get(id)
+	*n = node{key: key, gen: n.gen}
+	s.place(uint64(mix(key)>>32)<<32 | uint64(id))
+	s.live++
+	return id, n
+}
+
+// place puts table value e in its probe sequence's first empty slot.
+func (s *nodeStore) place(e uint64) {
+	size := len(s.tab)
+	i := home(uint32(e>>32), size)
+	for s.tab[i] != 0 {
+		if i++; i == size {
+			i = 0
+		}
+	}
+	s.tab[i] = e
+}
+
+func (s *nodeStore) rehash(size int) {
+	old := s.tab
+	s.tab = make([]uint64, size)
+	for _, e := range old {
+		if e != 0 {
+			s.place(e)
+		}
+	}
+}
+
+// del frees the live node id: it leaves the table and its id may be handed
+// out again, with another generation.
+func (s *nodeStore) del(id uint32) {
+	n := s.get(id)
+	size := len(s.tab)
+	i := home(uint32(mix(n.key)>>32), size)
+	for uint32(s.tab[i]) != id {
+		if i++; i == size {
+			i = 0
+		}
+	}
+	backShift(s.tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
+	*n = node{gen: n.gen + 1, only: s.free}
+	s.free = id
+	s.live--
+}
+
+// backShift empties slot i of a linear-probing table whose empty value is
+// the zero value, moving later entries of the probe run back so that every
+// entry stays reachable from its home slot (Knuth's algorithm R).
+func backShift[E comparable](tab []E, i int, homeOf func(E) int) {
+	var zero E
+	size := len(tab)
+	j := i
+	for {
+		if j++; j == size {
+			j = 0
+		}
+		if tab[j] == zero {
+			break
+		}
+		k := homeOf(tab[j])
+		// Move tab[j] to i unless its home lies cyclically in (i, j].
+		if i <= j {
+			if i < k && k <= j {
+				continue
+			}
+		} else if i < k || k <= j {
+			continue
+		}
+		tab[i] = tab[j]
+		i = j
+	}
+	tab[i] = zero
+}
+
+// blockEntry maps an engine block id to the sequence hash of the block.
+type blockEntry struct {
+	id, key uint64
+}
+
+// blockTable is one rank's map from engine id to sequence hash. Entries
+// with id 0 are kept aside, as id 0 marks an empty slot.
+type blockTable struct {
+	tab     []blockEntry
+	n       int // entries in tab
+	zeroKey uint64
+	hasZero bool
+}
+
+func idHome(id uint64, size int) int {
+	hi, _ := bits.Mul64(mix(id), uint64(size))
+	return int(hi)
+}
+
+// len returns the number of entries.
+func (t *blockTable) len() int {
+	if t.hasZero {
+		return t.n + 1
+	}
+	return t.n
+}
+
+// get returns the key of id.
+func (t *blockTable) get(id uint64) (uint64, bool) {
+	if id == 0 {
+		return t.zeroKey, t.hasZero
+	}
+	size := len(t.tab)
+	if size == 0 {
+		return 0, false
+	}
+	for i := idHome(id, size); ; {
+		e := &t.tab[i]
+		if e.id == id {
+			return e.key, true
+		}
+		if e.id == 0 {
+			return 0, false
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+// put sets the key of id.
+func (t *blockTable) put(id, key uint64) {
+	if id == 0 {
+		t.zeroKey, t.hasZero = key, true
+		return
+	}
+	if (t.n+1)*maxLoadDen > len(t.tab)*maxLoadNum {
+		t.rehash(grown(len(t.tab)))
+	}
+	size := len(t.tab)
+	for i := idHome(id, size); ; {
+		e := &t.tab[i]
+		if e.id == id || e.id == 0 {
+			if e.id == 0 {
+				t.n++
+			}
+			e.id, e.key = id, key
+			return
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+func (t *blockTable) rehash(size int) {
+	old := t.tab
+	t.tab = make([]blockEntry, size)
+	for _, e := range old {
+		if e.id != 0 {
+			i := idHome(e.id, size)
+			for t.tab[i].id != 0 {
+				if i++; i == size {
+					i = 0
+				}
+			}
+			t.tab[i] = e
+		}
+	}
+}
+
+// del removes id and reports whether it was there.
+func (t *blockTable) del(id uint64) bool {
+	if id == 0 {
+		had := t.hasZero
+		t.zeroKey, t.hasZero = 0, false
+		return had
+	}
+	size := len(t.tab)
+	if size == 0 {
+		return false
+	}
+	for i := idHome(id, size); ; {
+		switch t.tab[i].id {
+		case id:
+			backShift(t.tab, i, func(e blockEntry) int { return idHome(e.id, size) })
+			t.n--
+			if t.n == 0 {
+				t.tab = nil // an emptied rank gives its memory back
+			}
+			return true
+		case 0:
+			return false
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+// ids appends every engine id to dst.
+func (t *blockTable) ids(dst []uint64) []uint64 {
+	if t.hasZero {
+		dst = append(dst, 0)
+	}
+	for _, e := range t.tab {
+		if e.id != 0 {
+			dst = append(dst, e.id)
+		}
+	}
+	return dst
+}
+
+// each calls f for every entry.
+func (t *blockTable) each(f func(id, key uint64)) {
+	if t.hasZero {
+		f(0, t.zeroKey)
+	}
+	for _, e := range t.tab {
+		if e.id != 0 {
+			f(e.id, e.key)
+		}
+	}
+}
+
+// each calls f for every live node.
+func (s *nodeStore) each(f func(id uint32, n *node)) {
+	for _, e := range s.tab {
+		if e != 0 {
+			f(uint32(e), s.get(uint32(e)))
+		}
+	}
+}
