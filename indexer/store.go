@@ -317,3 +317,21 @@ func (s *nodeStore) each(f func(id uint32, n *node)) {
 		}
 	}
 }
+
+// touch loads the first slot key would probe, so that a later find finds
+// it in cache: a writer touches the slots of a whole chunk of blocks
+// first, and their cache misses overlap.
+func (s *nodeStore) touch(key uint64) uint64 {
+	if len(s.tab) == 0 {
+		return 0
+	}
+	return s.tab[home(uint32(mix(key)>>32), len(s.tab))]
+}
+
+// touch loads the first slot id would probe (see nodeStore.touch).
+func (t *blockTable) touch(id uint64) uint64 {
+	if len(t.tab) == 0 {
+		return 0
+	}
+	return t.tab[idHome(id, len(t.tab))].key
+}
