@@ -206,11 +206,16 @@ type node struct {
 // extNode is what a node held by several ranks keeps besides itself.
 type extNode struct {
 	holders []holder // sorted by slot
+	more    *extMore // for a node with many holders (see Index.sync), or nil
+}
+
+// extMore is what a node held by many ranks keeps so that Match need not
+// look at each holder. Nodes with fewer holders derive both from holders.
+type extMore struct {
 	// ends are the holders with ends() != 0, sorted by slot: the ranks
 	// whose prefix ends here in some class, which Match drops here.
-	ends  []end
-	bits  classBits // the holders again, once there are many (see Index.sync)
-	dense bool      // bits is kept
+	ends []end
+	bits classBits // the holders again, as bit sets
 }
 
 // nodeRef names one incarnation of a node: its id and generation.
@@ -680,10 +685,6 @@ func (ix *Index) holderOf(n *node, s uint32) *holder {
 		x := ix.newExt()
 		e := &ix.ext[x]
 		e.holders = append(e.holders[:0], *h)
-		e.ends = e.ends[:0]
-		if c := h.ends(); c != 0 {
-			e.ends = append(e.ends, end{slot: h.slot, classes: c})
-		}
 		*h = holder{slot: x, tiers: multi}
 	}
 	e := &ix.ext[h.slot]
@@ -711,8 +712,7 @@ func (ix *Index) dropHolder(n *node, s uint32) {
 	e.holders = slices.Delete(e.holders, i, i+1)
 	if len(e.holders) == 1 { // back to one holder, inline
 		*h = e.holders[0]
-		e.holders, e.ends = e.holders[:0], e.ends[:0]
-		e.bits, e.dense = nil, false
+		e.holders, e.more = e.holders[:0], nil
 		ix.extFree = append(ix.extFree, x)
 	}
 }
@@ -729,12 +729,15 @@ func (ix *Index) newExt() uint32 {
 }
 
 // setEnd records the end classes of slot s in n (0: none). A node with one
-// holder needs no record: its ends are that holder's.
+// holder or a few needs no record: its ends are its holders' (see sync).
 func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
 	if n.one[0].tiers&multi == 0 {
 		return
 	}
-	e := &ix.ext[n.one[0].slot]
+	e := ix.ext[n.one[0].slot].more
+	if e == nil {
+		return
+	}
 	i, found := slices.BinarySearchFunc(e.ends, s, func(e end, s uint32) int { return cmp.Compare(e.slot, s) })
 	switch {
 	case found && classes == 0:
@@ -929,16 +932,19 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	e := &ix.ext[n.one[0].slot]
 	at := ix.denseAt()
 	switch {
-	case !e.dense && len(e.holders) >= at:
-		b := make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
+	case e.more == nil && len(e.holders) >= at:
+		m := &extMore{bits: make(classBits, 0, nClasses*((len(ix.slots)+63)/64))}
 		for _, h := range e.holders {
-			b.set(h.slot, h.tiers)
+			m.bits.set(h.slot, h.tiers)
+			if c := h.ends(); c != 0 {
+				m.ends = append(m.ends, end{slot: h.slot, classes: c})
+			}
 		}
-		e.bits, e.dense = b, true
-	case e.dense && len(e.holders) < at/2:
-		e.bits, e.dense = nil, false
-	case e.dense:
-		e.bits.set(s, t)
+		e.more = m
+	case e.more != nil && len(e.holders) < at/2:
+		e.more = nil
+	case e.more != nil:
+		e.more.bits.set(s, t)
 	}
 }
 
@@ -947,8 +953,10 @@ func (ix *Index) denseBits(n *node) (classBits, bool) {
 	if n.one[0].tiers&multi == 0 {
 		return nil, false
 	}
-	e := &ix.ext[n.one[0].slot]
-	return e.bits, e.dense
+	if m := ix.ext[n.one[0].slot].more; m != nil {
+		return m.bits, true
+	}
+	return nil, false
 }
 
 // matcher is the state of one Match; its slices are reused between matches.
@@ -1141,8 +1149,18 @@ func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 			return h.slot != noSlot && m.drop(end{slot: h.slot, classes: h.ends()}, d)
 		}
 		dropped := false
-		for _, e := range m.ix.ext[n.one[0].slot].ends {
-			if m.drop(e, d) {
+		x := &m.ix.ext[n.one[0].slot]
+		if x.more != nil {
+			for _, e := range x.more.ends {
+				if m.drop(e, d) {
+					dropped = true
+				}
+			}
+			return dropped
+		}
+		for i := range x.holders {
+			h := &x.holders[i]
+			if c := h.ends(); c != 0 && m.drop(end{slot: h.slot, classes: c}, d) {
 				dropped = true
 			}
 		}

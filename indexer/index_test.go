@@ -446,7 +446,15 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if len(holders) < 2 {
 				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
 			}
-			listed = ix.ext[h.slot].ends
+			if m := ix.ext[h.slot].more; m != nil {
+				listed = m.ends
+			} else {
+				for _, h := range holders {
+					if e := h.ends(); e != 0 {
+						listed = append(listed, end{h.slot, e})
+					}
+				}
+			}
 		} else if e := h.ends(); e != 0 {
 			listed = []end{{h.slot, e}}
 		}
