@@ -186,11 +186,12 @@ type node struct {
 	key    uint64 // sequence hash
 	local  uint64 // local hash of the block
 	parent uint64 // sequence hash of the parent; a root node's key equals local
-	// linked is the parent node this node is counted in, as a ref (see
-	// nodeRef; 0: none; not the current one if that was deleted and made
-	// anew). A child held by a closed rank is always linked to its parent
-	// (see link).
-	linked uint64
+	// linked is the id of the parent node this node is counted in (0:
+	// none). That node may be dead: deleted since, and not the current
+	// node of the parent's key if that was made anew (see Index.delete). A
+	// child held by a closed rank is always linked to its parent (see
+	// link).
+	linked uint32
 	// one is the node's holder when it has one (slot noSlot when it has
 	// none); with tiers multi, its slot indexes Index.ext instead, which
 	// lists the holders. The ends of a node with one holder are that
@@ -200,7 +201,6 @@ type node struct {
 	// when there is one and it is known (0 otherwise).
 	kids int32
 	only uint32
-	gen  uint32 // bumped when the node's id is freed
 }
 
 // extNode is what a node held by several ranks keeps besides itself.
@@ -218,8 +218,9 @@ type extMore struct {
 	bits classBits // the holders again, as bit sets
 }
 
-// nodeRef names one incarnation of a node: its id and generation.
-func nodeRef(id uint32, n *node) uint64 { return uint64(n.gen)<<32 | uint64(id) }
+// dead, as the tiers of a node's inline holder, marks a deleted node kept
+// because nodes are still linked to it (see Index.delete).
+const dead Tier = 1 << 6
 
 // worker is one worker rank's view: engine id -> sequence hash of every
 // block it holds.
@@ -392,12 +393,8 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		}
 		if old, ok := w.blocks.get(b.Hash); ok && old != key {
 			// The engine reused an id for other content: the old block is gone.
-			var pref uint64
-			if parent != nil {
-				pref = nodeRef(pid, parent)
-			}
 			res.Removed += ix.detach(w, b.Hash, old, AllTiers)
-			if parent != nil && nodeRef(pid, parent) != pref {
+			if parent != nil && ix.nodes.find(prev) != pid {
 				parent, pid = nil, 0 // that was the parent's node: it is gone
 			}
 		}
@@ -408,7 +405,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 			n.one[0].slot = noSlot
 		}
 		if parent != nil {
-			link(n, nodeRef(pid, parent), parent, id)
+			ix.link(n, id, parent, pid)
 		}
 		h := ix.holderOf(n, w.slot)
 		if before := h.tiers; before&ev.Tier == 0 {
@@ -562,8 +559,7 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 			}
 		}
 		if n.one[0].slot == noSlot {
-			ix.unlink(n)
-			ix.nodes.del(id)
+			ix.delete(n, id)
 		}
 	}
 	if left == 0 {
@@ -749,29 +745,50 @@ func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
 	}
 }
 
-// link counts n (id) as a child of parent (ref pref), the node of its
-// parent's key, unless it is already. Called with mu held.
-func link(n *node, pref uint64, parent *node, id uint32) {
-	if n.linked != pref {
-		n.linked = pref
-		if parent.kids++; parent.kids == 1 {
-			parent.only = id
-		} else {
-			parent.only = 0
-		}
+// link counts n (id) as a child of parent (pid), the node of its parent's
+// key, unless it is already. Called with mu held.
+func (ix *Index) link(n *node, id uint32, parent *node, pid uint32) {
+	if n.linked == pid {
+		return
+	}
+	ix.unlink(n) // from a dead node
+	n.linked = pid
+	if parent.kids++; parent.kids == 1 {
+		parent.only = id
+	} else {
+		parent.only = 0
 	}
 }
 
-// unlink uncounts n, being deleted, from its parent node, and drops its
-// link. Called with mu held.
+// unlink uncounts n from the node it is linked to, if any, and frees that
+// node if it is dead and n was the last node linked to it. Called with mu
+// held.
 func (ix *Index) unlink(n *node) {
-	if n.linked != 0 {
-		if p, pid := ix.lookup(n.parent); p != nil && n.linked == nodeRef(pid, p) {
-			p.kids--
-			p.only = 0 // which one is left is not known
-		}
+	if n.linked == 0 {
+		return
+	}
+	p := ix.nodes.get(n.linked)
+	p.kids--
+	p.only = 0 // which one is left is not known
+	if p.one[0].tiers == dead && p.kids == 0 {
+		ix.nodes.release(n.linked)
 	}
 	n.linked = 0
+}
+
+// delete deletes node n (id), which has no holders left. Nodes linked to
+// it keep its id, so while there are any it stays in the slab, dead:
+// unlisted, so that a node made anew for its key gets another id. The
+// last one to be unlinked frees it. Called with mu held.
+func (ix *Index) delete(n *node, id uint32) {
+	ix.unlink(n)
+	ix.nodes.unlist(id)
+	if n.kids == 0 {
+		ix.nodes.release(id)
+		return
+	}
+	n.one[0] = holder{slot: noSlot, tiers: dead}
+	n.only = 0
 }
 
 // parentOf returns the node of n's parent, nil for a root (key is n's)
@@ -1141,7 +1158,7 @@ func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 		m.nClosed, m.lo, m.hi = 0, 0, 0
 		return true
 	}
-	if n.kids == 0 || n.kids == 1 && next.linked == nodeRef(id, n) {
+	if n.kids == 0 || n.kids == 1 && next.linked == id {
 		// The closed ranks holding a child of n in a class hold next in
 		// it: the others, n's ends, drop out.
 		if h := &n.one[0]; h.tiers&multi == 0 {

@@ -212,6 +212,32 @@ func TestIndexSemantics(t *testing.T) {
 			counts: map[WorkerRank]int{a: 4},
 		},
 		{
+			// Block 100 (prompt[:4]) is the parent of the event, and its id
+			// is reused for the next block: the parent's node goes, and
+			// the new block hangs under no held block.
+			name: "engine id of the parent reused for its child",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]),
+			},
+			query:  prompt,
+			want:   nil,
+			counts: map[WorkerRank]int{a: 1},
+		},
+		{
+			name: "parent stored anew under a child held without it",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(b, TierDevice, nil, chain(200, prompt[:4]...)),
+				stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]),
+				removed(b, TierDevice, 200),
+				stored(a, TierDevice, nil, chain(300, prompt[:4]...)),
+			},
+			query:  prompt,
+			want:   []Overlap{{a, 2, 2, 2}},
+			counts: map[WorkerRank]int{a: 2},
+		},
+		{
 			name: "malformed events are rejected",
 			events: []Event{
 				{Kind: 0, Worker: a},
@@ -410,12 +436,12 @@ func checkInvariants(t testing.TB, ix *Index) {
 		}
 	}
 	nodes := make(map[uint64]*node) // by key
-	refs := make(map[uint64]uint64) // key -> ref
+	refs := make(map[uint64]uint32) // key -> id
 	ix.nodes.each(func(id uint32, n *node) {
 		if _, dup := nodes[n.key]; dup {
 			t.Errorf("node key %d is in the table twice", n.key)
 		}
-		nodes[n.key], refs[n.key] = n, nodeRef(id, n)
+		nodes[n.key], refs[n.key] = n, id
 		if got := ix.nodes.find(n.key); got != id {
 			t.Errorf("node %d (id %d) is found as id %d", n.key, id, got)
 		}
@@ -530,12 +556,55 @@ func checkInvariants(t testing.TB, ix *Index) {
 			}
 		}
 	}
+	checkDeadNodes(t, ix)
 	if got, want := len(extUsed), len(ix.ext)-len(ix.extFree); got != want {
 		t.Errorf("%d ext entries used, %d not free", got, want)
 	}
 	for _, w := range ix.workers {
 		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
 			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
+		}
+	}
+}
+
+// checkDeadNodes checks the slab: every id handed out is live, free, or
+// dead with as many nodes linked to it as it counts; every link names a
+// node of the linking node's parent key.
+func checkDeadNodes(t testing.TB, ix *Index) {
+	t.Helper()
+	st := &ix.nodes
+	free := make(map[uint32]bool)
+	for id := st.free; id != 0; id = st.get(id).only {
+		if free[id] {
+			t.Errorf("free list loops at node %d", id)
+			return
+		}
+		free[id] = true
+	}
+	linked := make(map[uint32]int32)
+	for id := uint32(1); id < st.next; id++ {
+		n := st.get(id)
+		if free[id] || n.linked == 0 {
+			continue
+		}
+		linked[n.linked]++
+		if p := st.get(n.linked); free[n.linked] || p.key != n.parent {
+			t.Errorf("node %d is linked to node %d, not a node of its parent's key", id, n.linked)
+		}
+	}
+	for id := uint32(1); id < st.next; id++ {
+		n := st.get(id)
+		live := !free[id] && st.find(n.key) == id
+		switch {
+		case free[id]:
+			if linked[id] != 0 {
+				t.Errorf("free node %d has %d nodes linked to it", id, linked[id])
+			}
+		case live:
+		case n.one[0].tiers != dead:
+			t.Errorf("node %d is neither live, free nor dead", id)
+		case n.kids <= 0 || n.kids != linked[id]:
+			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
 		}
 	}
 }

@@ -70,7 +70,7 @@ func (s *nodeStore) find(key uint64) uint32 {
 }
 
 // add creates a node with key, which must not be live, and returns its id
-// and the node, zeroed but for key and gen.
+// and the node, zeroed but for key.
 func (s *nodeStore) add(key uint64) (uint32, *node) {
 	if (s.live+1)*maxLoadDen > len(s.tab)*maxLoadNum {
 		s.rehash(grown(len(s.tab)))
@@ -90,7 +90,7 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 		s.next++
 	}
 	n := s.get(id)
-	*n = node{key: key, gen: n.gen}
+	*n = node{key: key}
 	s.place(uint64(mix(key)>>32)<<32 | uint64(id))
 	s.live++
 	return id, n
@@ -118,9 +118,15 @@ func (s *nodeStore) rehash(size int) {
 	}
 }
 
-// del frees the live node id: it leaves the table and its id may be handed
-// out again, with another generation.
+// del takes the live node id out of the table and frees it.
 func (s *nodeStore) del(id uint32) {
+	s.unlist(id)
+	s.release(id)
+}
+
+// unlist takes the live node id out of the table: find no longer finds it,
+// but the node stays where it is, with its id, until released.
+func (s *nodeStore) unlist(id uint32) {
 	n := s.get(id)
 	size := len(s.tab)
 	i := home(uint32(mix(n.key)>>32), size)
@@ -130,9 +136,13 @@ func (s *nodeStore) del(id uint32) {
 		}
 	}
 	backShift(s.tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
-	*n = node{gen: n.gen + 1, only: s.free}
-	s.free = id
 	s.live--
+}
+
+// release frees the unlisted node id: its id may be handed out again.
+func (s *nodeStore) release(id uint32) {
+	*s.get(id) = node{only: s.free}
+	s.free = id
 }
 
 // backShift empties slot i of a linear-probing table whose empty value is
