@@ -353,10 +353,27 @@ func (ix *Index) lookup(key uint64) (*node, uint32) {
 
 func (ix *Index) store(ev Event) (ApplyResult, error) {
 	var res ApplyResult
+	var keys [writeChunk]uint64 // of the current chunk of blocks
+	blocks := ev.Blocks
+	first := blocks[:min(writeChunk, len(blocks))]
+	hasPrev := ev.HasParent
+
+	// Look the first chunk up while sharing the lock (see prefetchStore).
+	ix.mu.RLock()
+	var prev uint64
+	var bt *blockTable
+	if w := ix.workers[ev.Worker]; w != nil {
+		bt = &w.blocks
+		if hasPrev {
+			prev, _ = bt.get(ev.Parent)
+		}
+	}
+	keysFrom := prev
+	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
+	ix.mu.RUnlock()
+
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
-	var prev uint64
-	hasPrev := ev.HasParent
 	if hasPrev {
 		var ok bool
 		if w != nil {
@@ -366,20 +383,24 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 			ix.mu.Unlock()
 			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
 		}
+		if prev != keysFrom { // changed meanwhile
+			sequenceKeys(first, prev, hasPrev, &keys)
+		}
 	}
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
 	}
 	var parent *node // node of the previous block, once known
 	var pid uint32
-	var keys [writeChunk]uint64 // of the current chunk of blocks
-	for i, b := range ev.Blocks {
-		if i%writeChunk == 0 {
-			ix.prefetchStore(w, ev.Blocks[i:min(i+writeChunk, len(ev.Blocks))], prev, hasPrev, &keys)
-		}
+	for i, b := range blocks {
 		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
+		}
+		if i > 0 && i%writeChunk == 0 {
+			sink += ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys)
+		}
+		if i > 0 && i%yieldChunk == 0 { // the lock may have been released
 			if ix.workers[ev.Worker] != w {
 				// The worker was removed meanwhile: the rest has no parent.
 				ix.mu.Unlock()
@@ -417,16 +438,15 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		w.blocks.put(b.Hash, key)
 		prev, hasPrev, parent, pid = key, true, n, id
 	}
+	w.sink += sink
 	ix.mu.Unlock()
 	return res, nil
 }
 
-// prefetchStore sets keys to the sequence hashes of blocks, the next
-// blocks of a Stored event after prev (hasPrev: else from the root), and
-// loads what storing them will look up first, so that the cache misses of
-// the whole chunk overlap instead of coming one by one. Called with mu held.
-func (ix *Index) prefetchStore(w *worker, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) {
-	var sink uint64
+// sequenceKeys sets keys to the sequence hashes of blocks, the next blocks
+// of a Stored event after the block with key prev (hasPrev: else from the
+// root).
+func sequenceKeys(blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) {
 	for k, b := range blocks {
 		key := b.Local
 		if hasPrev {
@@ -434,19 +454,37 @@ func (ix *Index) prefetchStore(w *worker, blocks []Block, prev uint64, hasPrev b
 		}
 		keys[k] = key
 		prev, hasPrev = key, true
-		sink += ix.nodes.touch(key) + w.blocks.touch(b.Hash)
+	}
+}
+
+// prefetchStore sets keys as sequenceKeys does and loads what storing the
+// blocks will look up (in bt, nil for a new rank, and the node store), so
+// that the cache misses of a whole chunk overlap instead of coming one by
+// one. Writers call it with mu held for reading, in parallel with matches
+// and with each other, then apply the chunk with mu held, mostly from
+// cache. It returns what it loaded, for the caller to keep so that the
+// loads are not optimized away.
+func (ix *Index) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
+	sequenceKeys(blocks, prev, hasPrev, keys)
+	var sink uint64
+	for k, b := range blocks {
+		sink += ix.nodes.touch(keys[k])
+		if bt != nil {
+			sink += bt.touch(b.Hash)
+		}
 	}
 	for _, key := range keys[:len(blocks)] {
 		if id := ix.nodes.find(key); id != 0 {
 			sink += ix.nodes.get(id).local
 		}
 	}
-	w.sink += sink
+	return sink
 }
 
 // prefetchRemove loads, level by level, what removing the blocks of w with
-// engine ids hashes will look up (see prefetchStore). Called with mu held.
-func (ix *Index) prefetchRemove(w *worker, hashes []uint64) {
+// engine ids hashes will look up (see prefetchStore). Called with mu held,
+// for reading or writing.
+func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
 	var sink uint64
 	for _, h := range hashes {
 		sink += w.blocks.touch(h)
@@ -463,7 +501,7 @@ func (ix *Index) prefetchRemove(w *worker, hashes []uint64) {
 			}
 		}
 	}
-	w.sink += sink
+	return sink
 }
 
 // storeByID adds tier to the blocks of hashes the worker rank holds.
@@ -504,6 +542,15 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 
 func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
+	var sink uint64
+	prefetch := func(i int) { // with mu held
+		if w := ix.workers[wr]; w != nil {
+			sink += ix.prefetchRemove(w, hashes[i:min(i+writeChunk, len(hashes))])
+		}
+	}
+	ix.mu.RLock()
+	prefetch(0)
+	ix.mu.RUnlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := ix.workers[wr]
@@ -513,8 +560,8 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 			ix.mu.Lock()
 			w = ix.workers[wr]
 		}
-		if w != nil && i%writeChunk == 0 {
-			ix.prefetchRemove(w, hashes[i:min(i+writeChunk, len(hashes))])
+		if i > 0 && i%writeChunk == 0 {
+			prefetch(i)
 		}
 		key, ok := uint64(0), false
 		if w != nil {
@@ -529,6 +576,9 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 		} else {
 			res.Removed++
 		}
+	}
+	if w != nil {
+		w.sink += sink
 	}
 	return res
 }
@@ -596,7 +646,7 @@ func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed 
 			}
 		}
 		if i%writeChunk == 0 {
-			ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
+			w.sink += ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
 		}
 		if key, ok := w.blocks.get(h); ok {
 			removed += ix.detach(w, h, key, tiers)
@@ -1354,14 +1404,19 @@ func (m *matcher) emit(dst []Overlap) []Overlap {
 	for _, x := range m.cands {
 		n += bits.OnesCount64(x)
 	}
-	dst = slices.Grow(dst, n)
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
+	out := dst[at:]
 	slots := m.ix.slots
+	dev, host, disk := m.reach[classDev][:len(slots)], m.reach[classHost][:len(slots)], m.reach[classAny][:len(slots)]
+	k := 0
 	for w, x := range m.cands {
 		for x != 0 {
 			s := w*64 + bits.TrailingZeros64(x)
 			x &= x - 1
-			dst = append(dst, Overlap{Worker: slots[s].w,
-				Device: int(m.reach[classDev][s]), Host: int(m.reach[classHost][s]), Disk: int(m.reach[classAny][s])})
+			o := &out[k]
+			o.Worker, o.Device, o.Host, o.Disk = slots[s].w, int(dev[s]), int(host[s]), int(disk[s])
+			k++
 		}
 	}
 	return dst
