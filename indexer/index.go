@@ -736,6 +736,11 @@ func (ix *Index) holderOf(n *node, s uint32) *holder {
 	e := &ix.ext[h.slot]
 	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
 	if !found {
+		if l := len(e.holders); l == cap(e.holders) {
+			// Grow by an eighth, not append's doubling: most nodes keep
+			// a few holders for long.
+			e.holders = append(make([]holder, 0, l+1+l/8), e.holders...)
+		}
 		e.holders = slices.Insert(e.holders, i, holder{slot: s})
 	}
 	return &e.holders[i]

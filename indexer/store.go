@@ -179,8 +179,11 @@ type blockEntry struct {
 	id, key uint64
 }
 
-// blockTable is one rank's map from engine id to sequence hash. Entries
-// with id 0 are kept aside, as id 0 marks an empty slot.
+// blockTable is one rank's map from engine id to sequence hash: Robin Hood
+// linear probing (an entry further from its home slot than the one in a
+// slot takes the slot and moves that one on), so that probe runs stay
+// short at a high load and a miss stops early. Entries with id 0 are kept
+// aside, as id 0 marks an empty slot.
 type blockTable struct {
 	tab     []blockEntry
 	n       int // entries in tab
@@ -188,9 +191,21 @@ type blockTable struct {
 	hasZero bool
 }
 
+// blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
+const blockLoadNum, blockLoadDen = 9, 10
+
 func idHome(id uint64, size int) int {
 	hi, _ := bits.Mul64(mix(id), uint64(size))
 	return int(hi)
+}
+
+// dist returns how far slot i is from the home of id, in a table of size.
+func dist(id uint64, i, size int) int {
+	d := i - idHome(id, size)
+	if d < 0 {
+		d += size
+	}
+	return d
 }
 
 // len returns the number of entries.
@@ -201,27 +216,35 @@ func (t *blockTable) len() int {
 	return t.n
 }
 
-// get returns the key of id.
-func (t *blockTable) get(id uint64) (uint64, bool) {
-	if id == 0 {
-		return t.zeroKey, t.hasZero
-	}
+// slot returns the slot of id in tab, or -1.
+func (t *blockTable) slot(id uint64) int {
 	size := len(t.tab)
 	if size == 0 {
-		return 0, false
+		return -1
 	}
-	for i := idHome(id, size); ; {
+	for i, d := idHome(id, size), 0; ; d++ {
 		e := &t.tab[i]
 		if e.id == id {
-			return e.key, true
+			return i
 		}
-		if e.id == 0 {
-			return 0, false
+		if e.id == 0 || dist(e.id, i, size) < d {
+			return -1 // id would have taken this slot
 		}
 		if i++; i == size {
 			i = 0
 		}
 	}
+}
+
+// get returns the key of id.
+func (t *blockTable) get(id uint64) (uint64, bool) {
+	if id == 0 {
+		return t.zeroKey, t.hasZero
+	}
+	if i := t.slot(id); i >= 0 {
+		return t.tab[i].key, true
+	}
+	return 0, false
 }
 
 // put sets the key of id.
@@ -230,18 +253,29 @@ func (t *blockTable) put(id, key uint64) {
 		t.zeroKey, t.hasZero = key, true
 		return
 	}
-	if (t.n+1)*maxLoadDen > len(t.tab)*maxLoadNum {
+	if i := t.slot(id); i >= 0 {
+		t.tab[i].key = key
+		return
+	}
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
 		t.rehash(grown(len(t.tab)))
 	}
-	size := len(t.tab)
-	for i := idHome(id, size); ; {
-		e := &t.tab[i]
-		if e.id == id || e.id == 0 {
-			if e.id == 0 {
-				t.n++
-			}
-			e.id, e.key = id, key
+	robinHood(t.tab, blockEntry{id: id, key: key})
+	t.n++
+}
+
+// robinHood inserts e, whose id is not in tab, which has an empty slot.
+func robinHood(tab []blockEntry, e blockEntry) {
+	size := len(tab)
+	for i, d := idHome(e.id, size), 0; ; d++ {
+		cur := &tab[i]
+		if cur.id == 0 {
+			*cur = e
 			return
+		}
+		if cd := dist(cur.id, i, size); cd < d {
+			*cur, e = e, *cur
+			d = cd
 		}
 		if i++; i == size {
 			i = 0
@@ -254,13 +288,7 @@ func (t *blockTable) rehash(size int) {
 	t.tab = make([]blockEntry, size)
 	for _, e := range old {
 		if e.id != 0 {
-			i := idHome(e.id, size)
-			for t.tab[i].id != 0 {
-				if i++; i == size {
-					i = 0
-				}
-			}
-			t.tab[i] = e
+			robinHood(t.tab, e)
 		}
 	}
 }
@@ -272,26 +300,29 @@ func (t *blockTable) del(id uint64) bool {
 		t.zeroKey, t.hasZero = 0, false
 		return had
 	}
-	size := len(t.tab)
-	if size == 0 {
+	i := t.slot(id)
+	if i < 0 {
 		return false
 	}
-	for i := idHome(id, size); ; {
-		switch t.tab[i].id {
-		case id:
-			backShift(t.tab, i, func(e blockEntry) int { return idHome(e.id, size) })
-			t.n--
-			if t.n == 0 {
-				t.tab = nil // an emptied rank gives its memory back
-			}
-			return true
-		case 0:
-			return false
+	// Shift the rest of the run back by one, up to an entry at its home.
+	size := len(t.tab)
+	for {
+		j := i + 1
+		if j == size {
+			j = 0
 		}
-		if i++; i == size {
-			i = 0
+		if next := t.tab[j]; next.id == 0 || dist(next.id, j, size) == 0 {
+			break
 		}
+		t.tab[i] = t.tab[j]
+		i = j
 	}
+	t.tab[i] = blockEntry{}
+	t.n--
+	if t.n == 0 {
+		t.tab = nil // an emptied rank gives its memory back
+	}
+	return true
 }
 
 // ids appends every engine id to dst.

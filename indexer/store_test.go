@@ -136,13 +136,25 @@ func TestBlockTableMatchesMap(t *testing.T) {
 			if bt.len() != len(ref) {
 				t.Fatalf("len %d, want %d", bt.len(), len(ref))
 			}
-			if len(bt.tab) > 0 && bt.n*maxLoadDen > len(bt.tab)*maxLoadNum {
+			if len(bt.tab) > 0 && bt.n*blockLoadDen > len(bt.tab)*blockLoadNum {
 				t.Fatalf("%d entries overload %d slots", bt.n, len(bt.tab))
 			}
 		}
 		for id, want := range ref {
 			if key, ok := bt.get(id); !ok || key != want {
 				t.Fatalf("get(%d) = %d, %v, want %d", id, key, ok, want)
+			}
+		}
+		// Robin Hood order: along the table, no entry is further from its
+		// home than the one after it by more than a slot.
+		size := len(bt.tab)
+		for i, e := range bt.tab {
+			j := (i + 1) % size
+			if next := bt.tab[j]; e.id != 0 && next.id != 0 && dist(next.id, j, size) > dist(e.id, i, size)+1 {
+				t.Fatalf("slot %d at distance %d follows slot %d at distance %d", j, dist(next.id, j, size), i, dist(e.id, i, size))
+			}
+			if e.id != 0 && dist(e.id, i, size) > 0 && bt.tab[(i+size-1)%size].id == 0 {
+				t.Fatalf("slot %d is displaced behind an empty slot", i)
 			}
 		}
 		got := map[uint64]uint64{}
