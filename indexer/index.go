@@ -1048,6 +1048,7 @@ type matcher struct {
 	open             []uint64          // start's scratch: the candidates that are not closed
 	node             []uint64          // a sparse node's holders as classBits (see bitsOf)
 	reach            [nClasses][]int32 // per slot and class: blocks matched
+	sink             uint64            // what prefetches loaded (see gallop)
 }
 
 // gallopAfter is how many blocks in a row must drop no closed rank before
@@ -1299,13 +1300,36 @@ func (m *matcher) holdsAll(n *node) bool {
 // there the next block drops a rank, or it is the last.
 func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 	last := len(m.seq) - 1
-	for stride := 2 * gallopAfter; depth < last; stride *= 2 {
-		to := min(depth+stride, last)
-		nt, tid := m.ix.lookup(m.seq[to])
+	st := &m.ix.nodes
+	// The blocks the exponential search may look at are known: look them
+	// all up at once, so that their cache misses overlap.
+	var at [48]int32
+	var ids [48]uint32
+	k := 0
+	for d, stride := depth, 2*gallopAfter; d < last && k < len(at); stride *= 2 {
+		d = min(d+stride, last)
+		at[k] = int32(d)
+		k++
+	}
+	for i := range k {
+		m.sink += st.touch(m.seq[at[i]])
+	}
+	for i := range k {
+		ids[i] = st.find(m.seq[at[i]])
+	}
+	for i := range k { // at[k-1] is the last block: 8<<47 blocks are more than any prompt
+		to, tid := int(at[i]), ids[i]
+		var nt *node
+		if tid != 0 {
+			nt = st.get(tid)
+		}
 		if !m.holdsAll(nt) {
 			lo, hi := depth, to // all hold lo, not hi
 			for hi-lo > 1 {
 				mid := (lo + hi) / 2
+				if hi-lo > 3 { // the next step probes one of these
+					m.sink += st.touch(m.seq[(lo+mid)/2]) + st.touch(m.seq[(mid+hi)/2])
+				}
 				if nm, mi := m.ix.lookup(m.seq[mid]); m.holdsAll(nm) {
 					lo, n, id = mid, nm, mi
 				} else {
