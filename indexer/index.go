@@ -263,13 +263,14 @@ const writeChunk = 64
 
 // yieldChunk is how many blocks a writer processes per lock hold while a
 // match waits for the lock. Smaller cuts match latency under load and
-// costs apply throughput (measured in BENCHMARKS.md: 16 gave busy match
-// p50 13 µs at 1.1 M blocks/s, 64 30 µs at 1.9 M blocks/s).
+// costs apply throughput: with bench/indexload's trace, 16 gave matches
+// during apply p50 8-9 µs, p99 38 µs at 1.2 M blocks/s; 32 about 15 µs,
+// 41 µs at 1.6 M/s; 64 30 µs, 70 µs at 1.9 M/s.
 const yieldChunk = 32
 
 // yield reports whether a writer at the i-th block of an operation should
-// release mu and take it again: every writeChunk blocks, or at once when a
-// match waits for it.
+// release mu and take it again: every writeChunk blocks, and every
+// yieldChunk blocks while a match waits for it.
 func (ix *Index) yield(i int) bool {
 	return i > 0 && (i%writeChunk == 0 || i%yieldChunk == 0 && ix.waiting.Load() != 0)
 }
@@ -460,10 +461,11 @@ func sequenceKeys(blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]u
 // prefetchStore sets keys as sequenceKeys does and loads what storing the
 // blocks will look up (in bt, nil for a new rank, and the node store), so
 // that the cache misses of a whole chunk overlap instead of coming one by
-// one. Writers call it with mu held for reading, in parallel with matches
-// and with each other, then apply the chunk with mu held, mostly from
-// cache. It returns what it loaded, for the caller to keep so that the
-// loads are not optimized away.
+// one. Called with mu held: for reading for an event's first chunk, in
+// parallel with matches and other writers, which then applies it with mu
+// held mostly from cache; for writing for the following chunks (releasing
+// mu for each did not pay). It returns what it loaded, for the caller to
+// keep so that the loads are not optimized away.
 func (ix *Index) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
 	sequenceKeys(blocks, prev, hasPrev, keys)
 	var sink uint64
