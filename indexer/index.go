@@ -210,12 +210,16 @@ type extNode struct {
 }
 
 // extMore is what a node held by many ranks keeps so that Match need not
-// look at each holder. Nodes with fewer holders derive both from holders.
+// look at each holder (see Index.sync). Nodes with fewer holders derive
+// both from holders.
 type extMore struct {
 	// ends are the holders with ends() != 0, sorted by slot: the ranks
-	// whose prefix ends here in some class, which Match drops here.
-	ends []end
-	bits classBits // the holders again, as bit sets
+	// whose prefix ends here in some class, which Match drops here. Kept
+	// while listed.
+	ends   []end
+	bits   classBits // the holders again, as bit sets; kept while dense
+	listed bool
+	dense  bool
 }
 
 // dead, as the tiers of a node's inline holder, marks a deleted node kept
@@ -788,7 +792,7 @@ func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
 		return
 	}
 	e := ix.ext[n.one[0].slot].more
-	if e == nil {
+	if e == nil || !e.listed {
 		return
 	}
 	i, found := slices.BinarySearchFunc(e.ends, s, func(e end, s uint32) int { return cmp.Compare(e.slot, s) })
@@ -996,38 +1000,66 @@ func (ix *Index) denseAt() int {
 	return max(8, nClasses*((len(ix.slots)+63)/64))
 }
 
-// sync keeps n's classBits in step after slot s's holder changed to tiers t
-// (0: the holder was deleted). Called with mu held.
-// Only nodes with several holders keep classBits.
+// sync keeps n's end list and classBits in step after slot s's holder
+// changed to tiers t (0: the holder was deleted): a node keeps the list
+// from listAt holders on, the bit sets from denseAt, and drops each below
+// half that. Called with mu held.
 func (ix *Index) sync(n *node, s uint32, t Tier) {
 	if n.one[0].tiers&multi == 0 {
 		return
 	}
 	e := &ix.ext[n.one[0].slot]
-	at := ix.denseAt()
+	nh, m := len(e.holders), e.more
+	if m == nil {
+		if nh < min(listAt, ix.denseAt()) {
+			return
+		}
+		m = new(extMore)
+		e.more = m
+	}
+	la := listAt
+	if ix.denseHolders > 0 {
+		la = ix.denseHolders
+	}
 	switch {
-	case e.more == nil && len(e.holders) >= at:
-		m := &extMore{bits: make(classBits, 0, nClasses*((len(ix.slots)+63)/64))}
+	case !m.listed && nh >= la:
+		m.ends = m.ends[:0]
 		for _, h := range e.holders {
-			m.bits.set(h.slot, h.tiers)
 			if c := h.ends(); c != 0 {
 				m.ends = append(m.ends, end{slot: h.slot, classes: c})
 			}
 		}
-		e.more = m
-	case e.more != nil && len(e.holders) < at/2:
+		m.listed = true
+	case m.listed && nh < la/2:
+		m.ends, m.listed = nil, false
+	}
+	switch at := ix.denseAt(); {
+	case !m.dense && nh >= at:
+		m.bits = make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
+		for _, h := range e.holders {
+			m.bits.set(h.slot, h.tiers)
+		}
+		m.dense = true
+	case m.dense && nh < at/2:
+		m.bits, m.dense = nil, false
+	case m.dense:
+		m.bits.set(s, t)
+	}
+	if !m.listed && !m.dense {
 		e.more = nil
-	case e.more != nil:
-		e.more.bits.set(s, t)
 	}
 }
+
+// listAt is how many holders make a node keep the list of its ends, so
+// that Match need not look at every holder (denseHolders overrides it).
+const listAt = 8
 
 // denseBits returns n's classBits, if it keeps them.
 func (ix *Index) denseBits(n *node) (classBits, bool) {
 	if n.one[0].tiers&multi == 0 {
 		return nil, false
 	}
-	if m := ix.ext[n.one[0].slot].more; m != nil {
+	if m := ix.ext[n.one[0].slot].more; m != nil && m.dense {
 		return m.bits, true
 	}
 	return nil, false
@@ -1225,7 +1257,7 @@ func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 		}
 		dropped := false
 		x := &m.ix.ext[n.one[0].slot]
-		if x.more != nil {
+		if x.more != nil && x.more.listed {
 			for _, e := range x.more.ends {
 				if m.drop(e, d) {
 					dropped = true

@@ -472,7 +472,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if len(holders) < 2 {
 				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
 			}
-			if m := ix.ext[h.slot].more; m != nil {
+			if m := ix.ext[h.slot].more; m != nil && m.listed {
 				listed = m.ends
 			} else {
 				for _, h := range holders {

@@ -7,15 +7,22 @@ import "math/bits"
 // slab and are named by uint32 ids; the map from sequence hash to node id
 // and each rank's map from engine id to sequence hash are open-addressing
 // tables of plain words, probed linearly and emptied by backward shifting
-// (no tombstones). Tables grow by half when 4/5 full and map a hash to its
-// home slot by multiplication (no power-of-two sizes), so a table's slack
-// stays below 2x.
+// (no tombstones). Tables map a hash to its home slot by multiplication (no
+// power-of-two sizes) and grow by half: node tables when 4/5 full, engine
+// id tables (Robin Hood) when 9/10 full. The node table is split in
+// nodeShards tables that grow one at a time, so that no growth stalls
+// matches for long.
 
 // nodeChunk is how many nodes a slab chunk holds.
 const nodeChunk = 1 << 12
 
-// maxLoadNum/maxLoadDen is the load factor past which a table grows.
+// maxLoadNum/maxLoadDen is the load factor past which a node table grows.
 const maxLoadNum, maxLoadDen = 4, 5
+
+// nodeShards is how many tables the node table is split into, by the top
+// byte of a key's tag: a growth rehashes 1/256 of the nodes under the
+// write lock, not all of them (a 3 M-node table took 50 ms).
+const nodeShards = 256
 
 // grown returns the size of a table after growth from size.
 func grown(size int) int { return max(16, size+size/2) }
@@ -26,10 +33,12 @@ type nodeStore struct {
 	chunks [][]node // each of nodeChunk nodes, never moved
 	next   uint32   // ids below next were handed out
 	free   uint32   // head of the free list, linked through node.only
-	// tab is the table of live nodes: slot value tag<<32 | id, 0 empty,
-	// where tag is the top half of the key's mix and picks the home slot.
-	tab  []uint64
-	live int
+	// tabs are the tables of live nodes, by the top byte of the tag: slot
+	// value tag<<32 | id, 0 empty, where tag is the top half of the key's
+	// mix; its other bytes pick the home slot.
+	tabs   [nodeShards][]uint64
+	counts [nodeShards]int32 // live nodes per table
+	live   int
 }
 
 // mix spreads a key's bits; its top 32 bits are a node's tag.
@@ -40,21 +49,25 @@ func mix(k uint64) uint64 {
 	return k
 }
 
-// home returns the slot a tag starts probing at in a table of size slots.
-func home(tag uint32, size int) int { return int(uint64(tag) * uint64(size) >> 32) }
+// tagOf returns the tag of key.
+func tagOf(key uint64) uint32 { return uint32(mix(key) >> 32) }
+
+// home returns the slot a tag starts probing at in its table of size slots.
+func home(tag uint32, size int) int { return int(uint64(tag<<8) * uint64(size) >> 32) }
 
 // get returns node id (which must have been handed out).
 func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nodeChunk] }
 
 // find returns the id of the live node with key, or 0.
 func (s *nodeStore) find(key uint64) uint32 {
-	size := len(s.tab)
+	tag := tagOf(key)
+	tab := s.tabs[tag>>24]
+	size := len(tab)
 	if size == 0 {
 		return 0
 	}
-	tag := uint32(mix(key) >> 32)
 	for i := home(tag, size); ; {
-		e := s.tab[i]
+		e := tab[i]
 		if e == 0 {
 			return 0
 		}
@@ -72,8 +85,10 @@ func (s *nodeStore) find(key uint64) uint32 {
 // add creates a node with key, which must not be live, and returns its id
 // and the node, zeroed but for key.
 func (s *nodeStore) add(key uint64) (uint32, *node) {
-	if (s.live+1)*maxLoadDen > len(s.tab)*maxLoadNum {
-		s.rehash(grown(len(s.tab)))
+	tag := tagOf(key)
+	sh := tag >> 24
+	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
+		s.rehash(sh, grown(len(s.tabs[sh])))
 	}
 	var id uint32
 	if s.free != 0 {
@@ -91,31 +106,33 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	}
 	n := s.get(id)
 	*n = node{key: key}
-	s.place(uint64(mix(key)>>32)<<32 | uint64(id))
+	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
+	s.counts[sh]++
 	s.live++
 	return id, n
 }
 
-// place puts table value e in its probe sequence's first empty slot.
-func (s *nodeStore) place(e uint64) {
-	size := len(s.tab)
+// placeTag puts table value e in its probe sequence's first empty slot.
+func placeTag(tab []uint64, e uint64) {
+	size := len(tab)
 	i := home(uint32(e>>32), size)
-	for s.tab[i] != 0 {
+	for tab[i] != 0 {
 		if i++; i == size {
 			i = 0
 		}
 	}
-	s.tab[i] = e
+	tab[i] = e
 }
 
-func (s *nodeStore) rehash(size int) {
-	old := s.tab
-	s.tab = make([]uint64, size)
+func (s *nodeStore) rehash(sh uint32, size int) {
+	old := s.tabs[sh]
+	tab := make([]uint64, size)
 	for _, e := range old {
 		if e != 0 {
-			s.place(e)
+			placeTag(tab, e)
 		}
 	}
+	s.tabs[sh] = tab
 }
 
 // del takes the live node id out of the table and frees it.
@@ -127,15 +144,18 @@ func (s *nodeStore) del(id uint32) {
 // unlist takes the live node id out of the table: find no longer finds it,
 // but the node stays where it is, with its id, until released.
 func (s *nodeStore) unlist(id uint32) {
-	n := s.get(id)
-	size := len(s.tab)
-	i := home(uint32(mix(n.key)>>32), size)
-	for uint32(s.tab[i]) != id {
+	tag := tagOf(s.get(id).key)
+	sh := tag >> 24
+	tab := s.tabs[sh]
+	size := len(tab)
+	i := home(tag, size)
+	for uint32(tab[i]) != id {
 		if i++; i == size {
 			i = 0
 		}
 	}
-	backShift(s.tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
+	backShift(tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
+	s.counts[sh]--
 	s.live--
 }
 
@@ -352,9 +372,11 @@ func (t *blockTable) each(f func(id, key uint64)) {
 
 // each calls f for every live node.
 func (s *nodeStore) each(f func(id uint32, n *node)) {
-	for _, e := range s.tab {
-		if e != 0 {
-			f(uint32(e), s.get(uint32(e)))
+	for _, tab := range s.tabs {
+		for _, e := range tab {
+			if e != 0 {
+				f(uint32(e), s.get(uint32(e)))
+			}
 		}
 	}
 }
@@ -363,10 +385,12 @@ func (s *nodeStore) each(f func(id uint32, n *node)) {
 // it in cache: a writer touches the slots of a whole chunk of blocks
 // first, and their cache misses overlap.
 func (s *nodeStore) touch(key uint64) uint64 {
-	if len(s.tab) == 0 {
+	tag := tagOf(key)
+	tab := s.tabs[tag>>24]
+	if len(tab) == 0 {
 		return 0
 	}
-	return s.tab[home(uint32(mix(key)>>32), len(s.tab))]
+	return tab[home(tag, len(tab))]
 }
 
 // touch loads the first slot id would probe (see nodeStore.touch).

@@ -172,10 +172,17 @@ func TestBlockTableMatchesMap(t *testing.T) {
 
 // TestNodeStoreMatchesMap checks nodeStore against a Go map of key to id
 // under random adds, deletions, id reuse and growth. Keys come from a small
-// range, so that tags collide, or anywhere.
+// range, anywhere, or from the keys of one of its tables.
 func TestNodeStoreMatchesMap(t *testing.T) {
+	// Keys of one table (shard 0), so that it grows and its runs wrap.
+	var oneTable []uint64
+	for k := uint64(0); len(oneTable) < 300; k++ {
+		if tagOf(k)>>24 == 0 {
+			oneTable = append(oneTable, k)
+		}
+	}
 	rapid.Check(t, func(t *rapid.T) {
-		genKey := rapid.OneOf(rapid.Uint64Range(0, 60), rapid.Uint64())
+		genKey := rapid.OneOf(rapid.Uint64Range(0, 60), rapid.Uint64(), rapid.SampledFrom(oneTable))
 		var s nodeStore
 		ref := map[uint64]uint32{}
 		for i, n := 0, rapid.IntRange(1, 400).Draw(t, "ops"); i < n; i++ {
@@ -205,8 +212,15 @@ func TestNodeStoreMatchesMap(t *testing.T) {
 			if s.live != len(ref) {
 				t.Fatalf("live %d, want %d", s.live, len(ref))
 			}
-			if s.live*maxLoadDen > len(s.tab)*maxLoadNum {
-				t.Fatalf("%d nodes overload %d slots", s.live, len(s.tab))
+			total := 0
+			for sh, tab := range s.tabs {
+				total += int(s.counts[sh])
+				if int(s.counts[sh])*maxLoadDen > len(tab)*maxLoadNum {
+					t.Fatalf("%d nodes overload the %d slots of table %d", s.counts[sh], len(tab), sh)
+				}
+			}
+			if total != s.live {
+				t.Fatalf("tables count %d nodes, %d live", total, s.live)
 			}
 		}
 		seen := 0
