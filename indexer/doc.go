@@ -1,6 +1,7 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
-// prefix index per (model, tenant) (index.go), its dump and recovery format
+// prefix index per (model, tenant) (index.go) with its pointer-free storage
+// (store.go), its dump and recovery format
 // (dump.go), the set of indexes with the goroutines that apply events to
 // them in per-worker order (set.go), and the event path that feeds it from
 // engines: decoding of vLLM, SGLang and Mooncake KV event batches (wire.go,
@@ -22,8 +23,22 @@
 // blocks held anywhere.
 //
 // LoRA adapters are isolated by the hash seed (LoRASeed), tenants and models
-// by separate indexes. Matches run concurrently with event application; a
-// writer holds the lock for at most writeChunk blocks at a time.
+// by separate indexes.
+//
+// Storage (store.go) holds no Go pointers in bulk, so the garbage collector
+// never scans it: nodes live by value in a chunked slab, named by uint32
+// ids; sequence hash -> node id and, per worker rank, engine id -> sequence
+// hash are open-addressing tables of plain words. A node's only holder is
+// stored inline and its ends derived from it; nodes held by several ranks
+// keep their holders in a side array, and only those held by many keep end
+// lists and bit sets. A deleted node that other nodes are still linked to
+// stays in the slab, dead, until the last of them is unlinked, so a link is
+// a plain id.
+//
+// Concurrency: one RWMutex per index. Matches share it with each other and
+// with writers looking up the first chunk of an event (keys hashed, table
+// slots and nodes loaded into cache). A writer holds it exclusively for at
+// most writeChunk blocks, and for yieldChunk blocks once a match waits.
 //
 // # The event path
 //

@@ -83,17 +83,12 @@ func (ix *Index) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	if w == nil {
 		return dst
 	}
-	for h, key := range w.blocks {
-		n := ix.nodes[key]
-		if n == nil {
-			continue
+	w.blocks.each(func(h, key uint64) {
+		n, _ := ix.lookup(key)
+		if hd := ix.find(n, w.slot); hd != nil {
+			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: n.parent, tiers: hd.tiers, depth: -2})
 		}
-		i, ok := slices.BinarySearchFunc(n.holders, w.slot, cmpSlot)
-		if !ok {
-			continue
-		}
-		dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: n.parent, tiers: n.holders[i].tiers, depth: -2})
-	}
+	})
 	return dst
 }
 

@@ -4,10 +4,10 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"maps"
 	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -143,12 +143,12 @@ type Overlap struct {
 
 // holder records that a worker rank (by slot) holds a node on some tiers.
 type holder struct {
-	slot  uint32
-	tiers Tier
+	slot uint32
 	// kids counts, per tier class, the child nodes of this node the rank
 	// holds in that class. A count that would pass maxKids stays there and
 	// makes the rank holey (see slot.holes).
-	kids [nClasses]uint16
+	kids  [nClasses]uint16
+	tiers Tier
 }
 
 const maxKids = 1<<16 - 1
@@ -165,40 +165,73 @@ func (h *holder) ends() uint8 {
 	return cl
 }
 
-// end lists a holder of a node in node.ends: slot holds the node and no
+// end lists a holder of a node in its ends: slot holds the node and no
 // child of it in the tier classes of the bit mask classes.
 type end struct {
 	slot    uint32
 	classes uint8
 }
 
-// node is one block position in the prefix tree, keyed in Index.nodes by
-// its sequence hash (which encodes the whole path from the root).
+// multi, in the tiers of a node's inline holder, says that the node has
+// several holders, in the extNode whose index is the inline holder's slot.
+const multi Tier = 1 << 7
+
+// noSlot is the slot of the inline holder of a node without holders.
+const noSlot = ^uint32(0)
+
+// node is one block position in the prefix tree, found by its sequence
+// hash (key, which encodes the whole path from the root) in the node store.
+// It holds no Go pointer: nodes live by value in the store's slab.
 type node struct {
-	local   uint64   // local hash of the block
-	parent  uint64   // sequence hash of the parent; a root node's key equals local
-	holders []holder // sorted by slot
-	one     [1]holder
-	// kids counts the nodes linked to this one; only is that node when
-	// there is one and it is known. linked is the parent node this node is
-	// counted in (nil: none; not the current one if that was deleted and
-	// made anew). A child held by a closed rank is always linked to its
-	// parent (see link).
-	kids   int32
-	linked *node
-	only   *node
-	bits   *classBits // the holders again, once there are many (see Index.sync)
-	// ends are the holders with ends() != 0, sorted by slot: the ranks
-	// whose prefix ends here in some class, which Match drops here.
-	ends   []end
-	oneEnd [1]end
+	key    uint64 // sequence hash
+	local  uint64 // local hash of the block
+	parent uint64 // sequence hash of the parent; a root node's key equals local
+	// linked is the id of the parent node this node is counted in (0:
+	// none). That node may be dead: deleted since, and not the current
+	// node of the parent's key if that was made anew (see Index.delete). A
+	// child held by a closed rank is always linked to its parent (see
+	// link).
+	linked uint32
+	// one is the node's holder when it has one (slot noSlot when it has
+	// none); with tiers multi, its slot indexes Index.ext instead, which
+	// lists the holders. The ends of a node with one holder are that
+	// holder's.
+	one [1]holder
+	// kids counts the nodes linked to this one; only is that node's id
+	// when there is one and it is known (0 otherwise).
+	kids int32
+	only uint32
 }
+
+// extNode is what a node held by several ranks keeps besides itself.
+type extNode struct {
+	holders []holder // sorted by slot
+	more    *extMore // for a node with many holders (see Index.sync), or nil
+}
+
+// extMore is what a node held by many ranks keeps so that Match need not
+// look at each holder (see Index.sync). Nodes with fewer holders derive
+// both from holders.
+type extMore struct {
+	// ends are the holders with ends() != 0, sorted by slot: the ranks
+	// whose prefix ends here in some class, which Match drops here. Kept
+	// while listed.
+	ends   []end
+	bits   classBits // the holders again, as bit sets; kept while dense
+	listed bool
+	dense  bool
+}
+
+// dead, as the tiers of a node's inline holder, marks a deleted node kept
+// because nodes are still linked to it (see Index.delete).
+const dead Tier = 1 << 6
 
 // worker is one worker rank's view: engine id -> sequence hash of every
 // block it holds.
 type worker struct {
 	slot   uint32
-	blocks map[uint64]uint64
+	blocks blockTable
+	sink   uint64 // what prefetches loaded, so that they are not optimized away
 }
 
 // slot maps a compact holder id back to its worker rank, and keeps what
@@ -232,6 +265,30 @@ func (s *slot) closed() bool { return s.holes == 0 && s.open == 0 }
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
 
+// yieldChunk is how many blocks a writer processes per lock hold while a
+// match waits for the lock. Smaller cuts match latency under load and
+// costs apply throughput: with bench/indexload's trace, 16 gave matches
+// during apply p50 8-9 µs, p99 38 µs at 1.2 M blocks/s; 32 about 15 µs,
+// 41 µs at 1.6 M/s; 64 30 µs, 70 µs at 1.9 M/s.
+const yieldChunk = 32
+
+// yield reports whether a writer at the i-th block of an operation should
+// release mu and take it again: every writeChunk blocks, and every
+// yieldChunk blocks while a match waits for it.
+func (ix *Index) yield(i int) bool {
+	return i > 0 && (i%writeChunk == 0 || i%yieldChunk == 0 && ix.waiting.Load() != 0)
+}
+
+// rlock takes mu for reading, telling writers when it has to wait.
+func (ix *Index) rlock() {
+	if ix.mu.TryRLock() {
+		return
+	}
+	ix.waiting.Add(1)
+	ix.mu.RLock()
+	ix.waiting.Add(-1)
+}
+
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
@@ -239,14 +296,19 @@ const writeChunk = 64
 type Index struct {
 	blockSize int
 
-	mu      sync.RWMutex
-	nodes   map[uint64]*node
+	mu sync.RWMutex
+	// waiting counts matches blocked on mu: a writer holding it gives it
+	// up early (see yield).
+	waiting atomic.Int32
+	nodes   nodeStore
+	ext     []extNode
+	extFree []uint32 // reusable entries of ext
 	workers map[WorkerRank]*worker
 	slots   []slot
 	free    []uint32 // reusable slots
 
 	// denseHolders, if positive, overrides denseAt (tests use it to give
-	// every node classBits).
+	// every node with several holders classBits).
 	denseHolders int
 }
 
@@ -254,7 +316,6 @@ type Index struct {
 func NewIndex(blockSize int) *Index {
 	return &Index{
 		blockSize: blockSize,
-		nodes:     make(map[uint64]*node),
 		workers:   make(map[WorkerRank]*worker),
 	}
 }
@@ -287,69 +348,166 @@ func (ix *Index) Apply(ev Event) (ApplyResult, error) {
 	return ApplyResult{}, fmt.Errorf("%w: kind %d", ErrBadEvent, ev.Kind)
 }
 
+// lookup returns the node of key and its id, or nil and 0.
+func (ix *Index) lookup(key uint64) (*node, uint32) {
+	if id := ix.nodes.find(key); id != 0 {
+		return ix.nodes.get(id), id
+	}
+	return nil, 0
+}
+
 func (ix *Index) store(ev Event) (ApplyResult, error) {
 	var res ApplyResult
+	var keys [writeChunk]uint64 // of the current chunk of blocks
+	blocks := ev.Blocks
+	first := blocks[:min(writeChunk, len(blocks))]
+	hasPrev := ev.HasParent
+
+	// Look the first chunk up while sharing the lock (see prefetchStore).
+	ix.mu.RLock()
+	var prev uint64
+	var bt *blockTable
+	if w := ix.workers[ev.Worker]; w != nil {
+		bt = &w.blocks
+		if hasPrev {
+			prev, _ = bt.get(ev.Parent)
+		}
+	}
+	keysFrom := prev
+	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
+	ix.mu.RUnlock()
+
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
-	var prev uint64
-	hasPrev := ev.HasParent
 	if hasPrev {
 		var ok bool
 		if w != nil {
-			prev, ok = w.blocks[ev.Parent]
+			prev, ok = w.blocks.get(ev.Parent)
 		}
 		if !ok {
 			ix.mu.Unlock()
 			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
+		}
+		if prev != keysFrom { // changed meanwhile
+			sequenceKeys(first, prev, hasPrev, &keys)
 		}
 	}
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
 	}
 	var parent *node // node of the previous block, once known
-	for i, b := range ev.Blocks {
-		if i > 0 && i%writeChunk == 0 {
+	var pid uint32
+	for i, b := range blocks {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
+		}
+		if i > 0 && i%writeChunk == 0 {
+			sink += ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys)
+		}
+		if i > 0 && i%yieldChunk == 0 { // the lock may have been released
 			if ix.workers[ev.Worker] != w {
 				// The worker was removed meanwhile: the rest has no parent.
 				ix.mu.Unlock()
 				return res, nil
 			}
-			parent = nil
+			parent, pid = nil, 0
 		}
-		key := b.Local
-		if hasPrev {
-			key = NextSequenceHash(prev, b.Local)
-			if parent == nil {
-				parent = ix.nodes[prev]
-			}
+		key := keys[i%writeChunk]
+		if hasPrev && parent == nil {
+			parent, pid = ix.lookup(prev)
 		}
-		if old, ok := w.blocks[b.Hash]; ok && old != key {
+		if old, ok := w.blocks.get(b.Hash); ok && old != key {
 			// The engine reused an id for other content: the old block is gone.
 			res.Removed += ix.detach(w, b.Hash, old, AllTiers)
+			if parent != nil && ix.nodes.find(prev) != pid {
+				parent, pid = nil, 0 // that was the parent's node: it is gone
+			}
 		}
-		n := ix.nodes[key]
+		n, id := ix.lookup(key)
 		if n == nil {
-			n = &node{local: b.Local, parent: prev}
-			n.holders, n.ends = n.one[:0], n.oneEnd[:0]
-			ix.nodes[key] = n
+			id, n = ix.nodes.add(key)
+			n.local, n.parent = b.Local, prev
+			n.one[0].slot = noSlot
 		}
 		if parent != nil {
-			link(n, parent)
+			ix.link(n, id, parent, pid)
 		}
-		h := n.holderOf(w.slot)
+		h := ix.holderOf(n, w.slot)
 		if before := h.tiers; before&ev.Tier == 0 {
 			res.Stored++
 			h.tiers |= ev.Tier
 			ix.retier(w.slot, n, key, parent, h, before)
 			ix.sync(n, w.slot, h.tiers)
 		}
-		w.blocks[b.Hash] = key
-		prev, hasPrev, parent = key, true, n
+		w.blocks.put(b.Hash, key)
+		prev, hasPrev, parent, pid = key, true, n, id
 	}
+	w.sink += sink
 	ix.mu.Unlock()
 	return res, nil
+}
+
+// sequenceKeys sets keys to the sequence hashes of blocks, the next blocks
+// of a Stored event after the block with key prev (hasPrev: else from the
+// root).
+func sequenceKeys(blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) {
+	for k, b := range blocks {
+		key := b.Local
+		if hasPrev {
+			key = NextSequenceHash(prev, b.Local)
+		}
+		keys[k] = key
+		prev, hasPrev = key, true
+	}
+}
+
+// prefetchStore sets keys as sequenceKeys does and loads what storing the
+// blocks will look up (in bt, nil for a new rank, and the node store), so
+// that the cache misses of a whole chunk overlap instead of coming one by
+// one. Called with mu held: for reading for an event's first chunk, in
+// parallel with matches and other writers, which then applies it with mu
+// held mostly from cache; for writing for the following chunks (releasing
+// mu for each did not pay). It returns what it loaded, for the caller to
+// keep so that the loads are not optimized away.
+func (ix *Index) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
+	sequenceKeys(blocks, prev, hasPrev, keys)
+	var sink uint64
+	for k, b := range blocks {
+		sink += ix.nodes.touch(keys[k])
+		if bt != nil {
+			sink += bt.touch(b.Hash)
+		}
+	}
+	for _, key := range keys[:len(blocks)] {
+		if id := ix.nodes.find(key); id != 0 {
+			sink += ix.nodes.get(id).local
+		}
+	}
+	return sink
+}
+
+// prefetchRemove loads, level by level, what removing the blocks of w with
+// engine ids hashes will look up (see prefetchStore). Called with mu held,
+// for reading or writing.
+func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
+	var sink uint64
+	for _, h := range hashes {
+		sink += w.blocks.touch(h)
+	}
+	for _, h := range hashes {
+		if key, ok := w.blocks.get(h); ok {
+			sink += ix.nodes.touch(key)
+		}
+	}
+	for _, h := range hashes {
+		if key, ok := w.blocks.get(h); ok {
+			if id := ix.nodes.find(key); id != 0 {
+				sink += ix.nodes.touch(ix.nodes.get(id).parent)
+			}
+		}
+	}
+	return sink
 }
 
 // storeByID adds tier to the blocks of hashes the worker rank holds.
@@ -358,17 +516,21 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := ix.workers[wr]
-	if w == nil {
-		res.Unknown = len(hashes)
-		return res
-	}
-	for _, h := range hashes {
-		key, ok := w.blocks[h]
+	for i, h := range hashes {
+		if ix.yield(i) {
+			ix.mu.Unlock()
+			ix.mu.Lock()
+			w = ix.workers[wr]
+		}
 		var hd *holder
 		var n *node
+		key, ok := uint64(0), false
+		if w != nil {
+			key, ok = w.blocks.get(h)
+		}
 		if ok {
-			n = ix.nodes[key]
-			hd = n.find(w.slot)
+			n, _ = ix.lookup(key)
+			hd = ix.find(n, w.slot)
 		}
 		if hd == nil {
 			res.Unknown++
@@ -386,18 +548,30 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 
 func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
+	var sink uint64
+	prefetch := func(i int) { // with mu held
+		if w := ix.workers[wr]; w != nil {
+			sink += ix.prefetchRemove(w, hashes[i:min(i+writeChunk, len(hashes))])
+		}
+	}
+	ix.mu.RLock()
+	prefetch(0)
+	ix.mu.RUnlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := ix.workers[wr]
 	for i, h := range hashes {
-		if i > 0 && i%writeChunk == 0 {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
 			w = ix.workers[wr]
 		}
+		if i > 0 && i%writeChunk == 0 {
+			prefetch(i)
+		}
 		key, ok := uint64(0), false
 		if w != nil {
-			key, ok = w.blocks[h]
+			key, ok = w.blocks.get(h)
 		}
 		if !ok {
 			res.Unknown++
@@ -408,6 +582,9 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 		} else {
 			res.Removed++
 		}
+	}
+	if w != nil {
+		w.sink += sink
 	}
 	return res
 }
@@ -421,9 +598,8 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 	var left Tier
 	removed := 0
-	if n := ix.nodes[key]; n != nil {
-		if i, ok := slices.BinarySearchFunc(n.holders, w.slot, cmpSlot); ok {
-			hd := &n.holders[i]
+	if n, id := ix.lookup(key); n != nil {
+		if hd := ix.find(n, w.slot); hd != nil {
 			removed = bits.OnesCount8(uint8(hd.tiers & tiers))
 			before := hd.tiers
 			left = before &^ tiers
@@ -432,20 +608,19 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 				ix.retier(w.slot, n, key, ix.parentOf(n, key), hd, before)
 			}
 			if left == 0 {
-				n.holders = slices.Delete(n.holders, i, i+1)
+				ix.dropHolder(n, w.slot)
 			}
 			if removed > 0 {
 				ix.sync(n, w.slot, left)
 			}
 		}
-		if len(n.holders) == 0 {
-			ix.unlink(n)
-			delete(ix.nodes, key)
+		if n.one[0].slot == noSlot {
+			ix.delete(n, id)
 		}
 	}
 	if left == 0 {
-		delete(w.blocks, h)
-		if len(w.blocks) == 0 {
+		w.blocks.del(h)
+		if w.blocks.len() == 0 {
 			sl := &ix.slots[w.slot]
 			sl.holes, sl.open = 0, 0
 		}
@@ -467,16 +642,19 @@ func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
 // writeChunk blocks; after each release it goes on only while current()
 // holds. Called with mu held, it returns with mu held.
 func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
-	ids := slices.Collect(maps.Keys(w.blocks))
+	ids := w.blocks.ids(nil)
 	for i, h := range ids {
-		if i > 0 && i%writeChunk == 0 {
+		if ix.yield(i) {
 			ix.mu.Unlock()
 			ix.mu.Lock()
 			if !current() {
 				break
 			}
 		}
-		if key, ok := w.blocks[h]; ok {
+		if i%writeChunk == 0 {
+			w.sink += ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
+		}
+		if key, ok := w.blocks.get(h); ok {
 			removed += ix.detach(w, h, key, tiers)
 		}
 	}
@@ -525,56 +703,153 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 		s = uint32(len(ix.slots))
 		ix.slots = append(ix.slots, slot{})
 	}
-	w := &worker{slot: s, blocks: make(map[uint64]uint64)}
+	w := &worker{slot: s}
 	ix.slots[s] = slot{w: wr}
 	ix.workers[wr] = w
 	return w
 }
 
-// holderOf returns the holder of slot s in n, inserting an empty one
-// (tiers 0) if there is none.
-func (n *node) holderOf(s uint32) *holder {
-	i, found := slices.BinarySearchFunc(n.holders, s, cmpSlot)
-	if !found {
-		n.holders = slices.Insert(n.holders, i, holder{slot: s})
+// holders returns the holders of n, sorted by slot. The slice is n's own
+// until the next change of its holders.
+func (ix *Index) holders(n *node) []holder {
+	switch h := &n.one[0]; {
+	case h.tiers&multi != 0:
+		return ix.ext[h.slot].holders
+	case h.slot == noSlot:
+		return nil
 	}
-	return &n.holders[i]
+	return n.one[:]
 }
 
-// setEnd records the end classes of slot s in n (0: none).
-func (n *node) setEnd(s uint32, classes uint8) {
-	i, found := slices.BinarySearchFunc(n.ends, s, func(e end, s uint32) int { return cmp.Compare(e.slot, s) })
+// holderOf returns the holder of slot s in n, inserting an empty one
+// (tiers 0) if there is none. Called with mu held.
+func (ix *Index) holderOf(n *node, s uint32) *holder {
+	h := &n.one[0]
+	if h.tiers&multi == 0 {
+		switch h.slot {
+		case noSlot:
+			*h = holder{slot: s}
+			return h
+		case s:
+			return h
+		}
+		// A second holder: move to an extNode.
+		x := ix.newExt()
+		e := &ix.ext[x]
+		e.holders = append(e.holders[:0], *h)
+		*h = holder{slot: x, tiers: multi}
+	}
+	e := &ix.ext[h.slot]
+	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
+	if !found {
+		if l := len(e.holders); l == cap(e.holders) {
+			// Grow by an eighth, not append's doubling: most nodes keep
+			// a few holders for long.
+			e.holders = append(make([]holder, 0, l+1+l/8), e.holders...)
+		}
+		e.holders = slices.Insert(e.holders, i, holder{slot: s})
+	}
+	return &e.holders[i]
+}
+
+// dropHolder deletes the holder of slot s from n, whose ends no longer
+// list it. Called with mu held.
+func (ix *Index) dropHolder(n *node, s uint32) {
+	h := &n.one[0]
+	if h.tiers&multi == 0 {
+		*h = holder{slot: noSlot}
+		return
+	}
+	x := h.slot
+	e := &ix.ext[x]
+	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
+	if !found {
+		return
+	}
+	e.holders = slices.Delete(e.holders, i, i+1)
+	if len(e.holders) == 1 { // back to one holder, inline
+		*h = e.holders[0]
+		e.holders, e.more = e.holders[:0], nil
+		ix.extFree = append(ix.extFree, x)
+	}
+}
+
+// newExt returns the index of an unused extNode. Called with mu held.
+func (ix *Index) newExt() uint32 {
+	if n := len(ix.extFree); n > 0 {
+		x := ix.extFree[n-1]
+		ix.extFree = ix.extFree[:n-1]
+		return x
+	}
+	ix.ext = append(ix.ext, extNode{})
+	return uint32(len(ix.ext) - 1)
+}
+
+// setEnd records the end classes of slot s in n (0: none). A node with one
+// holder or a few needs no record: its ends are its holders' (see sync).
+func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
+	if n.one[0].tiers&multi == 0 {
+		return
+	}
+	e := ix.ext[n.one[0].slot].more
+	if e == nil || !e.listed {
+		return
+	}
+	i, found := slices.BinarySearchFunc(e.ends, s, func(e end, s uint32) int { return cmp.Compare(e.slot, s) })
 	switch {
 	case found && classes == 0:
-		n.ends = slices.Delete(n.ends, i, i+1)
+		e.ends = slices.Delete(e.ends, i, i+1)
 	case found:
-		n.ends[i].classes = classes
+		e.ends[i].classes = classes
 	case classes != 0:
-		n.ends = slices.Insert(n.ends, i, end{slot: s, classes: classes})
+		e.ends = slices.Insert(e.ends, i, end{slot: s, classes: classes})
 	}
 }
 
-// link counts n as a child of parent, the node of its parent's key, unless
-// it is already. Called with mu held.
-func link(n, parent *node) {
-	if n.linked != parent {
-		n.linked = parent
-		if parent.kids++; parent.kids == 1 {
-			parent.only = n
-		} else {
-			parent.only = nil
-		}
+// link counts n (id) as a child of parent (pid), the node of its parent's
+// key, unless it is already. Called with mu held.
+func (ix *Index) link(n *node, id uint32, parent *node, pid uint32) {
+	if n.linked == pid {
+		return
+	}
+	ix.unlink(n) // from a dead node
+	n.linked = pid
+	if parent.kids++; parent.kids == 1 {
+		parent.only = id
+	} else {
+		parent.only = 0
 	}
 }
 
-// unlink uncounts n, being deleted, from its parent node, and drops its
-// links, so that a deleted node keeps no other alive. Called with mu held.
+// unlink uncounts n from the node it is linked to, if any, and frees that
+// node if it is dead and n was the last node linked to it. Called with mu
+// held.
 func (ix *Index) unlink(n *node) {
-	if p := ix.nodes[n.parent]; n.linked != nil && n.linked == p {
-		p.kids--
-		p.only = nil // which one is left is not known
+	if n.linked == 0 {
+		return
 	}
-	n.linked, n.only = nil, nil
+	p := ix.nodes.get(n.linked)
+	p.kids--
+	p.only = 0 // which one is left is not known
+	if p.one[0].tiers == dead && p.kids == 0 {
+		ix.nodes.release(n.linked)
+	}
+	n.linked = 0
+}
+
+// delete deletes node n (id), which has no holders left. Nodes linked to
+// it keep its id, so while there are any it stays in the slab, dead:
+// unlisted, so that a node made anew for its key gets another id. The
+// last one to be unlinked frees it. Called with mu held.
+func (ix *Index) delete(n *node, id uint32) {
+	ix.unlink(n)
+	ix.nodes.unlist(id)
+	if n.kids == 0 {
+		ix.nodes.release(id)
+		return
+	}
+	n.one[0] = holder{slot: noSlot, tiers: dead}
+	n.only = 0
 }
 
 // parentOf returns the node of n's parent, nil for a root (key is n's)
@@ -583,7 +858,8 @@ func (ix *Index) parentOf(n *node, key uint64) *node {
 	if key == n.local {
 		return nil
 	}
-	return ix.nodes[n.parent]
+	p, _ := ix.lookup(n.parent)
+	return p
 }
 
 // retier accounts for the holder h of slot s on node n (key; p is the
@@ -595,7 +871,7 @@ func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, befor
 	sl := &ix.slots[s]
 	cb, ca := classesOf(before), classesOf(h.tiers)
 	if key != n.local { // not a root: the rank's holder of the parent counts it
-		switch ph := p.find(s); {
+		switch ph := ix.find(p, s); {
 		case ph == nil:
 			if before == 0 {
 				sl.holes++ // held under a parent the rank holds by id only
@@ -623,7 +899,7 @@ func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, befor
 					}
 				}
 			}
-			p.setEnd(s, ph.ends())
+			ix.setEnd(p, s, ph.ends())
 		}
 	}
 	// The rank's children of n, held in a class n is now held in or not.
@@ -643,16 +919,24 @@ func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, befor
 			}
 		}
 	}
-	n.setEnd(s, h.ends())
+	ix.setEnd(n, s, h.ends())
 }
 
 // find returns the holder of slot s in n, or nil (also for a nil n).
-func (n *node) find(s uint32) *holder {
+func (ix *Index) find(n *node, s uint32) *holder {
 	if n == nil {
 		return nil
 	}
-	if i, ok := slices.BinarySearchFunc(n.holders, s, cmpSlot); ok {
-		return &n.holders[i]
+	h := &n.one[0]
+	if h.tiers&multi == 0 {
+		if h.slot == s {
+			return h
+		}
+		return nil
+	}
+	hs := ix.ext[h.slot].holders
+	if i, ok := slices.BinarySearchFunc(hs, s, cmpSlot); ok {
+		return &hs[i]
 	}
 	return nil
 }
@@ -716,22 +1000,69 @@ func (ix *Index) denseAt() int {
 	return max(8, nClasses*((len(ix.slots)+63)/64))
 }
 
-// sync keeps n's classBits in step after slot s's holder changed to tiers t
-// (0: the holder was deleted). Called with mu held.
+// sync keeps n's end list and classBits in step after slot s's holder
+// changed to tiers t (0: the holder was deleted): a node keeps the list
+// from listAt holders on, the bit sets from denseAt, and drops each below
+// half that. Called with mu held.
 func (ix *Index) sync(n *node, s uint32, t Tier) {
-	at := ix.denseAt()
-	switch {
-	case n.bits == nil && len(n.holders) >= at:
-		b := make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
-		for _, h := range n.holders {
-			b.set(h.slot, h.tiers)
-		}
-		n.bits = &b
-	case n.bits != nil && len(n.holders) < at/2:
-		n.bits = nil
-	case n.bits != nil:
-		n.bits.set(s, t)
+	if n.one[0].tiers&multi == 0 {
+		return
 	}
+	e := &ix.ext[n.one[0].slot]
+	nh, m := len(e.holders), e.more
+	if m == nil {
+		if nh < min(listAt, ix.denseAt()) {
+			return
+		}
+		m = new(extMore)
+		e.more = m
+	}
+	la := listAt
+	if ix.denseHolders > 0 {
+		la = ix.denseHolders
+	}
+	switch {
+	case !m.listed && nh >= la:
+		m.ends = m.ends[:0]
+		for _, h := range e.holders {
+			if c := h.ends(); c != 0 {
+				m.ends = append(m.ends, end{slot: h.slot, classes: c})
+			}
+		}
+		m.listed = true
+	case m.listed && nh < la/2:
+		m.ends, m.listed = nil, false
+	}
+	switch at := ix.denseAt(); {
+	case !m.dense && nh >= at:
+		m.bits = make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
+		for _, h := range e.holders {
+			m.bits.set(h.slot, h.tiers)
+		}
+		m.dense = true
+	case m.dense && nh < at/2:
+		m.bits, m.dense = nil, false
+	case m.dense:
+		m.bits.set(s, t)
+	}
+	if !m.listed && !m.dense {
+		e.more = nil
+	}
+}
+
+// listAt is how many holders make a node keep the list of its ends, so
+// that Match need not look at every holder (denseHolders overrides it).
+const listAt = 8
+
+// denseBits returns n's classBits, if it keeps them.
+func (ix *Index) denseBits(n *node) (classBits, bool) {
+	if n.one[0].tiers&multi == 0 {
+		return nil, false
+	}
+	if m := ix.ext[n.one[0].slot].more; m != nil && m.dense {
+		return m.bits, true
+	}
+	return nil, false
 }
 
 // matcher is the state of one Match; its slices are reused between matches.
@@ -751,6 +1082,7 @@ type matcher struct {
 	open             []uint64          // start's scratch: the candidates that are not closed
 	node             []uint64          // a sparse node's holders as classBits (see bitsOf)
 	reach            [nClasses][]int32 // per slot and class: blocks matched
+	sink             uint64            // what prefetches loaded (see gallop)
 }
 
 // gallopAfter is how many blocks in a row must drop no closed rank before
@@ -778,9 +1110,9 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	}
 	m := matcherPool.Get().(*matcher)
 	m.ix, m.seq = ix, seq
-	ix.mu.RLock()
-	if n := m.start(); n != nil {
-		m.run(n)
+	ix.rlock()
+	if n, id := m.start(); n != nil {
+		m.run(n, id)
 		dst = m.emit(dst)
 	}
 	ix.mu.RUnlock()
@@ -797,12 +1129,12 @@ func words(s []uint64, n int) []uint64 {
 }
 
 // start sets up the candidates from the first block's holders, settling
-// the classes they do not hold it in. It returns the first block's node,
-// or nil if no rank holds it.
-func (m *matcher) start() *node {
-	n := m.ix.nodes[m.seq[0]]
+// the classes they do not hold it in. It returns the first block's node
+// and its id, or nil if no rank holds it.
+func (m *matcher) start() (*node, uint32) {
+	n, id := m.ix.lookup(m.seq[0])
 	if n == nil {
-		return nil
+		return nil, 0
 	}
 	slots := m.ix.slots
 	nw := (len(slots) + 63) / 64
@@ -813,7 +1145,7 @@ func (m *matcher) start() *node {
 	}
 	miss := m.node // per class, the candidates not holding the first block in it
 	lo, hi := nw, 0
-	for _, h := range n.holders {
+	for _, h := range m.ix.holders(n) {
 		s := &slots[h.slot]
 		if s.retired {
 			continue
@@ -848,26 +1180,32 @@ func (m *matcher) start() *node {
 		}
 	}
 	if m.nClosed == 0 && m.elo >= m.ehi {
-		return nil
+		return nil, 0
 	}
-	return n
+	return n, id
 }
 
-// run walks the prompt from its first block, node n.
-func (m *matcher) run(n *node) {
+// run walks the prompt from its first block, node n (id).
+func (m *matcher) run(n *node, id uint32) {
 	last := len(m.seq) - 1
 	quiet := 0 // blocks in a row that dropped no closed rank
 	for depth := 0; depth < last && (m.nClosed > 0 || m.elo < m.ehi); {
 		if quiet >= gallopAfter && m.elo >= m.ehi {
-			depth, n = m.gallop(depth, n)
+			depth, n, id = m.gallop(depth, n, id)
 			quiet = 0
 			continue
 		}
-		next := n.only // n's key is seq[depth]: next's key follows from it
-		if next == nil || NextSequenceHash(m.seq[depth], next.local) != m.seq[depth+1] {
-			next = m.ix.nodes[m.seq[depth+1]]
+		var next *node
+		nextID := n.only
+		if nextID != 0 {
+			if next = m.ix.nodes.get(nextID); next.key != m.seq[depth+1] {
+				next = nil
+			}
 		}
-		if m.advance(depth, n, next) {
+		if next == nil {
+			next, nextID = m.ix.lookup(m.seq[depth+1])
+		}
+		if m.advance(depth, n, id, next) {
 			quiet = 0
 		} else {
 			quiet++
@@ -875,7 +1213,7 @@ func (m *matcher) run(n *node) {
 		if m.elo < m.ehi {
 			m.stepExact(depth+1, next)
 		}
-		depth, n = depth+1, next
+		depth, n, id = depth+1, next, nextID
 	}
 	// Whoever is still live holds the whole prompt in that class.
 	all := int32(len(m.seq))
@@ -891,11 +1229,11 @@ func (m *matcher) run(n *node) {
 	}
 }
 
-// advance moves the closed ranks from the block at depth (node n, which
-// they all hold in their live classes) to the next one (node next, nil if
-// no rank holds it), settling those that drop out. It reports whether any
-// did.
-func (m *matcher) advance(depth int, n, next *node) bool {
+// advance moves the closed ranks from the block at depth (node n, id,
+// which they all hold in their live classes) to the next one (node next,
+// nil if no rank holds it), settling those that drop out. It reports
+// whether any did.
+func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 	if m.nClosed == 0 {
 		return false
 	}
@@ -910,24 +1248,27 @@ func (m *matcher) advance(depth int, n, next *node) bool {
 		m.nClosed, m.lo, m.hi = 0, 0, 0
 		return true
 	}
-	if n.kids == 0 || n.kids == 1 && next.linked == n {
+	if n.kids == 0 || n.kids == 1 && next.linked == id {
 		// The closed ranks holding a child of n in a class hold next in
 		// it: the others, n's ends, drop out.
+		if h := &n.one[0]; h.tiers&multi == 0 {
+			// One holder: its ends are the node's.
+			return h.slot != noSlot && m.drop(end{slot: h.slot, classes: h.ends()}, d)
+		}
 		dropped := false
-		for _, e := range n.ends {
-			i, bit := nClasses*int(e.slot/64), uint64(1)<<(e.slot%64)
-			if m.closed[i+classAny]&bit == 0 {
-				continue // not a closed candidate, or gone already
-			}
-			for c := range nClasses {
-				if e.classes&(1<<c) != 0 && m.closed[i+c]&bit != 0 {
-					m.closed[i+c] &^= bit
-					m.reach[c][e.slot] = d
+		x := &m.ix.ext[n.one[0].slot]
+		if x.more != nil && x.more.listed {
+			for _, e := range x.more.ends {
+				if m.drop(e, d) {
 					dropped = true
 				}
 			}
-			if m.closed[i+classAny]&bit == 0 {
-				m.nClosed--
+			return dropped
+		}
+		for i := range x.holders {
+			h := &x.holders[i]
+			if c := h.ends(); c != 0 && m.drop(end{slot: h.slot, classes: c}, d) {
+				dropped = true
 			}
 		}
 		return dropped
@@ -951,6 +1292,27 @@ func (m *matcher) advance(depth int, n, next *node) bool {
 	return dropped
 }
 
+// drop settles a closed rank, in the classes of e, where its prefix ends
+// at depth d, if it is still live there. It reports whether it was.
+func (m *matcher) drop(e end, d int32) bool {
+	i, bit := nClasses*int(e.slot/64), uint64(1)<<(e.slot%64)
+	if m.closed[i+classAny]&bit == 0 {
+		return false // not a closed candidate, or gone already
+	}
+	dropped := false
+	for c := range nClasses {
+		if e.classes&(1<<c) != 0 && m.closed[i+c]&bit != 0 {
+			m.closed[i+c] &^= bit
+			m.reach[c][e.slot] = d
+			dropped = true
+		}
+	}
+	if m.closed[i+classAny]&bit == 0 {
+		m.nClosed--
+	}
+	return dropped
+}
+
 // holdsAll reports whether every closed rank holds node n (nil: no rank
 // does) in each class it is live in.
 func (m *matcher) holdsAll(n *node) bool {
@@ -968,28 +1330,51 @@ func (m *matcher) holdsAll(n *node) bool {
 
 // gallop moves the closed ranks (there are no exact ones) from depth (node
 // n) as far as they all hold the prompt: exponentially far ahead, then by
-// bisection. It returns the new depth and its node; from there the next
-// block drops a rank, or it is the last.
-func (m *matcher) gallop(depth int, n *node) (int, *node) {
+// bisection. It returns the new depth, its node and the node's id; from
+// there the next block drops a rank, or it is the last.
+func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 	last := len(m.seq) - 1
-	for stride := 2 * gallopAfter; depth < last; stride *= 2 {
-		to := min(depth+stride, last)
-		nt := m.ix.nodes[m.seq[to]]
+	st := &m.ix.nodes
+	// The blocks the exponential search may look at are known: look them
+	// all up at once, so that their cache misses overlap.
+	var at [48]int32
+	var ids [48]uint32
+	k := 0
+	for d, stride := depth, 2*gallopAfter; d < last && k < len(at); stride *= 2 {
+		d = min(d+stride, last)
+		at[k] = int32(d)
+		k++
+	}
+	for i := range k {
+		m.sink += st.touch(m.seq[at[i]])
+	}
+	for i := range k {
+		ids[i] = st.find(m.seq[at[i]])
+	}
+	for i := range k { // at[k-1] is the last block: 8<<47 blocks are more than any prompt
+		to, tid := int(at[i]), ids[i]
+		var nt *node
+		if tid != 0 {
+			nt = st.get(tid)
+		}
 		if !m.holdsAll(nt) {
 			lo, hi := depth, to // all hold lo, not hi
 			for hi-lo > 1 {
 				mid := (lo + hi) / 2
-				if nm := m.ix.nodes[m.seq[mid]]; m.holdsAll(nm) {
-					lo, n = mid, nm
+				if hi-lo > 3 { // the next step probes one of these
+					m.sink += st.touch(m.seq[(lo+mid)/2]) + st.touch(m.seq[(mid+hi)/2])
+				}
+				if nm, mi := m.ix.lookup(m.seq[mid]); m.holdsAll(nm) {
+					lo, n, id = mid, nm, mi
 				} else {
 					hi = mid
 				}
 			}
-			return lo, n
+			return lo, n, id
 		}
-		depth, n = to, nt
+		depth, n, id = to, nt, tid
 	}
-	return depth, n
+	return depth, n, id
 }
 
 // bitsOf returns n's holders as classBits valid over words [lo, hi)
@@ -999,12 +1384,12 @@ func (m *matcher) bitsOf(n *node, lo, hi int) classBits {
 	if n == nil {
 		return nil
 	}
-	if n.bits != nil {
-		return *n.bits
+	if b, ok := m.ix.denseBits(n); ok {
+		return b
 	}
 	b := m.node[:nClasses*hi]
 	clear(b[nClasses*lo:])
-	for _, h := range n.holders {
+	for _, h := range m.ix.holders(n) {
 		w := int(h.slot / 64)
 		if w < lo || w >= hi {
 			continue
@@ -1082,14 +1467,19 @@ func (m *matcher) emit(dst []Overlap) []Overlap {
 	for _, x := range m.cands {
 		n += bits.OnesCount64(x)
 	}
-	dst = slices.Grow(dst, n)
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
+	out := dst[at:]
 	slots := m.ix.slots
+	dev, host, disk := m.reach[classDev][:len(slots)], m.reach[classHost][:len(slots)], m.reach[classAny][:len(slots)]
+	k := 0
 	for w, x := range m.cands {
 		for x != 0 {
 			s := w*64 + bits.TrailingZeros64(x)
 			x &= x - 1
-			dst = append(dst, Overlap{Worker: slots[s].w,
-				Device: int(m.reach[classDev][s]), Host: int(m.reach[classHost][s]), Disk: int(m.reach[classAny][s])})
+			o := &out[k]
+			o.Worker, o.Device, o.Host, o.Disk = slots[s].w, int(dev[s]), int(host[s]), int(disk[s])
+			k++
 		}
 	}
 	return dst
@@ -1108,7 +1498,7 @@ func (ix *Index) BlockCounts() map[WorkerRank]int {
 	defer ix.mu.RUnlock()
 	out := make(map[WorkerRank]int, len(ix.workers))
 	for wr, w := range ix.workers {
-		out[wr] = len(w.blocks)
+		out[wr] = w.blocks.len()
 	}
 	return out
 }
@@ -1118,7 +1508,7 @@ func (ix *Index) RankBlocks(wr WorkerRank) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if w := ix.workers[wr]; w != nil {
-		return len(w.blocks)
+		return w.blocks.len()
 	}
 	return 0
 }
@@ -1134,9 +1524,9 @@ type Stats struct {
 func (ix *Index) Stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	st := Stats{Workers: len(ix.workers), Nodes: len(ix.nodes)}
+	st := Stats{Workers: len(ix.workers), Nodes: ix.nodes.live}
 	for _, w := range ix.workers {
-		st.Entries += len(w.blocks)
+		st.Entries += w.blocks.len()
 	}
 	return st
 }

@@ -212,6 +212,32 @@ func TestIndexSemantics(t *testing.T) {
 			counts: map[WorkerRank]int{a: 4},
 		},
 		{
+			// Block 100 (prompt[:4]) is the parent of the event, and its id
+			// is reused for the next block: the parent's node goes, and
+			// the new block hangs under no held block.
+			name: "engine id of the parent reused for its child",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]),
+			},
+			query:  prompt,
+			want:   nil,
+			counts: map[WorkerRank]int{a: 1},
+		},
+		{
+			name: "parent stored anew under a child held without it",
+			events: []Event{
+				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
+				stored(b, TierDevice, nil, chain(200, prompt[:4]...)),
+				stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]),
+				removed(b, TierDevice, 200),
+				stored(a, TierDevice, nil, chain(300, prompt[:4]...)),
+			},
+			query:  prompt,
+			want:   []Overlap{{a, 2, 2, 2}},
+			counts: map[WorkerRank]int{a: 2},
+		},
+		{
 			name: "malformed events are rejected",
 			events: []Event{
 				{Kind: 0, Worker: a},
@@ -409,23 +435,60 @@ func checkInvariants(t testing.TB, ix *Index) {
 			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
 		}
 	}
+	nodes := make(map[uint64]*node) // by key
+	refs := make(map[uint64]uint32) // key -> id
+	ix.nodes.each(func(id uint32, n *node) {
+		if _, dup := nodes[n.key]; dup {
+			t.Errorf("node key %d is in the table twice", n.key)
+		}
+		nodes[n.key], refs[n.key] = n, id
+		if got := ix.nodes.find(n.key); got != id {
+			t.Errorf("node %d (id %d) is found as id %d", n.key, id, got)
+		}
+	})
+	if len(nodes) != ix.nodes.live {
+		t.Errorf("%d nodes in the table, %d live", len(nodes), ix.nodes.live)
+	}
+	extUsed := make(map[uint32]bool)
 	children := make(map[uint64][]uint64) // parent key -> child keys
-	for key, n := range ix.nodes {
+	for key, n := range nodes {
 		if key != n.local {
 			children[n.parent] = append(children[n.parent], key)
 		}
 	}
 	open := make(map[uint32]int32) // per slot, recomputed
-	for key, n := range ix.nodes {
-		if len(n.holders) == 0 {
+	for key, n := range nodes {
+		holders := ix.holders(n)
+		if len(holders) == 0 {
 			t.Errorf("node %d has no holders", key)
 		}
-		if n.bits != nil {
+		var listed []end // the ends the node keeps
+		if h := n.one[0]; h.tiers&multi != 0 {
+			if extUsed[h.slot] || int(h.slot) >= len(ix.ext) {
+				t.Errorf("node %d: ext %d is shared or out of range", key, h.slot)
+				continue
+			}
+			extUsed[h.slot] = true
+			if len(holders) < 2 {
+				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
+			}
+			if m := ix.ext[h.slot].more; m != nil && m.listed {
+				listed = m.ends
+			} else {
+				for _, h := range holders {
+					if e := h.ends(); e != 0 {
+						listed = append(listed, end{h.slot, e})
+					}
+				}
+			}
+		} else if e := h.ends(); e != 0 {
+			listed = []end{{h.slot, e}}
+		}
+		if got, ok := ix.denseBits(n); ok {
 			want := classBits{}
-			for _, h := range n.holders {
+			for _, h := range holders {
 				want.set(h.slot, h.tiers)
 			}
-			got := *n.bits
 			for i := range max(len(got), len(want)) {
 				if got.at(i) != want.at(i) {
 					t.Errorf("node %d class bits word %d = %x, holders say %x", key, i, got.at(i), want.at(i))
@@ -433,11 +496,11 @@ func checkInvariants(t testing.TB, ix *Index) {
 			}
 		}
 		var ends []end
-		for i, h := range n.holders {
+		for i, h := range holders {
 			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
 				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)
 			}
-			if i > 0 && n.holders[i-1].slot >= h.slot {
+			if i > 0 && holders[i-1].slot >= h.slot {
 				t.Errorf("node %d holders unsorted", key)
 			}
 			if int(h.slot) >= len(ix.slots) || ix.slots[h.slot].retired {
@@ -453,15 +516,15 @@ func checkInvariants(t testing.TB, ix *Index) {
 			// The rank's children of n, per class.
 			var kids [nClasses]uint16
 			for _, ck := range children[key] {
-				c := ix.nodes[ck]
-				if ch := c.find(h.slot); ch != nil {
+				c := nodes[ck]
+				if ch := ix.find(c, h.slot); ch != nil {
 					cl := classesOf(ch.tiers)
 					for k := range nClasses {
 						if cl&(1<<k) != 0 {
 							kids[k]++
 						}
 					}
-					if c.linked != n {
+					if c.linked != refs[key] {
 						t.Errorf("node %d: child %d held by slot %d is not linked to it", key, ck, h.slot)
 					}
 					open[h.slot] += int32(bits.OnesCount8(cl &^ classesOf(h.tiers)))
@@ -470,29 +533,78 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if kids != h.kids {
 				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
 			}
-			if key != n.local && ix.nodes[n.parent].find(h.slot) == nil {
+			if key != n.local && ix.find(nodes[n.parent], h.slot) == nil {
 				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
 			}
 		}
-		if !slices.Equal(n.ends, ends) {
-			t.Errorf("node %d ends %v, holders say %v", key, n.ends, ends)
+		if !slices.Equal(listed, ends) {
+			t.Errorf("node %d ends %v, holders say %v", key, listed, ends)
 		}
 		linked := int32(0)
 		for _, ck := range children[key] {
-			if ix.nodes[ck].linked == n {
+			if nodes[ck].linked == refs[key] {
 				linked++
 			}
 		}
 		if n.kids != linked {
 			t.Errorf("node %d counts %d linked children, %d are", key, n.kids, linked)
 		}
-		if o := n.only; o != nil && (n.kids != 1 || ix.nodes[NextSequenceHash(key, o.local)] != o || o.linked != n) {
-			t.Errorf("node %d: its only child (local %d) is not (%d children)", key, o.local, n.kids)
+		if o := n.only; o != 0 {
+			c := ix.nodes.get(o)
+			if n.kids != 1 || nodes[NextSequenceHash(key, c.local)] != c || c.linked != refs[key] {
+				t.Errorf("node %d: its only child (local %d) is not (%d children)", key, c.local, n.kids)
+			}
 		}
+	}
+	checkDeadNodes(t, ix)
+	if got, want := len(extUsed), len(ix.ext)-len(ix.extFree); got != want {
+		t.Errorf("%d ext entries used, %d not free", got, want)
 	}
 	for _, w := range ix.workers {
 		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
 			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
+		}
+	}
+}
+
+// checkDeadNodes checks the slab: every id handed out is live, free, or
+// dead with as many nodes linked to it as it counts; every link names a
+// node of the linking node's parent key.
+func checkDeadNodes(t testing.TB, ix *Index) {
+	t.Helper()
+	st := &ix.nodes
+	free := make(map[uint32]bool)
+	for id := st.free; id != 0; id = st.get(id).only {
+		if free[id] {
+			t.Errorf("free list loops at node %d", id)
+			return
+		}
+		free[id] = true
+	}
+	linked := make(map[uint32]int32)
+	for id := uint32(1); id < st.next; id++ {
+		n := st.get(id)
+		if free[id] || n.linked == 0 {
+			continue
+		}
+		linked[n.linked]++
+		if p := st.get(n.linked); free[n.linked] || p.key != n.parent {
+			t.Errorf("node %d is linked to node %d, not a node of its parent's key", id, n.linked)
+		}
+	}
+	for id := uint32(1); id < st.next; id++ {
+		n := st.get(id)
+		live := !free[id] && st.find(n.key) == id
+		switch {
+		case free[id]:
+			if linked[id] != 0 {
+				t.Errorf("free node %d has %d nodes linked to it", id, linked[id])
+			}
+		case live:
+		case n.one[0].tiers != dead:
+			t.Errorf("node %d is neither live, free nor dead", id)
+		case n.kids <= 0 || n.kids != linked[id]:
+			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
 		}
 	}
 }

@@ -190,9 +190,10 @@ func snap(ix *Index) snapshot {
 	out := snapshot{}
 	for wr, w := range ix.workers {
 		m := map[uint64]string{}
-		for id, key := range w.blocks {
-			m[id] = fmt.Sprintf("%x/%s", key, ix.nodes[key].find(w.slot).tiers)
-		}
+		w.blocks.each(func(id, key uint64) {
+			n, _ := ix.lookup(key)
+			m[id] = fmt.Sprintf("%x/%s", key, ix.find(n, w.slot).tiers)
+		})
 		if len(m) > 0 {
 			out[wr] = m
 		}
@@ -637,8 +638,9 @@ func TestMooncakeObjects(t *testing.T) {
 		ix.mu.RLock()
 		defer ix.mu.RUnlock()
 		if w := ix.workers[w]; w != nil {
-			if key, ok := w.blocks[0x70]; ok {
-				return ix.nodes[key].find(w.slot).tiers
+			if key, ok := w.blocks.get(0x70); ok {
+				n, _ := ix.lookup(key)
+				return ix.find(n, w.slot).tiers
 			}
 		}
 		return 0

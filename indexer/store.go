@@ -1,0 +1,402 @@
+package indexer
+
+import "math/bits"
+
+// The index's storage holds no Go pointers in its bulk, so that the garbage
+// collector never scans it: nodes live by value in fixed-size chunks of a
+// slab and are named by uint32 ids; the map from sequence hash to node id
+// and each rank's map from engine id to sequence hash are open-addressing
+// tables of plain words, probed linearly and emptied by backward shifting
+// (no tombstones). Tables map a hash to its home slot by multiplication (no
+// power-of-two sizes) and grow by half: node tables when 4/5 full, engine
+// id tables (Robin Hood) when 9/10 full. The node table is split in
+// nodeShards tables that grow one at a time, so that no growth stalls
+// matches for long.
+
+// nodeChunk is how many nodes a slab chunk holds.
+const nodeChunk = 1 << 12
+
+// maxLoadNum/maxLoadDen is the load factor past which a node table grows.
+const maxLoadNum, maxLoadDen = 4, 5
+
+// nodeShards is how many tables the node table is split into, by the top
+// byte of a key's tag: a growth rehashes 1/256 of the nodes under the
+// write lock, not all of them (a 3 M-node table took 50 ms).
+const nodeShards = 256
+
+// grown returns the size of a table after growth from size.
+func grown(size int) int { return max(16, size+size/2) }
+
+// nodeStore is the slab of nodes and the table that finds them by key.
+// Node id 0 is never used: it means "no node".
+type nodeStore struct {
+	chunks [][]node // each of nodeChunk nodes, never moved
+	next   uint32   // ids below next were handed out
+	free   uint32   // head of the free list, linked through node.only
+	// tabs are the tables of live nodes, by the top byte of the tag: slot
+	// value tag<<32 | id, 0 empty, where tag is the top half of the key's
+	// mix; its other bytes pick the home slot.
+	tabs   [nodeShards][]uint64
+	counts [nodeShards]int32 // live nodes per table
+	live   int
+}
+
+// mix spreads a key's bits; its top 32 bits are a node's tag.
+func mix(k uint64) uint64 {
+	k ^= k >> 32
+	k *= 0xd6e8feb86659fd93
+	k ^= k >> 32
+	return k
+}
+
+// tagOf returns the tag of key.
+func tagOf(key uint64) uint32 { return uint32(mix(key) >> 32) }
+
+// home returns the slot a tag starts probing at in its table of size slots.
+func home(tag uint32, size int) int { return int(uint64(tag<<8) * uint64(size) >> 32) }
+
+// get returns node id (which must have been handed out).
+func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nodeChunk] }
+
+// find returns the id of the live node with key, or 0.
+func (s *nodeStore) find(key uint64) uint32 {
+	tag := tagOf(key)
+	tab := s.tabs[tag>>24]
+	size := len(tab)
+	if size == 0 {
+		return 0
+	}
+	for i := home(tag, size); ; {
+		e := tab[i]
+		if e == 0 {
+			return 0
+		}
+		if uint32(e>>32) == tag {
+			if id := uint32(e); s.get(id).key == key {
+				return id
+			}
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+// add creates a node with key, which must not be live, and returns its id
+// and the node, zeroed but for key.
+func (s *nodeStore) add(key uint64) (uint32, *node) {
+	tag := tagOf(key)
+	sh := tag >> 24
+	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
+		s.rehash(sh, grown(len(s.tabs[sh])))
+	}
+	var id uint32
+	if s.free != 0 {
+		id = s.free
+		s.free = s.get(id).only
+	} else {
+		if s.next == 0 {
+			s.next = 1
+		}
+		id = s.next
+		if int(id/nodeChunk) == len(s.chunks) {
+			s.chunks = append(s.chunks, make([]node, nodeChunk))
+		}
+		s.next++
+	}
+	n := s.get(id)
+	*n = node{key: key}
+	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
+	s.counts[sh]++
+	s.live++
+	return id, n
+}
+
+// placeTag puts table value e in its probe sequence's first empty slot.
+func placeTag(tab []uint64, e uint64) {
+	size := len(tab)
+	i := home(uint32(e>>32), size)
+	for tab[i] != 0 {
+		if i++; i == size {
+			i = 0
+		}
+	}
+	tab[i] = e
+}
+
+func (s *nodeStore) rehash(sh uint32, size int) {
+	old := s.tabs[sh]
+	tab := make([]uint64, size)
+	for _, e := range old {
+		if e != 0 {
+			placeTag(tab, e)
+		}
+	}
+	s.tabs[sh] = tab
+}
+
+// del takes the live node id out of the table and frees it.
+func (s *nodeStore) del(id uint32) {
+	s.unlist(id)
+	s.release(id)
+}
+
+// unlist takes the live node id out of the table: find no longer finds it,
+// but the node stays where it is, with its id, until released.
+func (s *nodeStore) unlist(id uint32) {
+	tag := tagOf(s.get(id).key)
+	sh := tag >> 24
+	tab := s.tabs[sh]
+	size := len(tab)
+	i := home(tag, size)
+	for uint32(tab[i]) != id {
+		if i++; i == size {
+			i = 0
+		}
+	}
+	backShift(tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
+	s.counts[sh]--
+	s.live--
+}
+
+// release frees the unlisted node id: its id may be handed out again.
+func (s *nodeStore) release(id uint32) {
+	*s.get(id) = node{only: s.free}
+	s.free = id
+}
+
+// backShift empties slot i of a linear-probing table whose empty value is
+// the zero value, moving later entries of the probe run back so that every
+// entry stays reachable from its home slot (Knuth's algorithm R).
+func backShift[E comparable](tab []E, i int, homeOf func(E) int) {
+	var zero E
+	size := len(tab)
+	j := i
+	for {
+		if j++; j == size {
+			j = 0
+		}
+		if tab[j] == zero {
+			break
+		}
+		k := homeOf(tab[j])
+		// Move tab[j] to i unless its home lies cyclically in (i, j].
+		if i <= j {
+			if i < k && k <= j {
+				continue
+			}
+		} else if i < k || k <= j {
+			continue
+		}
+		tab[i] = tab[j]
+		i = j
+	}
+	tab[i] = zero
+}
+
+// blockEntry maps an engine block id to the sequence hash of the block.
+type blockEntry struct {
+	id, key uint64
+}
+
+// blockTable is one rank's map from engine id to sequence hash: Robin Hood
+// linear probing (an entry further from its home slot than the one in a
+// slot takes the slot and moves that one on), so that probe runs stay
+// short at a high load and a miss stops early. Entries with id 0 are kept
+// aside, as id 0 marks an empty slot.
+type blockTable struct {
+	tab     []blockEntry
+	n       int // entries in tab
+	zeroKey uint64
+	hasZero bool
+}
+
+// blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
+const blockLoadNum, blockLoadDen = 9, 10
+
+func idHome(id uint64, size int) int {
+	hi, _ := bits.Mul64(mix(id), uint64(size))
+	return int(hi)
+}
+
+// dist returns how far slot i is from the home of id, in a table of size.
+func dist(id uint64, i, size int) int {
+	d := i - idHome(id, size)
+	if d < 0 {
+		d += size
+	}
+	return d
+}
+
+// len returns the number of entries.
+func (t *blockTable) len() int {
+	if t.hasZero {
+		return t.n + 1
+	}
+	return t.n
+}
+
+// slot returns the slot of id in tab, or -1.
+func (t *blockTable) slot(id uint64) int {
+	size := len(t.tab)
+	if size == 0 {
+		return -1
+	}
+	for i, d := idHome(id, size), 0; ; d++ {
+		e := &t.tab[i]
+		if e.id == id {
+			return i
+		}
+		if e.id == 0 || dist(e.id, i, size) < d {
+			return -1 // id would have taken this slot
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+// get returns the key of id.
+func (t *blockTable) get(id uint64) (uint64, bool) {
+	if id == 0 {
+		return t.zeroKey, t.hasZero
+	}
+	if i := t.slot(id); i >= 0 {
+		return t.tab[i].key, true
+	}
+	return 0, false
+}
+
+// put sets the key of id.
+func (t *blockTable) put(id, key uint64) {
+	if id == 0 {
+		t.zeroKey, t.hasZero = key, true
+		return
+	}
+	if i := t.slot(id); i >= 0 {
+		t.tab[i].key = key
+		return
+	}
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
+		t.rehash(grown(len(t.tab)))
+	}
+	robinHood(t.tab, blockEntry{id: id, key: key})
+	t.n++
+}
+
+// robinHood inserts e, whose id is not in tab, which has an empty slot.
+func robinHood(tab []blockEntry, e blockEntry) {
+	size := len(tab)
+	for i, d := idHome(e.id, size), 0; ; d++ {
+		cur := &tab[i]
+		if cur.id == 0 {
+			*cur = e
+			return
+		}
+		if cd := dist(cur.id, i, size); cd < d {
+			*cur, e = e, *cur
+			d = cd
+		}
+		if i++; i == size {
+			i = 0
+		}
+	}
+}
+
+func (t *blockTable) rehash(size int) {
+	old := t.tab
+	t.tab = make([]blockEntry, size)
+	for _, e := range old {
+		if e.id != 0 {
+			robinHood(t.tab, e)
+		}
+	}
+}
+
+// del removes id and reports whether it was there.
+func (t *blockTable) del(id uint64) bool {
+	if id == 0 {
+		had := t.hasZero
+		t.zeroKey, t.hasZero = 0, false
+		return had
+	}
+	i := t.slot(id)
+	if i < 0 {
+		return false
+	}
+	// Shift the rest of the run back by one, up to an entry at its home.
+	size := len(t.tab)
+	for {
+		j := i + 1
+		if j == size {
+			j = 0
+		}
+		if next := t.tab[j]; next.id == 0 || dist(next.id, j, size) == 0 {
+			break
+		}
+		t.tab[i] = t.tab[j]
+		i = j
+	}
+	t.tab[i] = blockEntry{}
+	t.n--
+	if t.n == 0 {
+		t.tab = nil // an emptied rank gives its memory back
+	}
+	return true
+}
+
+// ids appends every engine id to dst.
+func (t *blockTable) ids(dst []uint64) []uint64 {
+	if t.hasZero {
+		dst = append(dst, 0)
+	}
+	for _, e := range t.tab {
+		if e.id != 0 {
+			dst = append(dst, e.id)
+		}
+	}
+	return dst
+}
+
+// each calls f for every entry.
+func (t *blockTable) each(f func(id, key uint64)) {
+	if t.hasZero {
+		f(0, t.zeroKey)
+	}
+	for _, e := range t.tab {
+		if e.id != 0 {
+			f(e.id, e.key)
+		}
+	}
+}
+
+// each calls f for every live node.
+func (s *nodeStore) each(f func(id uint32, n *node)) {
+	for _, tab := range s.tabs {
+		for _, e := range tab {
+			if e != 0 {
+				f(uint32(e), s.get(uint32(e)))
+			}
+		}
+	}
+}
+
+// touch loads the first slot key would probe, so that a later find finds
+// it in cache: a writer touches the slots of a whole chunk of blocks
+// first, and their cache misses overlap.
+func (s *nodeStore) touch(key uint64) uint64 {
+	tag := tagOf(key)
+	tab := s.tabs[tag>>24]
+	if len(tab) == 0 {
+		return 0
+	}
+	return tab[home(tag, len(tab))]
+}
+
+// touch loads the first slot id would probe (see nodeStore.touch).
+func (t *blockTable) touch(id uint64) uint64 {
+	if len(t.tab) == 0 {
+		return 0
+	}
+	return t.tab[idHome(id, len(t.tab))].key
+}

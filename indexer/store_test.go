@@ -1,0 +1,278 @@
+package indexer
+
+import (
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+func TestBackShift(t *testing.T) {
+	// Values are their own home slots; 0 is empty. Each case deletes slot
+	// del and lists the table after.
+	cases := []struct {
+		name      string
+		tab       []int
+		del       int
+		want      []int
+		wantFound []int // every value left must be found from its home
+	}{
+		{"alone", []int{0, 1, 0, 0}, 1, []int{0, 0, 0, 0}, nil},
+		{"run shifts back", []int{0, 1, 1, 1}, 1, []int{0, 1, 1, 0}, []int{1}},
+		{"home in between stays", []int{0, 1, 2, 0}, 1, []int{0, 0, 2, 0}, []int{2}},
+		{"wraps around", []int{3, 3, 0, 3}, 3, []int{3, 0, 0, 3}, []int{3}},
+		{"wrapped home stays", []int{3, 0, 2, 3}, 2, []int{3, 0, 0, 3}, []int{3}},
+		{"wrapped entry moves past end", []int{3, 0, 2, 2}, 2, []int{0, 0, 2, 3}, []int{2, 3}},
+		{"mixed run", []int{0, 1, 2, 1, 0}, 1, []int{0, 1, 2, 0, 0}, []int{1, 2}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tab := slices.Clone(c.tab)
+			backShift(tab, c.del, func(v int) int { return v })
+			if !slices.Equal(tab, c.want) {
+				t.Fatalf("after deleting slot %d of %v: %v, want %v", c.del, c.tab, tab, c.want)
+			}
+			for _, v := range c.wantFound {
+				if i := probe(tab, v); i < 0 {
+					t.Errorf("value %d lost in %v", v, tab)
+				}
+			}
+		})
+	}
+}
+
+// probe finds v in a table whose values are their own homes, or -1.
+func probe(tab []int, v int) int {
+	for i, n := v, 0; n < len(tab); n++ {
+		if tab[i] == v {
+			return i
+		}
+		if tab[i] == 0 {
+			return -1
+		}
+		if i++; i == len(tab) {
+			i = 0
+		}
+	}
+	return -1
+}
+
+func TestBlockTable(t *testing.T) {
+	var bt blockTable
+	steps := []struct {
+		op      string // put, del, get
+		id, key uint64
+		ok      bool // del: was there; get: found
+		n       int  // len after
+	}{
+		{"get", 5, 0, false, 0},
+		{"del", 5, 0, false, 0},
+		{"put", 5, 50, false, 1},
+		{"get", 5, 50, true, 1},
+		{"put", 0, 7, false, 2}, // id 0 is kept aside
+		{"get", 0, 7, true, 2},
+		{"put", 5, 51, false, 2}, // overwrite
+		{"get", 5, 51, true, 2},
+		{"del", 0, 0, true, 1},
+		{"get", 0, 0, false, 1},
+		{"del", 5, 0, true, 0},
+		{"get", 5, 0, false, 0},
+	}
+	for i, s := range steps {
+		switch s.op {
+		case "put":
+			bt.put(s.id, s.key)
+		case "del":
+			if got := bt.del(s.id); got != s.ok {
+				t.Fatalf("step %d: del(%d) = %v, want %v", i, s.id, got, s.ok)
+			}
+		case "get":
+			if key, ok := bt.get(s.id); ok != s.ok || key != s.key {
+				t.Fatalf("step %d: get(%d) = %d, %v, want %d, %v", i, s.id, key, ok, s.key, s.ok)
+			}
+		}
+		if bt.len() != s.n {
+			t.Fatalf("step %d: len %d, want %d", i, bt.len(), s.n)
+		}
+	}
+	if bt.tab != nil {
+		t.Errorf("an emptied table keeps %d slots", len(bt.tab))
+	}
+}
+
+// TestBlockTableMatchesMap checks blockTable against a Go map under random
+// puts, overwrites, deletions and growth, with ids drawn from a small range
+// (collisions, id 0) or anywhere.
+func TestBlockTableMatchesMap(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		genID := rapid.OneOf(rapid.Uint64Range(0, 40), rapid.Uint64())
+		var bt blockTable
+		ref := map[uint64]uint64{}
+		var ids []uint64
+		for i, n := 0, rapid.IntRange(1, 400).Draw(t, "ops"); i < n; i++ {
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op < 6:
+				id, key := genID.Draw(t, "id"), rapid.Uint64().Draw(t, "key")
+				bt.put(id, key)
+				ref[id] = key
+				ids = append(ids, id)
+			case op < 9:
+				id := genID.Draw(t, "id")
+				if len(ids) > 0 && op == 8 {
+					id = rapid.SampledFrom(ids).Draw(t, "known")
+				}
+				_, had := ref[id]
+				if got := bt.del(id); got != had {
+					t.Fatalf("del(%d) = %v, want %v", id, got, had)
+				}
+				delete(ref, id)
+			default:
+				id := genID.Draw(t, "id")
+				key, ok := bt.get(id)
+				if want, had := ref[id]; ok != had || key != want {
+					t.Fatalf("get(%d) = %d, %v, want %d, %v", id, key, ok, want, had)
+				}
+			}
+			if bt.len() != len(ref) {
+				t.Fatalf("len %d, want %d", bt.len(), len(ref))
+			}
+			if len(bt.tab) > 0 && bt.n*blockLoadDen > len(bt.tab)*blockLoadNum {
+				t.Fatalf("%d entries overload %d slots", bt.n, len(bt.tab))
+			}
+		}
+		for id, want := range ref {
+			if key, ok := bt.get(id); !ok || key != want {
+				t.Fatalf("get(%d) = %d, %v, want %d", id, key, ok, want)
+			}
+		}
+		// Robin Hood order: along the table, no entry is further from its
+		// home than the one after it by more than a slot.
+		size := len(bt.tab)
+		for i, e := range bt.tab {
+			j := (i + 1) % size
+			if next := bt.tab[j]; e.id != 0 && next.id != 0 && dist(next.id, j, size) > dist(e.id, i, size)+1 {
+				t.Fatalf("slot %d at distance %d follows slot %d at distance %d", j, dist(next.id, j, size), i, dist(e.id, i, size))
+			}
+			if e.id != 0 && dist(e.id, i, size) > 0 && bt.tab[(i+size-1)%size].id == 0 {
+				t.Fatalf("slot %d is displaced behind an empty slot", i)
+			}
+		}
+		got := map[uint64]uint64{}
+		bt.each(func(id, key uint64) { got[id] = key })
+		if len(got) != len(ref) || len(bt.ids(nil)) != len(ref) {
+			t.Fatalf("each lists %d entries, ids %d, want %d", len(got), len(bt.ids(nil)), len(ref))
+		}
+		for id, key := range ref {
+			if got[id] != key {
+				t.Fatalf("each: id %d has key %d, want %d", id, got[id], key)
+			}
+		}
+	})
+}
+
+// TestNodeStoreMatchesMap checks nodeStore against a Go map of key to id
+// under random adds, deletions, id reuse and growth. Keys come from a small
+// range, anywhere, or from the keys of one of its tables.
+func TestNodeStoreMatchesMap(t *testing.T) {
+	// Keys of one table (shard 0), so that it grows and its runs wrap.
+	var oneTable []uint64
+	for k := uint64(0); len(oneTable) < 300; k++ {
+		if tagOf(k)>>24 == 0 {
+			oneTable = append(oneTable, k)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		genKey := rapid.OneOf(rapid.Uint64Range(0, 60), rapid.Uint64(), rapid.SampledFrom(oneTable))
+		var s nodeStore
+		ref := map[uint64]uint32{}
+		for i, n := 0, rapid.IntRange(1, 400).Draw(t, "ops"); i < n; i++ {
+			key := genKey.Draw(t, "key")
+			id, live := ref[key]
+			switch op := rapid.IntRange(0, 2).Draw(t, "op"); {
+			case op == 0 && !live:
+				nid, nd := s.add(key)
+				if nid == 0 || nd.key != key || s.get(nid) != nd {
+					t.Fatalf("add(%d) = %d with key %d", key, nid, nd.key)
+				}
+				for k, other := range ref {
+					if other == nid {
+						t.Fatalf("add(%d) reused id %d of live key %d", key, nid, k)
+					}
+				}
+				nd.local = key ^ 1 // the node is the caller's to fill
+				ref[key] = nid
+			case op == 1 && live:
+				s.del(id)
+				delete(ref, key)
+			default:
+				if got := s.find(key); got != id {
+					t.Fatalf("find(%d) = %d, want %d", key, got, id)
+				}
+			}
+			if s.live != len(ref) {
+				t.Fatalf("live %d, want %d", s.live, len(ref))
+			}
+			total := 0
+			for sh, tab := range s.tabs {
+				total += int(s.counts[sh])
+				if int(s.counts[sh])*maxLoadDen > len(tab)*maxLoadNum {
+					t.Fatalf("%d nodes overload the %d slots of table %d", s.counts[sh], len(tab), sh)
+				}
+			}
+			if total != s.live {
+				t.Fatalf("tables count %d nodes, %d live", total, s.live)
+			}
+		}
+		seen := 0
+		s.each(func(id uint32, n *node) {
+			seen++
+			if ref[n.key] != id || n.local != n.key^1 {
+				t.Fatalf("each: node %d has key %d local %d, want id %d", id, n.key, n.local, ref[n.key])
+			}
+		})
+		if seen != len(ref) {
+			t.Fatalf("each lists %d nodes, want %d", seen, len(ref))
+		}
+		for key, id := range ref {
+			if got := s.find(key); got != id {
+				t.Fatalf("find(%d) = %d, want %d", key, got, id)
+			}
+		}
+	})
+}
+
+// TestNodeIDsAcrossChunks fills more than one slab chunk, frees every other
+// node and refills: ids are reused and every node
+// stays where its id says.
+func TestNodeIDsAcrossChunks(t *testing.T) {
+	var s nodeStore
+	const n = nodeChunk + nodeChunk/2
+	ids := make([]uint32, n)
+	for i := range n {
+		ids[i], _ = s.add(uint64(i) * 0x9e3779b97f4a7c15)
+	}
+	if len(s.chunks) != 2 {
+		t.Fatalf("%d chunks for %d nodes", len(s.chunks), n)
+	}
+	for i := 0; i < n; i += 2 {
+		s.del(ids[i])
+	}
+	for i := 0; i < n; i += 2 {
+		id, nd := s.add(uint64(i)*0x9e3779b97f4a7c15 + 1)
+		if id >= uint32(n)+1 || nd.key != uint64(i)*0x9e3779b97f4a7c15+1 {
+			t.Fatalf("refill %d got id %d: freed ids not reused", i, id)
+		}
+	}
+	if len(s.chunks) != 2 || s.live != n {
+		t.Fatalf("%d chunks, %d live after refill", len(s.chunks), s.live)
+	}
+	for i := range n {
+		key := uint64(i) * 0x9e3779b97f4a7c15
+		if i%2 == 0 {
+			key++
+		}
+		if id := s.find(key); id == 0 || s.get(id).key != key {
+			t.Fatalf("key of node %d not found", i)
+		}
+	}
+}
