@@ -80,6 +80,10 @@ type serveConfig struct {
 	// (shared/spec/scheduling.md); requests to /select may override them.
 	OverlapWeight     float64
 	RouterTemperature float64
+	// ReuseWeight charges the gateway's KV-aware decisions for the cached
+	// prefix they give up (scheduler.CostOptions.ReuseWeight); 0: the
+	// spec's cost. /select never uses it.
+	ReuseWeight float64
 
 	// Discovery is "static" (flags and HTTP registration only) or
 	// "kubernetes" (the workers of an InferencePool, with the Pool* and
@@ -182,6 +186,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
 	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
 	fs.Float64("overlap-weight", 1, "weight of prefill against decode load in the routing cost (Dynamo's overlap_score_weight): higher favours cached prefixes over balance")
+	fs.Float64("reuse-weight", scheduler.DefaultReuseWeight, "kv routing (ext_proc, proxy) also charges a rank weight x overlap-weight x (its new prefill - the least any candidate needs)/block size: a prompt leaves the rank holding its longest cached prefix only when that rank's extra load outweighs (1 + weight) times the prefix; 0: the spec's (Dynamo's) cost, which /select always uses")
 	fs.Float64("router-temperature", 0, "0 picks the cheapest rank; T > 0 samples ranks with p ∝ exp(-normalized cost / T)")
 	fs.Duration("metrics-scrape-interval", 0, "how often to scrape every worker's /metrics (vLLM's num_requests_waiting, kv_cache_usage_perc), shown in /workers; 0: never")
 	fs.Float64("metrics-load-weight", 0, "weight of the scraped engine load in the routing cost, as a correction to the load kvgate tracks (see README); 0: not used")
@@ -465,8 +470,8 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	for _, k := range []struct {
 		key string
 		dst *float64
-	}{{"overlap-weight", &cfg.OverlapWeight}, {"router-temperature", &cfg.RouterTemperature}} {
-		if *k.dst, err = getFloat(v, k.key); err != nil || *k.dst < 0 || math.IsInf(*k.dst, 0) {
+	}{{"overlap-weight", &cfg.OverlapWeight}, {"router-temperature", &cfg.RouterTemperature}, {"reuse-weight", &cfg.ReuseWeight}} {
+		if *k.dst, err = getFloat(v, k.key); err != nil || !(*k.dst >= 0) || math.IsInf(*k.dst, 0) {
 			return cfg, bad(k.key, v.Get(k.key), "want a finite number >= 0")
 		}
 	}

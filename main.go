@@ -193,8 +193,11 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// index, the slot tracker and selection service routes, the periodic
 	// expiry of requests never freed, and replica sync of the loads.
 	loads := catalog.Loads()
+	// The reuse charge applies to the gateway's decisions only: the
+	// Dynamo-compatible routes answer with the spec's cost.
 	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{
-		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight}, randomSeed(), reg)
+		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight,
+		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}, randomSeed(), reg)
 	srv.Handle(scheduler.NewService(catalog, sched).Routes()...)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup

@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 )
@@ -95,11 +96,13 @@ func TestLoadServeConfig(t *testing.T) {
 	intAddr := file("int-addr.yaml", "admin-addr: 9000\n")
 	malformed := file("malformed.yaml", "admin-addr: [\n")
 	empty := file("empty.yaml", "")
+	reuseFile := file("reuse.yaml", "reuse-weight: 32\n")
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
 		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv",
-		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}", OverlapWeight: 1}
+		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}", OverlapWeight: 1,
+		ReuseWeight: scheduler.DefaultReuseWeight}
 	workersFile := file("workers.yaml", "workers: \"7=tcp://e:1\"\nmodel-name: llama\nblock-size: 32\n")
 	syncFile := file("sync.yaml", "replica-sync-port: 9092\nreplica-sync-peers: \"tcp://b:9092\"\n")
 	with := func(f func(*serveConfig)) serveConfig {
@@ -125,7 +128,8 @@ func TestLoadServeConfig(t *testing.T) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
-					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight}
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight,
+					ReuseWeight: c.ReuseWeight}
 			}),
 		},
 		{
@@ -160,7 +164,8 @@ func TestLoadServeConfig(t *testing.T) {
 				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
-					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight}
+					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight,
+					ReuseWeight: c.ReuseWeight}
 			}),
 		},
 		{name: "unknown key in file", args: []string{"--config", typo}, wantErr: `typo.yaml: unknown key "event-thread"`},
@@ -273,6 +278,12 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "metrics weight not a number", args: []string{"--metrics-scrape-interval", "1s"}, env: map[string]string{"KVGATE_METRICS_LOAD_WEIGHT": "NaN"}, wantErr: "want a finite number >= 0"},
 		{name: "cost defaults", args: []string{"--overlap-weight", "0", "--router-temperature", "0.5"},
 			want: with(func(c *serveConfig) { c.OverlapWeight, c.RouterTemperature = 0, 0.5 })},
+		{name: "reuse weight from flag", args: []string{"--reuse-weight", "4"}, want: with(func(c *serveConfig) { c.ReuseWeight = 4 })},
+		{name: "reuse weight 0 from env: the spec's cost", env: map[string]string{"KVGATE_REUSE_WEIGHT": "0"}, want: with(func(c *serveConfig) { c.ReuseWeight = 0 })},
+		{name: "reuse weight from file", args: []string{"--config", reuseFile}, want: with(func(c *serveConfig) { c.ConfigFile, c.ReuseWeight = reuseFile, 32 })},
+		{name: "negative reuse weight", args: []string{"--reuse-weight", "-1"}, wantErr: `invalid reuse-weight "-1" (from flag --reuse-weight): want a finite number >= 0`},
+		{name: "infinite reuse weight", env: map[string]string{"KVGATE_REUSE_WEIGHT": "+Inf"}, wantErr: `invalid reuse-weight "+Inf" (from env KVGATE_REUSE_WEIGHT): want a finite number >= 0`},
+		{name: "NaN overlap weight", env: map[string]string{"KVGATE_OVERLAP_WEIGHT": "NaN"}, wantErr: `invalid overlap-weight "NaN" (from env KVGATE_OVERLAP_WEIGHT): want a finite number >= 0`},
 		{name: "negative overlap weight", env: map[string]string{"KVGATE_OVERLAP_WEIGHT": "-2"}, wantErr: `invalid overlap-weight "-2" (from env KVGATE_OVERLAP_WEIGHT): want a finite number >= 0`},
 		{name: "negative scrape interval", args: []string{"--metrics-scrape-interval", "-1s"}, wantErr: "want a duration >= 0"},
 		{name: "bad routing policy", args: []string{"--routing-policy", "fastest"}, wantErr: `invalid routing-policy "fastest" (from flag --routing-policy): want kv, round-robin`},

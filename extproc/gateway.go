@@ -171,7 +171,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 			return nil, e
 		}
 	} else {
-		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: allowed, Reserve: true, ReservationID: r.booking})
+		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: allowed, Reserve: true, ReservationID: r.booking, ChargeReuse: true})
 		if err != nil {
 			if errors.Is(err, scheduler.ErrUnavailable) {
 				return nil, errorf(http.StatusServiceUnavailable, "no ready worker serves model %q", key.Model)
@@ -313,7 +313,7 @@ func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed 
 	pool = slices.DeleteFunc(slices.Clone(pool), func(id uint64) bool { return id == chosen })
 	var out []string
 	for len(out) < n && len(pool) > 0 {
-		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: pool})
+		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: pool, ChargeReuse: true})
 		if err != nil {
 			break
 		}

@@ -17,8 +17,11 @@ import (
 )
 
 // Policy is how the gateway picks a worker rank. PolicyKV is kvgate's
-// KV-aware selection (the scheduler's cost over the index and the active
-// loads); the others are the baselines it is measured against (make demo,
+// KV-aware selection: the scheduler's cost over the index and the active
+// loads, with the charge for the cached prefix a choice gives up
+// (scheduler.CostOptions.ReuseWeight, kvgate serve's --reuse-weight; 0
+// leaves the spec's cost, as the Dynamo-compatible /select answers). The
+// others are the baselines it is measured against (make demo,
 // bench/routing). They use neither the index nor the cost function, but
 // book their requests in the same active loads, so the lifecycle, the load
 // limit and /loads work alike.

@@ -254,3 +254,79 @@ func TestGatewayPolicies(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayKVReuseCharge routes through a Gateway with PolicyKV: its
+// decisions pay for the cached prefix they give up (the scheduler's
+// ReuseWeight, 16 by default), unlike /select. Worker 1 holds 6 of the
+// prompt's 8 blocks (block size 16, 128 tokens) and runs a request of 500
+// prefill tokens; worker 2 is idle and empty. The spec's cost: worker 1
+// (500 + 32)/16 + 8 = 41.25, worker 2 128/16 + 8 = 16, so the prompt
+// would leave its prefix; charged, worker 2 also pays 16 * 96/16 = 96 and
+// worker 1 keeps it. The fallback is the next best under the same rule.
+func TestGatewayKVReuseCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		reuse          float64
+		worker, second uint64
+		cached         int
+	}{
+		{name: "default reuse weight", worker: 1, second: 2, cached: 6},
+		{name: "reuse weight off: the spec's cost", reuse: scheduler.NoReuseWeight, worker: 2, second: 1, cached: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logger, _, _, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", BlockSize: 16}) // its registry
+			set := indexer.NewSet(indexer.Options{})
+			t.Cleanup(set.Close)
+			ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+			t.Cleanup(ingest.Close)
+			cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
+			sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
+			key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
+			for id := uint64(1); id <= 2; id++ {
+				ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
+				if err := cat.PutWorker(ws); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ids := make([]uint32, 128)
+			for i := range ids {
+				ids[i] = uint32(7000 + i)
+			}
+			local := indexer.LocalHashes(nil, ids, 16, indexer.LoRASeed(""), nil)
+			ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: 1}, Tier: indexer.TierDevice}
+			for i := range 6 {
+				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: uint64(i + 1), Local: local[i]})
+			}
+			ix, err := set.Index(key, 16)
+			if err == nil {
+				_, err = ix.Apply(ev)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			loads := cat.Loads()
+			if err := loads.Add(key, scheduler.Booking{ID: "busy", Worker: indexer.WorkerRank{Worker: 1}, PrefillTokens: 500}); err != nil {
+				t.Fatal(err)
+			}
+			g := New(reg, cat, sched, Options{Fallbacks: 1, Logger: logger, Registerer: prometheus.NewRegistry()})
+			r, e := g.Decide(t.Context(), &Prompt{Kind: KindCompletion, Model: "m", IDs: ids, Tokenize: tokenize.Request{Model: "m"}}, nil, "")
+			if e != nil {
+				t.Fatal(e)
+			}
+			second := fmt.Sprintf("10.0.0.%d:8000", tc.second)
+			if r.Worker != tc.worker || r.CachedBlocks != tc.cached || r.Blocks != 8 || !slices.Equal(r.Fallbacks, []string{second}) {
+				t.Errorf("routed to worker %d with %d of %d blocks cached, fallbacks %v; want worker %d, %d cached, fallback %s",
+					r.Worker, r.CachedBlocks, r.Blocks, r.Fallbacks, tc.worker, tc.cached, second)
+			}
+			r.Finish()
+			if _, err := loads.Free(key, "busy"); err != nil {
+				t.Fatal(err)
+			}
+			for _, l := range loads.Snapshot("m", indexer.DefaultTenant) {
+				if l.Requests != 0 || l.PrefillTokens != 0 || l.DecodeBlocks != 0 {
+					t.Errorf("after Finish: %+v", l)
+				}
+			}
+		})
+	}
+}

@@ -20,7 +20,10 @@ import (
 // from Loads give a cost; the cheapest rank wins (or one is sampled with a
 // temperature), and may be booked in the same step. The load a rank's
 // engine reports on its /metrics page (Scraper) may correct the cost (see
-// CostOptions.MetricsWeight); it is off by default.
+// CostOptions.MetricsWeight); it is off by default. The gateway's
+// decisions also pay for the cached prefix they give up (see
+// CostOptions.ReuseWeight and SelectRequest.ChargeReuse); the
+// Dynamo-compatible routes do not, and answer with the spec's cost.
 
 // CostOptions are the scheduler's defaults; a request may override the
 // overlap weight and the temperature.
@@ -60,20 +63,59 @@ type CostOptions struct {
 	// MetricsRequestBlocks is b, in blocks; 0 (the default) takes the
 	// size of the prompt being placed (isl / block size, at least 1).
 	MetricsRequestBlocks float64
+	// ReuseWeight, R, charges the decisions made with
+	// SelectRequest.ChargeReuse (the gateway's KV-aware routing) for the
+	// cached prefix they give up:
+	//
+	//	cost += R * w * (new_prefill - least_new_prefill) / block_size
+	//
+	// with new_prefill the prompt's tokens the rank must compute (after
+	// cache credit, as booked) and least_new_prefill the least of them
+	// over the candidate ranks: the rank holding the longest cached
+	// prefix pays nothing, a rank holding none pays R times that prefix.
+	//
+	// The spec's cost is the request's own wait: its rank's queued
+	// prefill plus its own. It leaves the rank holding the prompt's prefix
+	// as soon as that rank's queue is longer than the prefix, by the
+	// cost's other terms. But the prefill a choice adds is not this
+	// request's wait alone: the requests queued behind it on that rank,
+	// and those running there (their decode steps share the engine with
+	// it), wait for it too, and in a prefill-bound fleet the lost reuse
+	// is lost throughput. R counts those requests: a decision leaves the
+	// rank with the longest prefix only when that rank's extra load
+	// outweighs (1 + R) times the prefix it would recompute elsewhere.
+	// Prompts with no cached prefix anywhere (no charge anywhere), and
+	// prefixes held alike by several ranks, are placed by load as before.
+	// Default DefaultReuseWeight; NoReuseWeight gives 0, the spec's cost.
+	// It must be finite (other values count as 0).
+	ReuseWeight float64
 }
+
+// DefaultReuseWeight is CostOptions.ReuseWeight's default, chosen by
+// measurement (BENCHMARKS.md, "Routing quality"): from 8 on, the gateway
+// keeps more than 90 % of the reusable prefix on the Mooncake traces,
+// while a rank holding a hot prefix still sheds load once its queue
+// exceeds 17 times that prefix.
+const DefaultReuseWeight = 16.0
 
 // Zero-value markers for CostOptions fields whose default is not zero.
 const (
 	NoOverlapWeight = -1.0 // OverlapWeight 0
 	NoDiscount      = -1.0 // HostWeight / DiskWeight 0
+	NoReuseWeight   = -1.0 // ReuseWeight 0: the spec's cost everywhere
 )
 
 // uncached returns the tokens of isl a rank with overlap ov (in blocks of
 // bs tokens) must compute: the cache credit, with host-only and disk-only
 // blocks discounted. It is the prefill booked for a request.
 func (o CostOptions) uncached(ov indexer.Overlap, isl int64, bs int) int64 {
-	eff := float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
-	return max(0, isl-int64(math.Round(eff*float64(bs))))
+	return max(0, isl-int64(math.Round(o.effective(ov)*float64(bs))))
+}
+
+// effective returns the overlap ov counts for, in blocks: its device
+// blocks, and its host-only and disk-only ones discounted.
+func (o CostOptions) effective(ov indexer.Overlap) float64 {
+	return float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
 }
 
 // overlapsByRank indexes Match's answer by worker rank, into m (cleared
@@ -129,6 +171,10 @@ func (o CostOptions) withDefaults() CostOptions {
 	def(&o.OverlapWeight, 1)
 	def(&o.HostWeight, 0.8)
 	def(&o.DiskWeight, 0.5)
+	def(&o.ReuseWeight, DefaultReuseWeight)
+	if math.IsNaN(o.ReuseWeight) || math.IsInf(o.ReuseWeight, 0) {
+		o.ReuseWeight = 0
+	}
 	for _, v := range []*float64{&o.MetricsWeight, &o.MetricsRequestBlocks} {
 		if !(*v > 0 && *v <= math.MaxFloat64) { // negative, NaN, infinite
 			*v = 0
@@ -157,6 +203,11 @@ type SelectRequest struct {
 	// choice, under ReservationID.
 	Reserve       bool
 	ReservationID string
+	// ChargeReuse adds the charge for the cached prefix given up
+	// (CostOptions.ReuseWeight) to every rank's cost. The gateway's
+	// KV-aware routing sets it; the Dynamo-compatible routes (/select,
+	// /select_and_reserve) do not: their answers are the spec's.
+	ChargeReuse bool
 }
 
 // Decision is the chosen rank and why.
@@ -174,8 +225,12 @@ type Decision struct {
 	// after cache credit (host and disk overlap discounted): the value
 	// booked.
 	EffectivePrefillTokens int64
-	Cost                   float64
-	Endpoint               string
+	// Cost is the chosen rank's cost, ReuseCharge (with
+	// SelectRequest.ChargeReuse: the charge for the reuse given up) and
+	// the metrics correction included.
+	Cost        float64
+	ReuseCharge float64
+	Endpoint    string
 }
 
 // Scheduler decides where requests go. It is safe for concurrent use.
@@ -226,26 +281,27 @@ type candidate struct {
 	cost    float64
 	// held counts the prompt's blocks the rank's active requests hold;
 	// while bound, it is only an upper bound, and cost a lower bound.
-	held  int32
-	bound bool
-	extra float64 // the metrics correction, in cost
+	held   int32
+	bound  bool
+	extra  float64 // the metrics correction, in cost
+	charge float64 // the charge for the reuse given up, in cost
 }
 
 // costOf returns the cost (shared/spec/scheduling.md) of sending a prompt
-// of n blocks to rl, with c's new prefill, held blocks and metrics
-// correction, at overlap weight w and block size bs.
+// of n blocks to rl, with c's new prefill, held blocks, metrics
+// correction and reuse charge, at overlap weight w and block size bs.
 func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
 	prefill := float64(rl.prefill + c.prefill)
 	decode := float64(rl.blocks()) + rl.output + float64(n-int(c.held))
-	return w*prefill/float64(bs) + decode + c.extra
+	return w*prefill/float64(bs) + decode + c.extra + c.charge
 }
 
 // choice is the outcome of decide.
 type choice struct {
-	wr      indexer.WorkerRank
-	ov      indexer.Overlap
-	prefill int64
-	cost    float64
+	wr           indexer.WorkerRank
+	ov           indexer.Overlap
+	prefill      int64
+	cost, charge float64
 }
 
 // Select chooses a rank for req, and books it when req.Reserve.
@@ -309,7 +365,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	if b != nil {
 		s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *b})
 	}
-	d := Decision{Worker: c.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, DP: map[uint32]int{}}
+	d := Decision{Worker: c.wr, BlockSize: bs, Overlap: c.ov, EffectivePrefillTokens: c.prefill, Cost: c.cost, ReuseCharge: c.charge, DP: map[uint32]int{}}
 	d.Overlap.Worker = c.wr
 	for _, o := range overlaps {
 		if o.Worker.Worker == d.Worker.Worker {
@@ -336,22 +392,38 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // costing.cold): when a rank with cached blocks costs less, the others
 // are not even looked at. The metrics correction (CostOptions.MetricsWeight)
 // is not negative and does not depend on held blocks: it keeps both bounds.
+// Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
+// for a rank without cached blocks.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
 	isl int64, w, temp float64, sched map[uint64]bool, book *Booking) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.begin()
+	k := costing{s: s, t: t, req: req, sched: sched, isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
+		cands: sc.cands[:0], bounded: sc.bounded[:0]}
+	// The reuse charge's least new prefill is that of the eligible rank
+	// with the longest cached prefix (the whole prompt when none has one).
+	// (The new prefill falls as the effective overlap grows.)
+	charge := req.ChargeReuse && s.opts.ReuseWeight > 0
+	var bestEff float64
+	var best indexer.Overlap
 	cached := sc.cached[:0]
 	for _, o := range overlaps {
 		if rl := t.find.get(o.Worker); rl != nil {
 			rl.ov, rl.ovMark = o, t.pass
 			cached = append(cached, rl)
+			if charge {
+				if eff := s.opts.effective(o); eff > bestEff && k.eligible(rl) {
+					bestEff, best = eff, o
+				}
+			}
 		}
 	}
 	sc.cached = cached
-	k := costing{s: s, t: t, req: req, sched: sched, isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
-		cands: sc.cands[:0], bounded: sc.bounded[:0]}
+	if charge {
+		k.reuse, k.leastNew = s.opts.ReuseWeight, s.opts.uncached(best, isl, bs)
+	}
 	if mw := s.opts.MetricsWeight; mw > 0 {
 		st := &s.cat.scrape
 		st.mu.RLock()
@@ -400,7 +472,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	}
 	sc.cands, sc.bounded = k.cands, k.bounded
 	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix)]
-	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost}
+	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost, charge: c.charge}
 	if c.rl.ovMark == t.pass {
 		ch.ov = c.rl.ov
 	}
@@ -431,6 +503,10 @@ type costing struct {
 	eng           map[indexer.WorkerRank]rankEngine
 	mw, reqBlocks float64
 	now           time.Time
+	// The reuse charge (see CostOptions.ReuseWeight): R (0: none), and
+	// the least new prefill of any candidate rank.
+	reuse    float64
+	leastNew int64
 
 	cands       []candidate // at temperature 0, only those that may win
 	bounded     []int       // indexes in cands of candidates whose cost is a bound
@@ -445,14 +521,24 @@ func (k *costing) reset() {
 }
 
 // cold returns a lower bound of the cost of every rank without cached
-// blocks (Overlap zero): the cost of such a rank with no load. A loaded
-// one costs no less: its active prefill and output are not negative, and
-// its active requests hold at least as many blocks as they hold of the
-// prompt, when no hash occurs twice in the prompt; and its metrics
-// correction is not negative. So it is valid when !k.repeats and
-// k.t.negative is 0.
+// blocks (Overlap zero): the cost of such a rank with no load, its reuse
+// charge included. A loaded one costs no less: its active prefill and
+// output are not negative, and its active requests hold at least as many
+// blocks as they hold of the prompt, when no hash occurs twice in the
+// prompt; and its metrics correction is not negative. So it is valid
+// when !k.repeats and k.t.negative is 0.
 func (k *costing) cold() float64 {
-	return k.w*float64(max(0, k.isl))/float64(k.bs) + float64(k.n)
+	isl := max(0, k.isl)
+	return k.w*float64(isl)/float64(k.bs) + float64(k.n) + k.chargeOf(isl)
+}
+
+// chargeOf returns the reuse charge of a rank whose new prefill is
+// prefill tokens: R * w * (prefill - least) / block size.
+func (k *costing) chargeOf(prefill int64) float64 {
+	if k.reuse == 0 {
+		return 0
+	}
+	return k.reuse * k.w * float64(prefill-k.leastNew) / float64(k.bs)
 }
 
 // eligible reports whether rl may be chosen: its worker is schedulable
@@ -487,6 +573,7 @@ func (k *costing) add(rl *rankLoad) {
 		}
 		k.budget += min(k.n, blocks)
 	}
+	c.charge = k.chargeOf(c.prefill)
 	c.cost = costOf(rl, &c, k.n, k.w, k.bs)
 	if k.eng != nil && (k.counted || c.cost <= k.best) {
 		// Not negative: a rank that cannot win without it cannot with it.

@@ -579,7 +579,7 @@ func TestConcurrentSelect(t *testing.T) {
 				p := prompts[(g+i)%3]
 				local := append(slices.Clone(p[:4+i%13]), uint64(g)<<32|uint64(i)) // a shared prefix and an own block
 				id := fmt.Sprintf("g%d-%d", g, i)
-				req := SelectRequest{Key: s.key, Local: local, Workers: mine, Reserve: true, ReservationID: id}
+				req := SelectRequest{Key: s.key, Local: local, Workers: mine, Reserve: true, ReservationID: id, ChargeReuse: i%2 == 1}
 				if i%3 == 0 {
 					req.Temperature = ptrTo(0.5)
 				}
@@ -660,7 +660,8 @@ func TestSelectWhileRegistering(t *testing.T) {
 }
 
 // TestSelectMatchesBruteForce compares decisions with costs worked out
-// naively from the spec's formula, over random loads: every rank's held
+// naively from the spec's formula, with the reuse charge or without, over
+// random loads: every rank's held
 // blocks are the set union of its active requests' hashes, counted over
 // the prompt's positions. Loads mix idle and busy ranks, requests holding
 // a prefix of a prompt or other hashes, several per rank, sharing hashes
@@ -797,10 +798,17 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 	}
 	for qi, q := range queries {
 		overlaps := overlapsByRank(nil, ix.Match(q.seq, nil))
-		for _, weight := range []float64{1, 0, 2.5} {
+		for _, c := range []struct{ weight, reuse float64 }{{1, 0}, {0, 0}, {2.5, 0}, {1, 16}, {2.5, 3}} {
+			weight := c.weight
 			costs := map[indexer.WorkerRank]float64{}
 			prefills := map[indexer.WorkerRank]int64{}
 			least := math.Inf(1)
+			leastNew := int64(len(q.seq) * bs)
+			for wr := range state {
+				ov := overlaps[wr]
+				eff := float64(ov.Device) + 0.8*float64(ov.Host-ov.Device) + 0.5*float64(ov.Disk-ov.Host)
+				leastNew = min(leastNew, max(0, int64(len(q.seq)*bs)-int64(math.Round(eff*float64(bs)))))
+			}
 			for wr, st := range state {
 				ov := overlaps[wr]
 				eff := float64(ov.Device) + 0.8*float64(ov.Host-ov.Device) + 0.5*float64(ov.Disk-ov.Host)
@@ -813,6 +821,9 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 				}
 				decode := float64(len(st.held)) + st.output + float64(len(q.seq)-held)
 				costs[wr] = weight*float64(st.prefill+prefills[wr])/float64(bs) + decode
+				if c.reuse > 0 {
+					costs[wr] += c.reuse * weight * float64(prefills[wr]-leastNew) / float64(bs)
+				}
 				least = min(least, costs[wr])
 			}
 			smallest := math.MaxInt
@@ -821,10 +832,11 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 					smallest = min(smallest, ix.RankBlocks(wr))
 				}
 			}
-			what := fmt.Sprintf("seed %d query %d weight %v", seed, qi, weight)
+			what := fmt.Sprintf("seed %d query %d weight %v reuse %v", seed, qi, weight, c.reuse)
 			req := q.req
-			req.OverlapWeight = ptrTo(weight)
-			d, err := s.scheduler(seed, CostOptions{}).Select(req)
+			req.OverlapWeight, req.ChargeReuse = ptrTo(weight), c.reuse > 0
+			opts := CostOptions{ReuseWeight: c.reuse}
+			d, err := s.scheduler(seed, opts).Select(req)
 			if err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
@@ -840,7 +852,7 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 					what, d.Worker, d.Cost, costs[d.Worker], ix.RankBlocks(d.Worker), d.EffectivePrefillTokens, least, smallest, prefills[d.Worker])
 			}
 			req.Temperature = ptrTo(1.0)
-			if d, err := s.scheduler(seed, CostOptions{}).Select(req); err != nil || d.Cost != costs[d.Worker] {
+			if d, err := s.scheduler(seed, opts).Select(req); err != nil || d.Cost != costs[d.Worker] {
 				t.Fatalf("%s, sampled: chose %s at cost %v (%v), naive cost %v", what, d.Worker, d.Cost, err, costs[d.Worker])
 			}
 		}

@@ -22,7 +22,11 @@
 // Results (report.go, plot.go) are a Markdown table on stdout and, in the
 // output directory, results.csv, results.md, requests.csv (one line per
 // request), a TTFT CDF per load level and, for a load sweep, mean TTFT
-// against offered load.
+// against offered load. Each run also splits the reusable tokens it did
+// not find cached by cause (gap.go): prefixes still being computed when
+// the request was sent, and, from kvgate's routed debug log when it runs
+// with -serve-args "--log-level debug", decisions off the rank with the
+// longest cached prefix.
 //
 // The package owns bench/routing only. It must not import kvgate's
 // routing packages (scheduler, extproc, indexer) nor route requests: it is

@@ -259,6 +259,10 @@ func Run(ctx context.Context, cfg Config, out, progress io.Writer) (*Report, err
 			if err != nil {
 				return nil, fmt.Errorf("%s at compression %g: %w", policy, c, err)
 			}
+			// kvgate has exited: its log is complete. Without the log, the
+			// gap has no decisions.
+			routed, _ := readRouted(filepath.Join(logDir, tag+"-kvgate.log"))
+			s.Gap = ComputeGap(reqs, outs, cfg.TokensPerHash, routed, cfg.Fleet.BlockSize)
 			rc.write(c, policy, outs)
 			failed += s.Errors
 			level.Summaries = append(level.Summaries, s)

@@ -196,6 +196,9 @@ func (r *Report) WriteText(w io.Writer, l Level) {
 		fmt.Fprintf(w, "%s: %s; send lag p99 %s\n", s.Policy, s.Diag, fmtDur(s.LagP99))
 	}
 	for _, s := range l.Summaries {
+		fmt.Fprintf(w, "%s: %s\n", s.Policy, s.Gap)
+	}
+	for _, s := range l.Summaries {
 		if why := contended(s); why != "" {
 			fmt.Fprintf(w, "(!) %s: %s: its latencies are not reliable, rerun on a quiet machine\n", s.Policy, why)
 		}
@@ -225,6 +228,9 @@ func (r *Report) WriteMarkdown(w io.Writer, plots map[float64]string, sweepPlot 
 			fmt.Fprintf(&b, "- %s: %s; send lag p99 %s\n", s.Policy, s.Diag, fmtDur(s.LagP99))
 		}
 		for _, s := range l.Summaries {
+			fmt.Fprintf(&b, "- %s: %s\n", s.Policy, s.Gap)
+		}
+		for _, s := range l.Summaries {
 			if why := contended(s); why != "" {
 				fmt.Fprintf(&b, "- (!) %s: %s: its latencies are not reliable, rerun on a quiet machine\n", s.Policy, why)
 			}
@@ -245,7 +251,8 @@ var csvHeader = []string{"trace", "window_start_s", "window_s", "requests", "com
 	"completed", "errors", "prompt_tokens", "cached_tokens", "hit_rate", "oracle_hit_rate", "hit_rate_of_oracle",
 	"ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p99_ms",
 	"output_tokens", "duration_s", "output_tokens_per_s", "requests_per_s", "offered_requests_per_s", "send_lag_p99_ms",
-	"requests_per_worker", "preemptions", "kvgate_cpu_s", "fleet_cpu_s", "runner_cpu_s", "other_cpu_s", "wall_s", "contended"}
+	"requests_per_worker", "preemptions", "kvgate_cpu_s", "fleet_cpu_s", "runner_cpu_s", "other_cpu_s", "wall_s", "contended",
+	"lost_in_flight_of_oracle", "lost_off_best_of_oracle", "decisions_off_best", "decisions_logged"}
 
 // WriteCSV writes results.csv: a row per (level, policy) and an oracle row
 // per level.
@@ -266,7 +273,8 @@ func (r *Report) WriteCSV(w io.Writer) error {
 				strconv.FormatFloat(s.OutputTokensPerS, 'f', 1, 64), strconv.FormatFloat(s.RequestsPerS, 'f', 3, 64),
 				strconv.FormatFloat(s.OfferedRequestsPS, 'f', 3, 64), ms(s.LagP99),
 				routedList(s.Diag.Routed), strconv.FormatInt(s.Diag.Preemptions, 10), sec(s.Diag.KvgateCPU), sec(s.Diag.SimCPU),
-				sec(s.Diag.RunnerCPU), sec(s.Diag.OtherCPU), sec(s.Diag.Wall), contended(s)))
+				sec(s.Diag.RunnerCPU), sec(s.Diag.OtherCPU), sec(s.Diag.Wall), contended(s),
+				share(s.Gap.InFlight, s.Gap.Oracle), share(s.Gap.OffBestTokens, s.Gap.Oracle), strconv.Itoa(s.Gap.OffBest), strconv.Itoa(s.Gap.Decisions)))
 		}
 		row := append(common[:len(common):len(common)], "oracle")
 		for range len(csvHeader) - len(row) {
@@ -277,6 +285,14 @@ func (r *Report) WriteCSV(w io.Writer) error {
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// share formats n/of for a CSV cell ("" when of is 0).
+func share(n, of int64) string {
+	if of == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(float64(n)/float64(of), 'f', 4, 64)
 }
 
 func sec(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 2, 64) }

@@ -34,6 +34,8 @@ type Summary struct {
 	OfferedRequestsPS float64
 
 	Diag Diagnostics
+	// Gap splits the reusable tokens not found cached by cause.
+	Gap ReuseGap
 }
 
 // maxErrorSamples bounds Summary.ErrorSamples.
