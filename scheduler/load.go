@@ -120,7 +120,8 @@ type rankLoad struct {
 	// held counts, per unique sequence hash held by active requests, the
 	// references to it, and keeps the rank's position in tracker.holders.
 	held hashRefs
-	ov   indexer.Overlap
+	// ovAt is the rank's place in the decision's overlaps.
+	ovAt int32
 	seen int
 	// pos is the index in tracker.order, head the worker's first rank
 	// there, which keeps the worker's eligibility for a decision, valid
@@ -129,6 +130,10 @@ type rankLoad struct {
 	head     *rankLoad
 	eligMark uint64
 	eligible bool
+	// schedulable says whether the worker is schedulable in the catalog's
+	// view schedView (see costing.eligible).
+	schedView   *schedCache
+	schedulable bool
 
 	reqs int
 	// active are the rank's requests (request.at is the index), refs the

@@ -108,13 +108,16 @@ const (
 // uncached returns the tokens of isl a rank with overlap ov (in blocks of
 // bs tokens) must compute: the cache credit, with host-only and disk-only
 // blocks discounted. It is the prefill booked for a request.
-func (o CostOptions) uncached(ov indexer.Overlap, isl int64, bs int) int64 {
+func (o CostOptions) uncached(ov *indexer.Overlap, isl int64, bs int) int64 {
+	if ov.Disk == ov.Device { // no host or disk extension: nothing to discount
+		return max(0, isl-int64(ov.Device)*int64(bs))
+	}
 	return max(0, isl-int64(math.Round(o.effective(ov)*float64(bs))))
 }
 
 // effective returns the overlap ov counts for, in blocks: its device
 // blocks, and its host-only and disk-only ones discounted.
-func (o CostOptions) effective(ov indexer.Overlap) float64 {
+func (o CostOptions) effective(ov *indexer.Overlap) float64 {
 	return float64(ov.Device) + o.HostWeight*float64(ov.Host-ov.Device) + o.DiskWeight*float64(ov.Disk-ov.Host)
 }
 
@@ -347,7 +350,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	}
 	sc.overlaps = ix.Match(match, sc.overlaps[:0])
 	overlaps := sc.overlaps
-	sched := s.cat.schedulable()[req.Key]
+	view := s.cat.schedView()
 	var b *Booking
 	if req.Reserve {
 		// The booking keeps its hashes: never the scratch's.
@@ -356,7 +359,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 			b.Hashes = slices.Clone(seq)
 		}
 	}
-	c, err := s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, sched, b)
+	c, err := s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b)
 	if err != nil {
 		return Decision{}, err
 	}
@@ -395,34 +398,37 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
-	isl int64, w, temp float64, sched map[uint64]bool, book *Booking) (choice, error) {
+	isl int64, w, temp float64, view *schedCache, book *Booking) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.begin()
-	k := costing{s: s, t: t, req: req, sched: sched, isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
+	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.set[req.Key], isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
 	// The reuse charge's least new prefill is that of the eligible rank
 	// with the longest cached prefix (the whole prompt when none has one).
 	// (The new prefill falls as the effective overlap grows.)
 	charge := req.ChargeReuse && s.opts.ReuseWeight > 0
 	var bestEff float64
-	var best indexer.Overlap
+	best := -1 // in overlaps
 	cached := sc.cached[:0]
-	for _, o := range overlaps {
-		if rl := t.find.get(o.Worker); rl != nil {
-			rl.ov, rl.ovMark = o, t.pass
+	for i := range overlaps {
+		if rl := t.find.get(overlaps[i].Worker); rl != nil {
+			rl.ovAt, rl.ovMark = int32(i), t.pass
 			cached = append(cached, rl)
 			if charge {
-				if eff := s.opts.effective(o); eff > bestEff && k.eligible(rl) {
-					bestEff, best = eff, o
+				if eff := s.opts.effective(&overlaps[i]); eff > bestEff && k.eligible(rl) {
+					bestEff, best = eff, i
 				}
 			}
 		}
 	}
 	sc.cached = cached
 	if charge {
-		k.reuse, k.leastNew = s.opts.ReuseWeight, s.opts.uncached(best, isl, bs)
+		k.reuse, k.leastNew = s.opts.ReuseWeight, max(0, isl)
+		if best >= 0 {
+			k.leastNew = s.opts.uncached(&overlaps[best], isl, bs)
+		}
 	}
 	if mw := s.opts.MetricsWeight; mw > 0 {
 		st := &s.cat.scrape
@@ -474,7 +480,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix)]
 	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost, charge: c.charge}
 	if c.rl.ovMark == t.pass {
-		ch.ov = c.rl.ov
+		ch.ov = overlaps[c.rl.ovAt]
 	}
 	if book != nil {
 		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
@@ -492,7 +498,9 @@ type costing struct {
 	s                *Scheduler
 	t                *tracker
 	req              SelectRequest
-	sched            map[uint64]bool
+	overlaps         []indexer.Overlap // Match's answer; rankLoad.ovAt indexes it
+	view             *schedCache
+	sched            map[uint64]bool // view's schedulable workers of the key
 	isl              int64
 	w                float64
 	bs, n            int  // block size, prompt blocks
@@ -542,10 +550,17 @@ func (k *costing) chargeOf(prefill int64) float64 {
 }
 
 // eligible reports whether rl may be chosen: its worker is schedulable
-// and, when the request names workers, one of them. It is worked out once
-// per worker and pass, on the worker's first rank.
+// and, when the request names workers, one of them. It is worked out on
+// the worker's first rank: once per catalog view (schedCache) when the
+// request names no workers, else once per pass.
 func (k *costing) eligible(rl *rankLoad) bool {
 	h := rl.head
+	if len(k.req.Workers) == 0 { // schedulable is all it takes
+		if h.schedView != k.view {
+			h.schedView, h.schedulable = k.view, k.sched[rl.wr.Worker]
+		}
+		return h.schedulable
+	}
 	if h.eligMark != k.t.pass {
 		w := rl.wr.Worker
 		h.eligMark, h.eligible = k.t.pass, k.sched[w] && (len(k.req.Workers) == 0 || slices.Contains(k.req.Workers, w))
@@ -561,7 +576,7 @@ func (k *costing) add(rl *rankLoad) {
 	k.schedulable++
 	c := candidate{rl: rl, prefill: max(0, k.isl)} // no overlap
 	if rl.ovMark == k.t.pass {
-		c.prefill = k.s.opts.uncached(rl.ov, k.isl, k.bs)
+		c.prefill = k.s.opts.uncached(&k.overlaps[rl.ovAt], k.isl, k.bs)
 	}
 	switch blocks := rl.blocks(); {
 	case k.counted:

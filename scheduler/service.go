@@ -320,7 +320,8 @@ func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	out := make([]potentialView, len(pots))
 	for i, p := range pots {
 		if credit {
-			p.PrefillTokens += s.sched.opts.uncached(cached[p.Worker], isl, bs)
+			ov := cached[p.Worker]
+			p.PrefillTokens += s.sched.opts.uncached(&ov, isl, bs)
 		}
 		out[i] = potentialView{p.Worker.Worker, p.Worker.Rank, p.PrefillTokens, p.DecodeBlocks}
 	}
