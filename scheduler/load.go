@@ -108,20 +108,25 @@ type tracker struct {
 }
 
 // rankLoad is the load of one rank. What a decision reads of every rank
-// comes first, to share a cache line.
+// comes first, to share a cache line (64 bytes, to held.n).
 type rankLoad struct {
 	wr      indexer.WorkerRank
 	prefill int64
 	output  float64 // weighted output blocks
-	// Scratch, valid when its mark equals the tracker's pass (see
-	// tracker.begin, tracker.countHeld): a decision's overlap from the
-	// index, and countHeld's count of prompt hashes held.
-	ovMark, mark uint64
+	// ovMark and ovAt: when ovMark is the tracker's pass (see
+	// tracker.begin), the rank's overlap is the decision's overlaps[ovAt].
+	ovMark uint64
+	ovAt   int32
+	// schedulable says whether the worker is schedulable in the catalog's
+	// view schedView (see costing.eligible).
+	schedulable bool
+	schedView   *schedCache
 	// held counts, per unique sequence hash held by active requests, the
 	// references to it, and keeps the rank's position in tracker.holders.
 	held hashRefs
-	// ovAt is the rank's place in the decision's overlaps.
-	ovAt int32
+	// mark: countHeld's count of prompt hashes held (seen) is valid when
+	// it equals the tracker's counts pass (see tracker.countHeld).
+	mark uint64
 	seen int
 	// pos is the index in tracker.order, head the worker's first rank
 	// there, which keeps the worker's eligibility for a decision, valid
@@ -130,10 +135,6 @@ type rankLoad struct {
 	head     *rankLoad
 	eligMark uint64
 	eligible bool
-	// schedulable says whether the worker is schedulable in the catalog's
-	// view schedView (see costing.eligible).
-	schedView   *schedCache
-	schedulable bool
 
 	reqs int
 	// active are the rank's requests (request.at is the index), refs the

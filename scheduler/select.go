@@ -550,17 +550,17 @@ func (k *costing) chargeOf(prefill int64) float64 {
 }
 
 // eligible reports whether rl may be chosen: its worker is schedulable
-// and, when the request names workers, one of them. It is worked out on
-// the worker's first rank: once per catalog view (schedCache) when the
-// request names no workers, else once per pass.
+// and, when the request names workers, one of them. When it names none,
+// the answer is kept on the rank for the catalog's view (schedCache); when
+// it does, it is worked out once per pass, on the worker's first rank.
 func (k *costing) eligible(rl *rankLoad) bool {
-	h := rl.head
 	if len(k.req.Workers) == 0 { // schedulable is all it takes
-		if h.schedView != k.view {
-			h.schedView, h.schedulable = k.view, k.sched[rl.wr.Worker]
+		if rl.schedView != k.view {
+			rl.schedView, rl.schedulable = k.view, k.sched[rl.wr.Worker]
 		}
-		return h.schedulable
+		return rl.schedulable
 	}
+	h := rl.head
 	if h.eligMark != k.t.pass {
 		w := rl.wr.Worker
 		h.eligMark, h.eligible = k.t.pass, k.sched[w] && (len(k.req.Workers) == 0 || slices.Contains(k.req.Workers, w))
