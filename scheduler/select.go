@@ -284,19 +284,21 @@ type candidate struct {
 	cost    float64
 	// held counts the prompt's blocks the rank's active requests hold;
 	// while bound, it is only an upper bound, and cost a lower bound.
-	held   int32
-	bound  bool
-	extra  float64 // the metrics correction, in cost
-	charge float64 // the charge for the reuse given up, in cost
+	held  int32
+	bound bool
+	// extra is what the cost adds to the spec's: the reuse charge (see
+	// costing.chargeOf) and the metrics correction. Neither depends on
+	// held blocks.
+	extra float64
 }
 
 // costOf returns the cost (shared/spec/scheduling.md) of sending a prompt
-// of n blocks to rl, with c's new prefill, held blocks, metrics
-// correction and reuse charge, at overlap weight w and block size bs.
+// of n blocks to rl, with c's new prefill, held blocks and extra (reuse
+// charge and metrics correction), at overlap weight w and block size bs.
 func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
 	prefill := float64(rl.prefill + c.prefill)
 	decode := float64(rl.blocks()) + rl.output + float64(n-int(c.held))
-	return w*prefill/float64(bs) + decode + c.extra + c.charge
+	return w*prefill/float64(bs) + decode + c.extra
 }
 
 // choice is the outcome of decide.
@@ -478,7 +480,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	}
 	sc.cands, sc.bounded = k.cands, k.bounded
 	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix)]
-	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost, charge: c.charge}
+	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost, charge: k.chargeOf(c.prefill)}
 	if c.rl.ovMark == t.pass {
 		ch.ov = overlaps[c.rl.ovAt]
 	}
@@ -588,12 +590,13 @@ func (k *costing) add(rl *rankLoad) {
 		}
 		k.budget += min(k.n, blocks)
 	}
-	c.charge = k.chargeOf(c.prefill)
+	c.extra = k.chargeOf(c.prefill)
 	c.cost = costOf(rl, &c, k.n, k.w, k.bs)
 	if k.eng != nil && (k.counted || c.cost <= k.best) {
 		// Not negative: a rank that cannot win without it cannot with it.
-		c.extra = k.engineExtra(rl)
-		c.cost += c.extra // as costOf adds it
+		m := k.engineExtra(rl)
+		c.extra += m
+		c.cost += m // as costOf adds it
 	}
 	if !k.counted && c.cost > k.best {
 		return
