@@ -17,7 +17,7 @@ import (
 //     host memory;
 //   - active load: 512 requests, one on every 4th rank, each holding a
 //     prefix (100 to 499 blocks) of one of the prompts, half still in
-//     prefill;
+//     prefill, booked as the gateway books its own (Booking.Chained);
 //   - the requests: prompt i%4, whole (so most ranks match part of it), or
 //     with its last 100 blocks replaced by blocks of its own (i%2 == 1).
 //
@@ -54,7 +54,7 @@ func BenchmarkSelect(b *testing.B) {
 				if i/4%2 == 0 {
 					prefill = int64(bs * (i % 300))
 				}
-				must(b, loads.Add(s.key, Booking{ID: fmt.Sprintf("load-%d", i), Worker: rank, Hashes: seq, PrefillTokens: prefill}))
+				must(b, loads.Add(s.key, Booking{ID: fmt.Sprintf("load-%d", i), Worker: rank, Hashes: seq, PrefillTokens: prefill, Chained: true}))
 			}
 		}
 	}

@@ -38,6 +38,14 @@ type Booking struct {
 	Hashes []uint64
 	// PrefillTokens are the tokens the worker must compute (not cached).
 	PrefillTokens int64
+	// Chained says Hashes are the request's own sequence hashes, chained
+	// from the first block (shared/spec/hashing.md), as the scheduler
+	// derives them from local hashes: each names its whole prefix, so the
+	// hashes of two chained lists agree up to their first difference and
+	// never after it, and a decision counting the blocks of a chained
+	// prompt held by this request stops there. Hashes a client gives are
+	// not taken to be chained.
+	Chained bool
 }
 
 // Load is the active load of one worker rank.
@@ -154,6 +162,7 @@ type request struct {
 	prefill int64 // remaining prefill tokens; 0 once prefill completed
 	// prefillDone is set by the first prefill completion.
 	prefillDone bool
+	chained     bool // Booking.Chained
 	output      float64
 	added       time.Time
 	age         int // position in tracker.byAge
@@ -326,7 +335,7 @@ func (t *tracker) add(b Booking, now time.Time) error {
 		return fmt.Errorf("%w: worker %d dp_rank %d is not registered for model_name %q tenant_id %q",
 			ErrNotFound, b.Worker.Worker, b.Worker.Rank, t.key.Model, t.key.Tenant)
 	}
-	r := &request{id: b.ID, rank: rl, hashes: slices.Clone(b.Hashes), prefill: b.PrefillTokens, added: now}
+	r := &request{id: b.ID, rank: rl, hashes: slices.Clone(b.Hashes), prefill: b.PrefillTokens, added: now, chained: b.Chained}
 	rl.held.reserve(len(r.hashes))
 	// A hash nobody held gets a one-slot holder list cut from slab: one
 	// allocation per booking, not one per block.
@@ -598,19 +607,23 @@ func (t *tracker) held(rl *rankLoad) int {
 }
 
 // heldOf counts how many of hashes rl's active requests hold, without
-// countHeld. prompt counts hashes (occurrences in refs); repeats says
-// whether a hash occurs twice in them. It costs about heldCost lookups.
+// countHeld. sc.counted(hashes) counts hashes (occurrences in refs), on
+// first use; repeats says whether a hash occurs twice in them, chained
+// whether they are chained sequence hashes (see Booking.Chained). It costs
+// about heldCost lookups.
 //
 // When no hash occurs twice, in hashes or over the rank's requests, it is
 // the sum over the requests of their common prefix with hashes (compared
-// in order, no lookups) plus the rest of their hashes found in prompt.
+// in order, no lookups) plus the rest of their hashes found in the prompt's
+// counts, which a chained request of a chained prompt need not look up.
 // Otherwise it looks up each hash of rl.held in prompt (a small table,
 // so the lookups stay in cache while rl.held is read in order), or each
 // of hashes in rl.held when that is much larger.
-func (rl *rankLoad) heldOf(hashes []uint64, prompt *hashRefs, repeats bool) int {
+func (rl *rankLoad) heldOf(hashes []uint64, sc *scratch, repeats, chained bool) int {
 	n := 0
 	switch {
 	case !repeats && rl.refs == rl.held.len():
+		var prompt *hashRefs
 		for _, r := range rl.active {
 			q := r.hashes
 			k := 0
@@ -618,6 +631,12 @@ func (rl *rankLoad) heldOf(hashes []uint64, prompt *hashRefs, repeats bool) int 
 				k++
 			}
 			n += k
+			if chained && r.chained {
+				continue // see Booking.Chained: nothing after k matches
+			}
+			if prompt == nil {
+				prompt = sc.counted(hashes)
+			}
 			for _, h := range q[k:] {
 				if prompt.has(h) {
 					n++
@@ -625,6 +644,7 @@ func (rl *rankLoad) heldOf(hashes []uint64, prompt *hashRefs, repeats bool) int 
 			}
 		}
 	case len(rl.held.slots) <= scanRatio*len(hashes):
+		prompt := sc.counted(hashes)
 		for i := range rl.held.slots {
 			if e := &rl.held.slots[i]; e.refs != 0 {
 				if p := prompt.get(e.hash); p != nil {

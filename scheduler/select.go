@@ -146,14 +146,25 @@ type scratch struct {
 	ties     []int
 	trees    []int // per tie, its tree size
 	// prompt counts the prompt's hashes (refs: occurrences), when a
-	// decision bounds costs.
-	prompt hashRefs
+	// decision bounds costs and needs them (promptReady; see counted).
+	prompt      hashRefs
+	promptReady bool
+}
+
+// counted returns the prompt's hash counts (sc.prompt), counting seq first
+// if this decision has not.
+func (sc *scratch) counted(seq []uint64) *hashRefs {
+	if !sc.promptReady {
+		sc.countPrompt(seq)
+	}
+	return &sc.prompt
 }
 
 // countPrompt fills sc.prompt with seq and reports whether a hash occurs
 // twice in it.
 func (sc *scratch) countPrompt(seq []uint64) (repeats bool) {
 	sc.prompt.clear()
+	sc.promptReady = true
 	for _, h := range seq {
 		if _, first := sc.prompt.inc(h); !first {
 			repeats = true
@@ -356,7 +367,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	var b *Booking
 	if req.Reserve {
 		// The booking keeps its hashes: never the scratch's.
-		b = &Booking{ID: req.ReservationID, Hashes: seq}
+		b = &Booking{ID: req.ReservationID, Hashes: seq, Chained: req.Seq == nil}
 		if req.Seq == nil {
 			b.Hashes = slices.Clone(seq)
 		}
@@ -405,6 +416,11 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.begin()
+	sc.promptReady = false
+	// Hashes derived from local ones are chained (see Booking.Chained):
+	// they do not repeat, and a chained booking's hashes past its first
+	// difference with them need no lookup.
+	chained := req.Seq == nil
 	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.set[req.Key], isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
 	// The reuse charge's least new prefill is that of the eligible rank
@@ -447,7 +463,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	k.reset()
 	if k.counted { // sampling weighs every cost: count every rank's blocks
 		t.countHeld(seq)
-	} else if len(t.reqs) > 0 {
+	} else if len(t.reqs) > 0 && !chained {
 		k.repeats = sc.countPrompt(seq)
 	}
 	done := false
@@ -456,7 +472,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 			k.add(rl)
 		}
 		if len(k.bounded) > 0 {
-			k.best = t.countBounded(k.cands, k.bounded, seq, &sc.prompt, false, k.budget, k.best, w, bs)
+			k.best = t.countBounded(k.cands, k.bounded, seq, sc, false, chained, k.budget, k.best, w, bs)
 		}
 		if done = k.best < k.cold(); done {
 			// In the order of the ranks, as when every rank is costed:
@@ -475,7 +491,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 			return choice{}, fmt.Errorf("%w: no schedulable worker for model_name %q tenant_id %q", ErrUnavailable, req.Key.Model, req.Key.Tenant)
 		}
 		if len(k.bounded) > 0 {
-			k.best = t.countBounded(k.cands, k.bounded, seq, &sc.prompt, k.repeats, k.budget, k.best, w, bs)
+			k.best = t.countBounded(k.cands, k.bounded, seq, sc, k.repeats, chained, k.budget, k.best, w, bs)
 		}
 	}
 	sc.cands, sc.bounded = k.cands, k.bounded
@@ -617,7 +633,7 @@ func (k *costing) add(rl *rankLoad) {
 // cost more than a countHeld pass over every holder of the prompt's
 // hashes, about budget (a lookup of heldOf counting for perLookup of its
 // steps). It returns the least exact cost. Call with t.mu held.
-func (t *tracker) countBounded(cands []candidate, bounded []int, seq []uint64, prompt *hashRefs, repeats bool, budget int, best, w float64, bs int) float64 {
+func (t *tracker) countBounded(cands []candidate, bounded []int, seq []uint64, sc *scratch, repeats, chained bool, budget int, best, w float64, bs int) float64 {
 	bounded = slices.DeleteFunc(bounded, func(i int) bool { return cands[i].cost > best })
 	slices.SortFunc(bounded, func(a, b int) int { return cmp.Compare(cands[a].cost, cands[b].cost) })
 	counted, spent := false, 0
@@ -635,7 +651,7 @@ func (t *tracker) countBounded(cands []candidate, bounded []int, seq []uint64, p
 		if counted {
 			c.held = int32(t.held(c.rl))
 		} else {
-			c.held = int32(c.rl.heldOf(seq, prompt, repeats))
+			c.held = int32(c.rl.heldOf(seq, sc, repeats, chained))
 		}
 		c.bound = false
 		c.cost = costOf(c.rl, c, len(seq), w, bs)

@@ -680,24 +680,29 @@ func TestSelectMatchesBruteForce(t *testing.T) {
 		pad         int  // if not 0, every busy rank also runs a request of pad other hashes, one twice
 		repeats     bool // prompts and requests repeat hashes
 		same        bool // every request is the same prompt's, whole: ranks tie
+		// chained books the prompt prefixes (with or without an own tail)
+		// as Booking.Chained, as the gateway's own bookings are
+		chained bool
 	}{
-		{"few busy ranks", 16, 4, 5, 1, 40, 40, 0, false, false},
-		{"every rank busy", 12, 2, 1, 3, 30, 30, 0, false, false},
-		{"requests sharing prefixes", 8, 4, 2, 6, 24, 24, 0, false, false},
-		{"repeated hashes", 8, 2, 2, 3, 20, 20, 0, true, false},
-		{"short prompts, long requests", 6, 2, 1, 3, 3, 80, 40, true, false},
-		{"busy ranks alike", 10, 4, 1, 1, 30, 1, 0, false, true},
+		{"few busy ranks", 16, 4, 5, 1, 40, 40, 0, false, false, false},
+		{"every rank busy", 12, 2, 1, 3, 30, 30, 0, false, false, false},
+		{"requests sharing prefixes", 8, 4, 2, 6, 24, 24, 0, false, false, false},
+		{"repeated hashes", 8, 2, 2, 3, 20, 20, 0, true, false, false},
+		{"short prompts, long requests", 6, 2, 1, 3, 3, 80, 40, true, false, false},
+		{"busy ranks alike", 10, 4, 1, 1, 30, 1, 0, false, true, false},
+		{"chained bookings", 12, 4, 1, 6, 30, 30, 0, false, false, true},
+		{"chained bookings, long requests", 6, 2, 1, 4, 3, 80, 0, false, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for seed := range uint64(6) {
-				bruteForceCase(t, seed, bs, tt.workers, tt.dp, tt.busyEvery, tt.perRank, tt.promptLen, tt.other, tt.pad, tt.repeats, tt.same)
+				bruteForceCase(t, seed, bs, tt.workers, tt.dp, tt.busyEvery, tt.perRank, tt.promptLen, tt.other, tt.pad, tt.repeats, tt.same, tt.chained)
 			}
 		})
 	}
 }
 
-func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRank, promptLen, other, pad int, repeats, same bool) {
+func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRank, promptLen, other, pad int, repeats, same, chained bool) {
 	rnd := rand.New(rand.NewPCG(seed, 77))
 	s := newSelRig(t, bs, rigOptions{})
 	prompts := [][]uint64{promptOf(1, promptLen), promptOf(2, promptLen), promptOf(3, promptLen)}
@@ -733,6 +738,7 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 			reqs := 1 + rnd.IntN(perRank)
 			for k := range reqs + min(pad, 1) {
 				var hashes []uint64
+				own := false // the hashes are chained: a prompt's prefix and an own tail
 				switch kind := rnd.IntN(4); {
 				case k == reqs: // the padding
 					for range pad {
@@ -753,11 +759,12 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 					for range rnd.IntN(3) {
 						hashes = append(hashes, rnd.Uint64N(1<<62))
 					}
+					own = chained
 				}
 				if repeats && rnd.IntN(2) == 0 {
 					hashes = append(hashes, hashes[rnd.IntN(len(hashes))])
 				}
-				b := Booking{Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(4) * bs)}
+				b := Booking{Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(4) * bs), Chained: own}
 				if same {
 					b.Hashes, b.PrefillTokens = indexer.SequenceHashes(nil, prompts[0]), 0
 				}
