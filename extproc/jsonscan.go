@@ -283,48 +283,45 @@ func (s *scanner) literal(lit string) error {
 // millisecond, this a fraction of that. Where it reports true, the ids
 // are those json.Unmarshal into a []uint32 gives (FuzzTokenIDs).
 func tokenIDs(raw []byte) ([]uint32, bool) {
-	i, n := 0, len(raw)
-	skip := func() {
-		for i < n && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\n' || raw[i] == '\r') {
-			i++
-		}
+	s := scanner{doc: raw}
+	// end reports whether the array closes at s.i and nothing follows.
+	end := func() bool {
+		s.i++
+		s.space()
+		return s.i == len(raw)
 	}
-	skip()
-	if i == n || raw[i] != '[' {
+	if s.space(); s.i == len(raw) || raw[s.i] != '[' {
 		return nil, false
 	}
-	i++
+	s.i++
 	// A rough count of the ids for the allocation: one per comma, plus one.
-	ids := make([]uint32, 0, bytes.Count(raw[i:], []byte{','})+1)
-	skip()
-	if i < n && raw[i] == ']' {
-		i++
-		skip()
-		return ids, i == n
+	ids := make([]uint32, 0, bytes.Count(raw[s.i:], []byte{','})+1)
+	if s.space(); s.i < len(raw) && raw[s.i] == ']' {
+		return ids, end()
 	}
 	for {
-		start := i
-		var v uint64
-		for i < n && raw[i] >= '0' && raw[i] <= '9' && i-start < 11 {
-			v = v*10 + uint64(raw[i]-'0')
-			i++
+		start := s.i
+		n := s.digits()
+		if n == 0 || n > 10 || n > 1 && raw[start] == '0' {
+			return nil, false
 		}
-		if i == start || v > math.MaxUint32 || i < n && raw[i] >= '0' && raw[i] <= '9' || raw[start] == '0' && i-start > 1 {
+		var v uint64
+		for _, c := range raw[start:s.i] {
+			v = v*10 + uint64(c-'0')
+		}
+		if v > math.MaxUint32 {
 			return nil, false
 		}
 		ids = append(ids, uint32(v))
-		skip()
-		if i == n {
+		if s.space(); s.i == len(raw) {
 			return nil, false
 		}
-		switch raw[i] {
+		switch raw[s.i] {
 		case ',':
-			i++
-			skip()
+			s.i++
+			s.space()
 		case ']':
-			i++
-			skip()
-			return ids, i == n
+			return ids, end()
 		default: // a fraction, an exponent, ...
 			return nil, false
 		}
