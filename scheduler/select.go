@@ -405,7 +405,9 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // exceed the best exact cost so far (see countBounded). And no rank
 // without cached blocks can cost less than such a rank would idle (see
 // costing.cold): when a rank with cached blocks costs less, the others
-// are not even looked at. The metrics correction (CostOptions.MetricsWeight)
+// are not even looked at. The same bound, from a rank's overlap alone
+// (costing.floor), skips the ranks with cached blocks that cannot win
+// before their load is looked up. The metrics correction (CostOptions.MetricsWeight)
 // is not negative and does not depend on held blocks: it keeps both bounds.
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
