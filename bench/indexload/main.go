@@ -102,11 +102,14 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n\n", cfg.eventThreads, cfg.queriers)
 
-	// Phase 1: apply alone, measuring throughput and memory.
-	runtime.GC()
+	// Phase 1: apply alone, measuring throughput and memory: the heap's
+	// growth from the empty index (its Set and queues made) to the full one.
 	var before runtime.MemStats
-	runtime.ReadMemStats(&before)
-	set, ix, elapsed, err := apply(cfg, events, nil)
+	empty := func() {
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+	}
+	set, ix, elapsed, err := apply(cfg, events, empty, nil)
 	if err != nil {
 		return err
 	}
@@ -123,7 +126,7 @@ func run(cfg config, out io.Writer) error {
 
 	// Phase 2: apply again into a fresh index while matches run.
 	var lat latencies
-	_, _, busyElapsed, err := apply(cfg, events, func(ix *indexer.Index, stop <-chan struct{}) {
+	_, _, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
 		lat = measureBusy(ix, queries, cfg.queriers, stop)
 	})
 	if err != nil {
@@ -261,12 +264,16 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, int) {
 }
 
 // apply submits events to a fresh Set and waits until all are applied,
-// running during(ix, stop) concurrently when given.
-func apply(cfg config, events []indexer.Event, during func(*indexer.Index, <-chan struct{})) (*indexer.Set, *indexer.Index, time.Duration, error) {
+// calling ready (when given) once the Set and its empty index are made,
+// and running during(ix, stop) concurrently when given.
+func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{})) (*indexer.Set, *indexer.Index, time.Duration, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
 		return nil, nil, 0, err
+	}
+	if ready != nil {
+		ready()
 	}
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
