@@ -395,6 +395,8 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
 	}
+	// One growth at most for the event.
+	w.blocks.reserve(len(blocks))
 	var parent *node // node of the previous block, once known
 	var pid uint32
 	for i, b := range blocks {
@@ -585,6 +587,7 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	}
 	if w != nil {
 		w.sink += sink
+		w.blocks.trim()
 	}
 	return res
 }
@@ -635,7 +638,11 @@ func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	if w == nil {
 		return ApplyResult{}
 	}
-	return ApplyResult{Removed: ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })}
+	removed := ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })
+	if ix.workers[wr] == w {
+		w.blocks.trim()
+	}
+	return ApplyResult{Removed: removed}
 }
 
 // detachAll drops tiers from every block of w, releasing the lock every

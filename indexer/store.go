@@ -214,6 +214,18 @@ type blockTable struct {
 // blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
 const blockLoadNum, blockLoadDen = 9, 10
 
+// A blockTable below load trimBelowNum/trimBelowDen after a removal shrinks
+// to load trimToNum/trimToDen (see trim). A rank's table would otherwise
+// stay at the size of its peak (its cache's capacity plus the longest
+// request stored before the eviction that follows), at load ~0.6 once the
+// rank evicts back to capacity. The gap between the two keeps a rank whose
+// cache is full from growing and shrinking at every request: it grows only
+// for a request of more than an eighth of its blocks.
+const (
+	trimBelowNum, trimBelowDen = 7, 10
+	trimToNum, trimToDen       = 4, 5
+)
+
 func idHome(id uint64, size int) int {
 	hi, _ := bits.Mul64(mix(id), uint64(size))
 	return int(hi)
@@ -277,11 +289,29 @@ func (t *blockTable) put(id, key uint64) {
 		t.tab[i].key = key
 		return
 	}
-	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
-		t.rehash(grown(len(t.tab)))
-	}
+	t.reserve(1)
 	robinHood(t.tab, blockEntry{id: id, key: key})
 	t.n++
+}
+
+// reserve grows the table, if needed, so that extra more entries fit
+// without another growth.
+func (t *blockTable) reserve(extra int) {
+	need := t.n + extra
+	if need*blockLoadDen <= len(t.tab)*blockLoadNum {
+		return
+	}
+	t.rehash(max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1))
+}
+
+// trim shrinks a table that removals left below load trimBelow to load
+// trimTo. Called at the end of a removal, not on each deletion, so that an
+// event's removals shrink it once.
+func (t *blockTable) trim() {
+	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
+		return
+	}
+	t.rehash(max(16, t.n*trimToDen/trimToNum+1))
 }
 
 // robinHood inserts e, whose id is not in tab, which has an empty slot.

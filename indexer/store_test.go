@@ -100,6 +100,65 @@ func TestBlockTable(t *testing.T) {
 	}
 }
 
+// TestBlockTableSize checks how a blockTable's size follows its entries:
+// reserve makes room for a whole event at once, and trim gives back what a
+// peak left unused, but only below load 7/10.
+func TestBlockTableSize(t *testing.T) {
+	cases := []struct {
+		name     string
+		put, del int // entries put (ids 1..put), then deleted (the first del)
+		reserve  int // reserved after the puts
+		trim     bool
+		wantSize int // slots after
+	}{
+		{name: "empty", wantSize: 0},
+		{name: "grows by half", put: 15, wantSize: 24},
+		{name: "reserve grows once to fit", put: 15, reserve: 1000, wantSize: 1128},
+		{name: "reserve within the load", put: 10, reserve: 4, wantSize: 16},
+		{name: "trim above 7/10 keeps", put: 1000, del: 0, trim: true, wantSize: 1369},
+		{name: "trim below 7/10 shrinks to 4/5", put: 1000, del: 100, trim: true, wantSize: 1126},
+		{name: "no trim, no shrink", put: 1000, del: 500, wantSize: 1369},
+		{name: "trim of a small table", put: 10, del: 8, trim: true, wantSize: 16},
+		{name: "emptied", put: 100, del: 100, trim: true, wantSize: 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var bt blockTable
+			for id := uint64(1); id <= uint64(c.put); id++ {
+				bt.put(id, id*10)
+			}
+			if c.reserve > 0 {
+				before := len(bt.tab)
+				bt.reserve(c.reserve)
+				for id := uint64(c.put + 1); id <= uint64(c.put+c.reserve); id++ {
+					bt.put(id, id*10)
+				}
+				if len(bt.tab) != c.wantSize {
+					t.Fatalf("after reserving %d (from %d slots) and putting them: %d slots, want %d", c.reserve, before, len(bt.tab), c.wantSize)
+				}
+				return
+			}
+			for id := uint64(1); id <= uint64(c.del); id++ {
+				if !bt.del(id) {
+					t.Fatalf("del(%d) found nothing", id)
+				}
+			}
+			if c.trim {
+				bt.trim()
+			}
+			if len(bt.tab) != c.wantSize {
+				t.Fatalf("%d slots, want %d", len(bt.tab), c.wantSize)
+			}
+			for id := uint64(1); id <= uint64(c.put); id++ {
+				key, ok := bt.get(id)
+				if want := id > uint64(c.del); ok != want || ok && key != id*10 {
+					t.Fatalf("get(%d) = %d, %v after trimming", id, key, ok)
+				}
+			}
+		})
+	}
+}
+
 // TestBlockTableMatchesMap checks blockTable against a Go map under random
 // puts, overwrites, deletions and growth, with ids drawn from a small range
 // (collisions, id 0) or anywhere.
@@ -110,7 +169,13 @@ func TestBlockTableMatchesMap(t *testing.T) {
 		ref := map[uint64]uint64{}
 		var ids []uint64
 		for i, n := 0, rapid.IntRange(1, 400).Draw(t, "ops"); i < n; i++ {
-			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); {
+			case op == 10: // what an event does before and after its blocks
+				if rapid.Bool().Draw(t, "trim") {
+					bt.trim()
+				} else {
+					bt.reserve(rapid.IntRange(0, 50).Draw(t, "reserve"))
+				}
 			case op < 6:
 				id, key := genID.Draw(t, "id"), rapid.Uint64().Draw(t, "key")
 				bt.put(id, key)
