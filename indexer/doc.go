@@ -33,7 +33,9 @@
 // keep their holders in a side array, and only those held by many keep end
 // lists and bit sets. A deleted node that other nodes are still linked to
 // stays in the slab, dead, until the last of them is unlinked, so a link is
-// a plain id.
+// a plain id. Every node but a root is linked (to a dead stand-in if its
+// parent's key has no node), and its link names its parent's key: nodes
+// do not keep it.
 //
 // Concurrency: one RWMutex per index. Matches share it with each other and
 // with writers looking up the first chunk of an event (keys hashed, table

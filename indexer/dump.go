@@ -86,7 +86,7 @@ func (ix *Index) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	w.blocks.each(func(h, key uint64) {
 		n, _ := ix.lookup(key)
 		if hd := ix.find(n, w.slot); hd != nil {
-			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: n.parent, tiers: hd.tiers, depth: -2})
+			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: ix.parentKey(n, key), tiers: hd.tiers, depth: -2})
 		}
 	})
 	return dst

@@ -183,14 +183,15 @@ const noSlot = ^uint32(0)
 // hash (key, which encodes the whole path from the root) in the node store.
 // It holds no Go pointer: nodes live by value in the store's slab.
 type node struct {
-	key    uint64 // sequence hash
-	local  uint64 // local hash of the block
-	parent uint64 // sequence hash of the parent; a root node's key equals local
-	// linked is the id of the parent node this node is counted in (0:
-	// none). That node may be dead: deleted since, and not the current
-	// node of the parent's key if that was made anew (see Index.delete). A
-	// child held by a closed rank is always linked to its parent (see
-	// link).
+	key   uint64 // sequence hash
+	local uint64 // local hash of the block; a root node's key equals it
+	// linked is the id of the node of the parent's key this node is
+	// counted in; 0 for a root, and only for a root, so that it names the
+	// parent's key (see parentKey). That node may be dead: deleted since,
+	// and not the current node of the parent's key if that was made anew
+	// (see Index.delete), or made dead for the link when there was none
+	// (see standIn). A child held by a closed rank is always linked to its
+	// live parent (see link).
 	linked uint32
 	// one is the node's holder when it has one (slot noSlot when it has
 	// none); with tiers multi, its slot indexes Index.ext instead, which
@@ -429,11 +430,13 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		n, id := ix.lookup(key)
 		if n == nil {
 			id, n = ix.nodes.add(key)
-			n.local, n.parent = b.Local, prev
+			n.local = b.Local
 			n.one[0].slot = noSlot
 		}
 		if parent != nil {
 			ix.link(n, id, parent, pid)
+		} else if hasPrev && n.linked == 0 {
+			ix.standIn(n, prev)
 		}
 		h := ix.holderOf(n, w.slot)
 		if before := h.tiers; before&ev.Tier == 0 {
@@ -505,7 +508,9 @@ func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
 	for _, h := range hashes {
 		if key, ok := w.blocks.get(h); ok {
 			if id := ix.nodes.find(key); id != 0 {
-				sink += ix.nodes.touch(ix.nodes.get(id).parent)
+				if l := ix.nodes.get(id).linked; l != 0 {
+					sink += ix.nodes.get(l).local
+				}
 			}
 		}
 	}
@@ -859,13 +864,36 @@ func (ix *Index) delete(n *node, id uint32) {
 	n.only = 0
 }
 
+// standIn links n, a new node whose parent's key pkey has no node (the
+// rank holds that block by engine id only), to a dead node made for it:
+// a non-root node is always linked, so that its link names its parent's
+// key. Called with mu held.
+func (ix *Index) standIn(n *node, pkey uint64) {
+	pid, p := ix.nodes.alloc(pkey)
+	p.one[0] = holder{slot: noSlot, tiers: dead}
+	p.kids = 1
+	n.linked = pid
+}
+
+// parentKey returns the sequence hash of n's parent (key is n's), 0 for a
+// root. Called with mu held.
+func (ix *Index) parentKey(n *node, key uint64) uint64 {
+	if key == n.local || n.linked == 0 {
+		return 0
+	}
+	return ix.nodes.get(n.linked).key
+}
+
 // parentOf returns the node of n's parent, nil for a root (key is n's)
 // or when no rank holds the parent. Called with mu held.
 func (ix *Index) parentOf(n *node, key uint64) *node {
-	if key == n.local {
+	if key == n.local || n.linked == 0 {
 		return nil
 	}
-	p, _ := ix.lookup(n.parent)
+	p := ix.nodes.get(n.linked)
+	if p.one[0].tiers == dead { // the parent's key may have a new node
+		p, _ = ix.lookup(p.key)
+	}
 	return p
 }
 

@@ -453,7 +453,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 	children := make(map[uint64][]uint64) // parent key -> child keys
 	for key, n := range nodes {
 		if key != n.local {
-			children[n.parent] = append(children[n.parent], key)
+			children[ix.parentKey(n, key)] = append(children[ix.parentKey(n, key)], key)
 		}
 	}
 	open := make(map[uint32]int32) // per slot, recomputed
@@ -533,7 +533,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if kids != h.kids {
 				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
 			}
-			if key != n.local && ix.find(nodes[n.parent], h.slot) == nil {
+			if key != n.local && ix.find(nodes[ix.parentKey(n, key)], h.slot) == nil {
 				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
 			}
 		}
@@ -588,8 +588,8 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 			continue
 		}
 		linked[n.linked]++
-		if p := st.get(n.linked); free[n.linked] || p.key != n.parent {
-			t.Errorf("node %d is linked to node %d, not a node of its parent's key", id, n.linked)
+		if free[n.linked] {
+			t.Errorf("node %d is linked to node %d, which is free", id, n.linked)
 		}
 	}
 	for id := uint32(1); id < st.next; id++ {
@@ -601,10 +601,98 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 				t.Errorf("free node %d has %d nodes linked to it", id, linked[id])
 			}
 		case live:
+			if n.key != n.local && n.linked == 0 {
+				t.Errorf("node %d is not a root, yet not linked: its parent's key is lost", id)
+			}
 		case n.one[0].tiers != dead:
 			t.Errorf("node %d is neither live, free nor dead", id)
 		case n.kids <= 0 || n.kids != linked[id]:
 			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
 		}
+	}
+}
+
+// TestOrphanLinks covers blocks stored under a parent the rank holds by
+// engine id only (its node is gone): they are linked to a dead stand-in
+// node, which names their parent's key for Match, removals and the dump,
+// until they are linked to a live parent node. Nothing leaks: once every
+// rank is gone, every node id is free again.
+func TestOrphanLinks(t *testing.T) {
+	a, b := wr(1, 0), wr(2, 0)
+	type step struct {
+		ev   Event
+		want []Overlap // Match of the whole prompt after ev
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "second engine id of a block, its node gone",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{removed(a, TierDevice, 100), nil}, // 200 still names block 1, held by no one
+				{stored(a, TierDevice, ptr(200), chain(399, prompt[:8]...)[1:2]), nil},
+				{stored(a, TierDevice, ptr(400), chain(400, prompt[:12]...)[2:3]), nil},
+				// b stores block 1 and 2: block 2 moves to the live parent.
+				{stored(b, TierDevice, nil, chain(500, prompt[:8]...)), []Overlap{{b, 2, 2, 2}}},
+				{stored(a, TierDevice, nil, chain(300, prompt[:4]...)), []Overlap{{a, 3, 3, 3}, {b, 2, 2, 2}}},
+				{removed(b, TierDevice, 501, 500), []Overlap{{a, 3, 3, 3}}},
+			},
+		},
+		{
+			name: "parent's engine id reused for the child",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]), nil},
+				{stored(a, TierHost, ptr(100), chain(100, prompt[:12]...)[2:3]), nil},
+				{stored(b, TierDisk, nil, chain(7, prompt...)), []Overlap{{b, 0, 0, 4}}},
+				{stored(a, TierDevice, nil, chain(50, prompt[:4]...)), []Overlap{{a, 2, 3, 3}, {b, 0, 0, 4}}},
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			for i, s := range c.steps {
+				if _, err := ix.Apply(s.ev); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, s.want) {
+					t.Fatalf("step %d: match = %v, want %v", i, got, s.want)
+				}
+				checkInvariants(t, ix)
+			}
+			// Every node's parent key is its key's: the link names it.
+			seq := SequenceHashes(nil, LocalHashes(nil, prompt, 4, BaseSeed, nil))
+			for d := 1; d < len(seq); d++ {
+				ix.mu.RLock()
+				n, _ := ix.lookup(seq[d])
+				if n != nil && ix.parentKey(n, seq[d]) != seq[d-1] {
+					t.Errorf("block %d: parent key %d, want %d", d, ix.parentKey(n, seq[d]), seq[d-1])
+				}
+				ix.mu.RUnlock()
+			}
+			loaded := NewIndex(4)
+			if _, err := loaded.Load(ix.Dump()); err != nil {
+				t.Fatal(err)
+			}
+			for n := 0; n <= len(prompt); n += 4 {
+				if got, want := loaded.MatchTokens(prompt[:n], "", nil), ix.MatchTokens(prompt[:n], "", nil); !slices.Equal(got, want) {
+					t.Fatalf("prefix %d: loaded %v, original %v", n, got, want)
+				}
+			}
+			ix.RemoveWorker(1)
+			ix.RemoveWorker(2)
+			checkInvariants(t, ix)
+			free := 0
+			for id := ix.nodes.free; id != 0; id = ix.nodes.get(id).only {
+				free++
+			}
+			if ix.nodes.live != 0 || free != int(ix.nodes.next)-1 {
+				t.Fatalf("emptied index: %d live nodes, %d of %d ids free", ix.nodes.live, free, ix.nodes.next-1)
+			}
+		})
 	}
 }

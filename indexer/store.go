@@ -90,6 +90,16 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
 		s.rehash(sh, grown(len(s.tabs[sh])))
 	}
+	id, n := s.alloc(key)
+	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
+	s.counts[sh]++
+	s.live++
+	return id, n
+}
+
+// alloc returns the id of a new node with key, zeroed but for key, which
+// is not in the table (add lists it; a dead node never is).
+func (s *nodeStore) alloc(key uint64) (uint32, *node) {
 	var id uint32
 	if s.free != 0 {
 		id = s.free
@@ -106,9 +116,6 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	}
 	n := s.get(id)
 	*n = node{key: key}
-	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
-	s.counts[sh]++
-	s.live++
 	return id, n
 }
 
