@@ -227,8 +227,14 @@ type extMore struct {
 // because nodes are still linked to it (see Index.delete).
 const dead Tier = 1 << 6
 
-// worker is one worker rank's view: engine id -> sequence hash of every
-// block it holds.
+// worker is one worker rank's view: engine id -> node of every block it
+// holds.
+//
+// An engine id names a node by id: the node stays in the slab while any
+// engine id names it, dead once it has no holders (see Index.delete), and
+// a dead node's key still resolves to the live node of that key, if any
+// (see Index.resolve). Each holder accounts for one engine id naming its
+// node; Index.aliases counts the others.
 type worker struct {
 	slot   uint32
 	blocks blockTable
@@ -304,6 +310,11 @@ type Index struct {
 	nodes   nodeStore
 	ext     []extNode
 	extFree []uint32 // reusable entries of ext
+	// aliases counts, per node id, the engine ids naming it (see worker)
+	// besides one per holder: ids of a block the rank holds under another
+	// id too, or no longer holds. Only ids with a count are in the map:
+	// engines give one block one id, so it is mostly empty.
+	aliases map[uint32]int32
 	workers map[WorkerRank]*worker
 	slots   []slot
 	free    []uint32 // reusable slots
@@ -370,8 +381,8 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	var bt *blockTable
 	if w := ix.workers[ev.Worker]; w != nil {
 		bt = &w.blocks
-		if hasPrev {
-			prev, _ = bt.get(ev.Parent)
+		if x, ok := bt.get(ev.Parent); hasPrev && ok {
+			prev = ix.nodes.get(x).key
 		}
 	}
 	keysFrom := prev
@@ -381,15 +392,16 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
 	if hasPrev {
+		var x uint32
 		var ok bool
 		if w != nil {
-			prev, ok = w.blocks.get(ev.Parent)
+			x, ok = w.blocks.get(ev.Parent)
 		}
 		if !ok {
 			ix.mu.Unlock()
 			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
 		}
-		if prev != keysFrom { // changed meanwhile
+		if prev = ix.nodes.get(x).key; prev != keysFrom { // changed meanwhile
 			sequenceKeys(first, prev, hasPrev, &keys)
 		}
 	}
@@ -420,12 +432,14 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		if hasPrev && parent == nil {
 			parent, pid = ix.lookup(prev)
 		}
-		if old, ok := w.blocks.get(b.Hash); ok && old != key {
+		old, had := w.blocks.get(b.Hash)
+		if had && ix.nodes.get(old).key != key {
 			// The engine reused an id for other content: the old block is gone.
 			res.Removed += ix.detach(w, b.Hash, old, AllTiers)
 			if parent != nil && ix.nodes.find(prev) != pid {
 				parent, pid = nil, 0 // that was the parent's node: it is gone
 			}
+			old, had = w.blocks.get(b.Hash)
 		}
 		n, id := ix.lookup(key)
 		if n == nil {
@@ -439,13 +453,30 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 			ix.standIn(n, prev)
 		}
 		h := ix.holderOf(n, w.slot)
-		if before := h.tiers; before&ev.Tier == 0 {
+		before := h.tiers // 0: the holder is new
+		if before&ev.Tier == 0 {
 			res.Stored++
 			h.tiers |= ev.Tier
 			ix.retier(w.slot, n, key, parent, h, before)
 			ix.sync(n, w.slot, h.tiers)
 		}
-		w.blocks.put(b.Hash, key)
+		// b.Hash names n from now on (see worker).
+		switch {
+		case !had:
+			w.blocks.put(b.Hash, id)
+			if before != 0 { // the rank has another engine id for n
+				ix.alias(id, 1)
+			}
+		case old != id: // it named a dead node of key
+			w.blocks.put(b.Hash, id)
+			if before != 0 {
+				ix.alias(id, 1)
+			}
+			ix.alias(old, -1)
+			ix.reap(old)
+		case before == 0: // it named n, which the rank did not hold
+			ix.alias(id, -1)
+		}
 		prev, hasPrev, parent, pid = key, true, n, id
 	}
 	w.sink += sink
@@ -501,16 +532,14 @@ func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
 		sink += w.blocks.touch(h)
 	}
 	for _, h := range hashes {
-		if key, ok := w.blocks.get(h); ok {
-			sink += ix.nodes.touch(key)
+		if x, ok := w.blocks.get(h); ok {
+			sink += ix.nodes.get(x).local
 		}
 	}
 	for _, h := range hashes {
-		if key, ok := w.blocks.get(h); ok {
-			if id := ix.nodes.find(key); id != 0 {
-				if l := ix.nodes.get(id).linked; l != 0 {
-					sink += ix.nodes.get(l).local
-				}
+		if x, ok := w.blocks.get(h); ok {
+			if l := ix.nodes.get(x).linked; l != 0 {
+				sink += ix.nodes.get(l).local
 			}
 		}
 	}
@@ -531,13 +560,11 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		}
 		var hd *holder
 		var n *node
-		key, ok := uint64(0), false
 		if w != nil {
-			key, ok = w.blocks.get(h)
-		}
-		if ok {
-			n, _ = ix.lookup(key)
-			hd = ix.find(n, w.slot)
+			if x, ok := w.blocks.get(h); ok {
+				n, _ = ix.resolve(x)
+				hd = ix.find(n, w.slot)
+			}
 		}
 		if hd == nil {
 			res.Unknown++
@@ -545,7 +572,7 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		}
 		if before := hd.tiers; before&tier == 0 {
 			hd.tiers |= tier
-			ix.retier(w.slot, n, key, ix.parentOf(n, key), hd, before)
+			ix.retier(w.slot, n, n.key, ix.parentOf(n, n.key), hd, before)
 			ix.sync(n, w.slot, hd.tiers)
 			res.Stored++
 		}
@@ -576,15 +603,15 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 		if i > 0 && i%writeChunk == 0 {
 			prefetch(i)
 		}
-		key, ok := uint64(0), false
+		x, ok := uint32(0), false
 		if w != nil {
-			key, ok = w.blocks.get(h)
+			x, ok = w.blocks.get(h)
 		}
 		if !ok {
 			res.Unknown++
 			continue
 		}
-		if ix.detach(w, h, key, tier) == 0 {
+		if ix.detach(w, h, x, tier) == 0 {
 			res.Unknown++
 		} else {
 			res.Removed++
@@ -597,16 +624,20 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	return res
 }
 
-// detach drops tiers of the block with engine id h (node key) from w and
-// returns how many (block, tier) entries that removed. Called with mu held.
+// detach drops tiers of the block with engine id h (node x, see worker)
+// from w and returns how many (block, tier) entries that removed. Called
+// with mu held.
 //
 // Two engine ids may name the same block (the engine stored one content
 // twice); dropping one drops the holder, and the other id then finds no
 // holder: it is forgotten without touching any node.
-func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
+func (ix *Index) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 	var left Tier
 	removed := 0
-	if n, id := ix.lookup(key); n != nil {
+	dropped := false
+	n, id := ix.resolve(x)
+	if n != nil {
+		key := n.key
 		if hd := ix.find(n, w.slot); hd != nil {
 			removed = bits.OnesCount8(uint8(hd.tiers & tiers))
 			before := hd.tiers
@@ -617,13 +648,11 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 			}
 			if left == 0 {
 				ix.dropHolder(n, w.slot)
+				dropped = true
 			}
 			if removed > 0 {
 				ix.sync(n, w.slot, left)
 			}
-		}
-		if n.one[0].slot == noSlot {
-			ix.delete(n, id)
 		}
 	}
 	if left == 0 {
@@ -632,6 +661,18 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 			sl := &ix.slots[w.slot]
 			sl.holes, sl.open = 0, 0
 		}
+		if !dropped || x != id { // else one id and one holder less: even
+			if dropped {
+				ix.alias(id, 1)
+			}
+			ix.alias(x, -1)
+		}
+	}
+	if n != nil && n.one[0].slot == noSlot {
+		ix.delete(n, id)
+	}
+	if x != id {
+		ix.reap(x)
 	}
 	return removed
 }
@@ -666,8 +707,8 @@ func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed 
 		if i%writeChunk == 0 {
 			w.sink += ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
 		}
-		if key, ok := w.blocks.get(h); ok {
-			removed += ix.detach(w, h, key, tiers)
+		if x, ok := w.blocks.get(h); ok {
+			removed += ix.detach(w, h, x, tiers)
 		}
 	}
 	return removed
@@ -843,25 +884,55 @@ func (ix *Index) unlink(n *node) {
 	p := ix.nodes.get(n.linked)
 	p.kids--
 	p.only = 0 // which one is left is not known
-	if p.one[0].tiers == dead && p.kids == 0 {
-		ix.nodes.release(n.linked)
-	}
+	ix.reap(n.linked)
 	n.linked = 0
 }
 
 // delete deletes node n (id), which has no holders left. Nodes linked to
-// it keep its id, so while there are any it stays in the slab, dead:
-// unlisted, so that a node made anew for its key gets another id. The
-// last one to be unlinked frees it. Called with mu held.
+// it and engine ids naming it keep its id, so while there are any it stays
+// in the slab, dead: unlisted, so that a node made anew for its key gets
+// another id. The last of them to go frees it (see reap). Called with mu
+// held.
 func (ix *Index) delete(n *node, id uint32) {
 	ix.unlink(n)
 	ix.nodes.unlist(id)
-	if n.kids == 0 {
+	if n.kids == 0 && ix.aliases[id] == 0 {
 		ix.nodes.release(id)
 		return
 	}
 	n.one[0] = holder{slot: noSlot, tiers: dead}
 	n.only = 0
+}
+
+// resolve returns the node engine ids name by x (see worker) and its id:
+// x itself, or the live node of x's key if x is dead (nil, 0 if none).
+func (ix *Index) resolve(x uint32) (*node, uint32) {
+	if n := ix.nodes.get(x); n.one[0].tiers != dead {
+		return n, x
+	}
+	return ix.lookup(ix.nodes.get(x).key)
+}
+
+// alias adds d to the count of engine ids naming node id besides one per
+// holder of it (see worker). Called with mu held.
+func (ix *Index) alias(id uint32, d int32) {
+	v := ix.aliases[id] + d
+	switch {
+	case v == 0:
+		delete(ix.aliases, id)
+	case ix.aliases == nil:
+		ix.aliases = map[uint32]int32{id: v}
+	default:
+		ix.aliases[id] = v
+	}
+}
+
+// reap frees node id if it is dead and nothing keeps it: no node linked to
+// it, no engine id naming it. Called with mu held.
+func (ix *Index) reap(id uint32) {
+	if n := ix.nodes.get(id); n.one[0].tiers == dead && n.kids == 0 && ix.aliases[id] == 0 {
+		ix.nodes.release(id)
+	}
 }
 
 // standIn links n, a new node whose parent's key pkey has no node (the

@@ -592,6 +592,30 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 			t.Errorf("node %d is linked to node %d, which is free", id, n.linked)
 		}
 	}
+	// Engine ids name nodes that are not free: one per holder, and
+	// ix.aliases more.
+	named := make(map[uint32]int32)
+	for _, w := range ix.workers {
+		w.blocks.each(func(h uint64, x uint32) {
+			named[x]++
+			if free[x] || x == 0 || x >= st.next {
+				t.Errorf("engine id %d names node %d, which is free", h, x)
+			}
+		})
+	}
+	for id, v := range ix.aliases {
+		if v <= 0 {
+			t.Errorf("node %d has alias count %d", id, v)
+		}
+	}
+	for id := uint32(1); id < st.next; id++ {
+		if free[id] {
+			continue
+		}
+		if h := int32(len(ix.holders(st.get(id)))); named[id] != h+ix.aliases[id] {
+			t.Errorf("node %d is named by %d engine ids, has %d holders and %d aliases", id, named[id], h, ix.aliases[id])
+		}
+	}
 	for id := uint32(1); id < st.next; id++ {
 		n := st.get(id)
 		live := !free[id] && st.find(n.key) == id
@@ -606,8 +630,10 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 			}
 		case n.one[0].tiers != dead:
 			t.Errorf("node %d is neither live, free nor dead", id)
-		case n.kids <= 0 || n.kids != linked[id]:
+		case n.kids < 0 || n.kids != linked[id]:
 			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
+		case n.kids == 0 && named[id] == 0:
+			t.Errorf("dead node %d is kept, yet no node is linked to it and no engine id names it", id)
 		}
 	}
 }
@@ -639,6 +665,24 @@ func TestOrphanLinks(t *testing.T) {
 				{stored(b, TierDevice, nil, chain(500, prompt[:8]...)), []Overlap{{b, 2, 2, 2}}},
 				{stored(a, TierDevice, nil, chain(300, prompt[:4]...)), []Overlap{{a, 3, 3, 3}, {b, 2, 2, 2}}},
 				{removed(b, TierDevice, 501, 500), []Overlap{{a, 3, 3, 3}}},
+			},
+		},
+		{
+			// Any engine id of a block the rank holds acts on its holder,
+			// whichever node the id was given for.
+			name: "engine ids of one block, removed in turn",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(b, TierDevice, nil, chain(500, prompt[:4]...)), []Overlap{{a, 1, 1, 1}, {b, 1, 1, 1}}},
+				{removed(a, TierDevice, 100), []Overlap{{b, 1, 1, 1}}},
+				{removed(b, TierDevice, 500), nil}, // 200 names a dead node
+				{stored(a, TierHost, nil, chain(300, prompt[:4]...)), []Overlap{{a, 0, 1, 1}}},
+				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: []uint64{200}}, []Overlap{{a, 0, 1, 1}}},
+				{removed(a, TierHost, 200), []Overlap{{a, 0, 0, 1}}},
+				{removed(a, TierDisk, 200), nil}, // 300 names a dead node now
+				{stored(b, TierDevice, nil, chain(600, prompt[:8]...)), []Overlap{{b, 2, 2, 2}}},
+				{removed(a, TierDevice, 300), []Overlap{{b, 2, 2, 2}}},
 			},
 		},
 		{

@@ -5,7 +5,7 @@ import "math/bits"
 // The index's storage holds no Go pointers in its bulk, so that the garbage
 // collector never scans it: nodes live by value in fixed-size chunks of a
 // slab and are named by uint32 ids; the map from sequence hash to node id
-// and each rank's map from engine id to sequence hash are open-addressing
+// and each rank's map from engine id to node id are open-addressing
 // tables of plain words, probed linearly and emptied by backward shifting
 // (no tombstones). Tables map a hash to its home slot by multiplication (no
 // power-of-two sizes) and grow by half: node tables when 4/5 full, engine
@@ -201,21 +201,30 @@ func backShift[E comparable](tab []E, i int, homeOf func(E) int) {
 	tab[i] = zero
 }
 
-// blockEntry maps an engine block id to the sequence hash of the block.
+// blockEntry maps an engine block id to the id of the node of the block
+// (see worker): 12 bytes, as the id is kept in two 32-bit halves.
 type blockEntry struct {
-	id, key uint64
+	lo, hi uint32 // the engine id's low and high halves
+	node   uint32
 }
 
-// blockTable is one rank's map from engine id to sequence hash: Robin Hood
+// engineID returns the entry's engine id (0: an empty slot).
+func (e *blockEntry) engineID() uint64 { return uint64(e.hi)<<32 | uint64(e.lo) }
+
+func newBlockEntry(id uint64, node uint32) blockEntry {
+	return blockEntry{lo: uint32(id), hi: uint32(id >> 32), node: node}
+}
+
+// blockTable is one rank's map from engine id to node id: Robin Hood
 // linear probing (an entry further from its home slot than the one in a
 // slot takes the slot and moves that one on), so that probe runs stay
 // short at a high load and a miss stops early. Entries with id 0 are kept
 // aside, as id 0 marks an empty slot.
 type blockTable struct {
-	tab     []blockEntry
-	n       int // entries in tab
-	zeroKey uint64
-	hasZero bool
+	tab      []blockEntry
+	n        int // entries in tab
+	zeroNode uint32
+	hasZero  bool
 }
 
 // blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
@@ -263,10 +272,11 @@ func (t *blockTable) slot(id uint64) int {
 	}
 	for i, d := idHome(id, size), 0; ; d++ {
 		e := &t.tab[i]
-		if e.id == id {
+		eid := e.engineID()
+		if eid == id {
 			return i
 		}
-		if e.id == 0 || dist(e.id, i, size) < d {
+		if eid == 0 || dist(eid, i, size) < d {
 			return -1 // id would have taken this slot
 		}
 		if i++; i == size {
@@ -275,29 +285,29 @@ func (t *blockTable) slot(id uint64) int {
 	}
 }
 
-// get returns the key of id.
-func (t *blockTable) get(id uint64) (uint64, bool) {
+// get returns the node of id.
+func (t *blockTable) get(id uint64) (uint32, bool) {
 	if id == 0 {
-		return t.zeroKey, t.hasZero
+		return t.zeroNode, t.hasZero
 	}
 	if i := t.slot(id); i >= 0 {
-		return t.tab[i].key, true
+		return t.tab[i].node, true
 	}
 	return 0, false
 }
 
-// put sets the key of id.
-func (t *blockTable) put(id, key uint64) {
+// put sets the node of id.
+func (t *blockTable) put(id uint64, node uint32) {
 	if id == 0 {
-		t.zeroKey, t.hasZero = key, true
+		t.zeroNode, t.hasZero = node, true
 		return
 	}
 	if i := t.slot(id); i >= 0 {
-		t.tab[i].key = key
+		t.tab[i].node = node
 		return
 	}
 	t.reserve(1)
-	robinHood(t.tab, blockEntry{id: id, key: key})
+	robinHood(t.tab, newBlockEntry(id, node))
 	t.n++
 }
 
@@ -324,13 +334,14 @@ func (t *blockTable) trim() {
 // robinHood inserts e, whose id is not in tab, which has an empty slot.
 func robinHood(tab []blockEntry, e blockEntry) {
 	size := len(tab)
-	for i, d := idHome(e.id, size), 0; ; d++ {
+	for i, d := idHome(e.engineID(), size), 0; ; d++ {
 		cur := &tab[i]
-		if cur.id == 0 {
+		cid := cur.engineID()
+		if cid == 0 {
 			*cur = e
 			return
 		}
-		if cd := dist(cur.id, i, size); cd < d {
+		if cd := dist(cid, i, size); cd < d {
 			*cur, e = e, *cur
 			d = cd
 		}
@@ -344,7 +355,7 @@ func (t *blockTable) rehash(size int) {
 	old := t.tab
 	t.tab = make([]blockEntry, size)
 	for _, e := range old {
-		if e.id != 0 {
+		if e.engineID() != 0 {
 			robinHood(t.tab, e)
 		}
 	}
@@ -354,7 +365,7 @@ func (t *blockTable) rehash(size int) {
 func (t *blockTable) del(id uint64) bool {
 	if id == 0 {
 		had := t.hasZero
-		t.zeroKey, t.hasZero = 0, false
+		t.zeroNode, t.hasZero = 0, false
 		return had
 	}
 	i := t.slot(id)
@@ -368,7 +379,7 @@ func (t *blockTable) del(id uint64) bool {
 		if j == size {
 			j = 0
 		}
-		if next := t.tab[j]; next.id == 0 || dist(next.id, j, size) == 0 {
+		if nid := t.tab[j].engineID(); nid == 0 || dist(nid, j, size) == 0 {
 			break
 		}
 		t.tab[i] = t.tab[j]
@@ -388,21 +399,21 @@ func (t *blockTable) ids(dst []uint64) []uint64 {
 		dst = append(dst, 0)
 	}
 	for _, e := range t.tab {
-		if e.id != 0 {
-			dst = append(dst, e.id)
+		if id := e.engineID(); id != 0 {
+			dst = append(dst, id)
 		}
 	}
 	return dst
 }
 
 // each calls f for every entry.
-func (t *blockTable) each(f func(id, key uint64)) {
+func (t *blockTable) each(f func(id uint64, node uint32)) {
 	if t.hasZero {
-		f(0, t.zeroKey)
+		f(0, t.zeroNode)
 	}
 	for _, e := range t.tab {
-		if e.id != 0 {
-			f(e.id, e.key)
+		if id := e.engineID(); id != 0 {
+			f(id, e.node)
 		}
 	}
 }
@@ -435,5 +446,5 @@ func (t *blockTable) touch(id uint64) uint64 {
 	if len(t.tab) == 0 {
 		return 0
 	}
-	return t.tab[idHome(id, len(t.tab))].key
+	return uint64(t.tab[idHome(id, len(t.tab))].node)
 }

@@ -60,10 +60,11 @@ func probe(tab []int, v int) int {
 func TestBlockTable(t *testing.T) {
 	var bt blockTable
 	steps := []struct {
-		op      string // put, del, get
-		id, key uint64
-		ok      bool // del: was there; get: found
-		n       int  // len after
+		op  string // put, del, get
+		id  uint64
+		key uint32 // the node id
+		ok  bool   // del: was there; get: found
+		n   int    // len after
 	}{
 		{"get", 5, 0, false, 0},
 		{"del", 5, 0, false, 0},
@@ -73,6 +74,11 @@ func TestBlockTable(t *testing.T) {
 		{"get", 0, 7, true, 2},
 		{"put", 5, 51, false, 2}, // overwrite
 		{"get", 5, 51, true, 2},
+		{"put", 1<<40 | 5, 9, false, 3}, // the same low half
+		{"get", 1<<40 | 5, 9, true, 3},
+		{"get", 5, 51, true, 3},
+		{"del", 1<<40 | 5, 0, true, 2},
+		{"get", 1<<40 | 5, 0, false, 2},
 		{"del", 0, 0, true, 1},
 		{"get", 0, 0, false, 1},
 		{"del", 5, 0, true, 0},
@@ -125,13 +131,13 @@ func TestBlockTableSize(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var bt blockTable
 			for id := uint64(1); id <= uint64(c.put); id++ {
-				bt.put(id, id*10)
+				bt.put(id, uint32(id*10))
 			}
 			if c.reserve > 0 {
 				before := len(bt.tab)
 				bt.reserve(c.reserve)
 				for id := uint64(c.put + 1); id <= uint64(c.put+c.reserve); id++ {
-					bt.put(id, id*10)
+					bt.put(id, uint32(id*10))
 				}
 				if len(bt.tab) != c.wantSize {
 					t.Fatalf("after reserving %d (from %d slots) and putting them: %d slots, want %d", c.reserve, before, len(bt.tab), c.wantSize)
@@ -151,7 +157,7 @@ func TestBlockTableSize(t *testing.T) {
 			}
 			for id := uint64(1); id <= uint64(c.put); id++ {
 				key, ok := bt.get(id)
-				if want := id > uint64(c.del); ok != want || ok && key != id*10 {
+				if want := id > uint64(c.del); ok != want || ok && key != uint32(id*10) {
 					t.Fatalf("get(%d) = %d, %v after trimming", id, key, ok)
 				}
 			}
@@ -166,7 +172,7 @@ func TestBlockTableMatchesMap(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		genID := rapid.OneOf(rapid.Uint64Range(0, 40), rapid.Uint64())
 		var bt blockTable
-		ref := map[uint64]uint64{}
+		ref := map[uint64]uint32{}
 		var ids []uint64
 		for i, n := 0, rapid.IntRange(1, 400).Draw(t, "ops"); i < n; i++ {
 			switch op := rapid.IntRange(0, 10).Draw(t, "op"); {
@@ -177,7 +183,7 @@ func TestBlockTableMatchesMap(t *testing.T) {
 					bt.reserve(rapid.IntRange(0, 50).Draw(t, "reserve"))
 				}
 			case op < 6:
-				id, key := genID.Draw(t, "id"), rapid.Uint64().Draw(t, "key")
+				id, key := genID.Draw(t, "id"), rapid.Uint32().Draw(t, "node")
 				bt.put(id, key)
 				ref[id] = key
 				ids = append(ids, id)
@@ -213,17 +219,18 @@ func TestBlockTableMatchesMap(t *testing.T) {
 		// Robin Hood order: along the table, no entry is further from its
 		// home than the one after it by more than a slot.
 		size := len(bt.tab)
-		for i, e := range bt.tab {
+		for i := range bt.tab {
 			j := (i + 1) % size
-			if next := bt.tab[j]; e.id != 0 && next.id != 0 && dist(next.id, j, size) > dist(e.id, i, size)+1 {
-				t.Fatalf("slot %d at distance %d follows slot %d at distance %d", j, dist(next.id, j, size), i, dist(e.id, i, size))
+			id, next := bt.tab[i].engineID(), bt.tab[j].engineID()
+			if id != 0 && next != 0 && dist(next, j, size) > dist(id, i, size)+1 {
+				t.Fatalf("slot %d at distance %d follows slot %d at distance %d", j, dist(next, j, size), i, dist(id, i, size))
 			}
-			if e.id != 0 && dist(e.id, i, size) > 0 && bt.tab[(i+size-1)%size].id == 0 {
+			if id != 0 && dist(id, i, size) > 0 && bt.tab[(i+size-1)%size].engineID() == 0 {
 				t.Fatalf("slot %d is displaced behind an empty slot", i)
 			}
 		}
-		got := map[uint64]uint64{}
-		bt.each(func(id, key uint64) { got[id] = key })
+		got := map[uint64]uint32{}
+		bt.each(func(id uint64, node uint32) { got[id] = node })
 		if len(got) != len(ref) || len(bt.ids(nil)) != len(ref) {
 			t.Fatalf("each lists %d entries, ids %d, want %d", len(got), len(bt.ids(nil)), len(ref))
 		}
