@@ -375,15 +375,19 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	first := blocks[:min(writeChunk, len(blocks))]
 	hasPrev := ev.HasParent
 
-	// Look the first chunk up while sharing the lock (see prefetchStore).
+	// Look the first chunk up while sharing the lock (see prefetchStore),
+	// and grow the rank's table for the event if it must.
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
-	if w := ix.workers[ev.Worker]; w != nil {
-		bt = &w.blocks
+	var grown tableResize
+	wasW := ix.workers[ev.Worker]
+	if wasW != nil {
+		bt = &wasW.blocks
 		if x, ok := bt.get(ev.Parent); hasPrev && ok {
 			prev = ix.nodes.get(x).key
 		}
+		grown = prepareResize(bt, bt.reserveSize(len(blocks)))
 	}
 	keysFrom := prev
 	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
@@ -391,6 +395,9 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
+	if w != nil && w == wasW {
+		grown.apply(&w.blocks)
+	}
 	if hasPrev {
 		var x uint32
 		var ok bool
@@ -617,11 +624,52 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 			res.Removed++
 		}
 	}
-	if w != nil {
-		w.sink += sink
-		w.blocks.trim()
+	if w == nil {
+		return res
+	}
+	w.sink += sink
+	if size := w.blocks.trimSize(); size > 0 {
+		// Build the smaller table while sharing the lock.
+		ix.mu.Unlock()
+		ix.mu.RLock()
+		var r tableResize
+		if ix.workers[wr] == w {
+			r = prepareResize(&w.blocks, size)
+		}
+		ix.mu.RUnlock()
+		ix.mu.Lock()
+		if ix.workers[wr] == w {
+			r.apply(&w.blocks)
+		}
 	}
 	return res
+}
+
+// tableResize is a resized copy of a rank's engine-id table, built while
+// the index's lock is shared (by the rank's apply goroutine, the only one
+// that changes the table but for RemoveWorkerRank) and put in place with
+// the lock held exclusively if the table has not changed meanwhile.
+type tableResize struct {
+	tab     []blockEntry
+	from    []blockEntry // the table it was built from
+	entries int
+}
+
+// prepareResize builds t's entries in a table of size slots (none for 0).
+// Called with mu held, for reading or writing.
+func prepareResize(t *blockTable, size int) tableResize {
+	if size == 0 {
+		return tableResize{}
+	}
+	return tableResize{tab: t.resized(size), from: t.tab, entries: t.n}
+}
+
+// apply puts the resized table in place of t if t is still the table it
+// was built from. Called with mu held.
+func (r *tableResize) apply(t *blockTable) {
+	if r.tab != nil && t.n == r.entries && len(t.tab) == len(r.from) && (len(t.tab) == 0 || &t.tab[0] == &r.from[0]) {
+		t.tab = r.tab
+	}
 }
 
 // detach drops tiers of the block with engine id h (node x, see worker)

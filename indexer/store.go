@@ -314,21 +314,50 @@ func (t *blockTable) put(id uint64, node uint32) {
 // reserve grows the table, if needed, so that extra more entries fit
 // without another growth.
 func (t *blockTable) reserve(extra int) {
+	if size := t.reserveSize(extra); size > 0 {
+		t.tab = t.resized(size)
+	}
+}
+
+// reserveSize returns the size reserve(extra) would grow the table to, 0
+// if it fits.
+func (t *blockTable) reserveSize(extra int) int {
 	need := t.n + extra
 	if need*blockLoadDen <= len(t.tab)*blockLoadNum {
-		return
+		return 0
 	}
-	t.rehash(max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1))
+	return max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1)
 }
 
 // trim shrinks a table that removals left below load trimBelow to load
 // trimTo. Called at the end of a removal, not on each deletion, so that an
 // event's removals shrink it once.
 func (t *blockTable) trim() {
-	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
-		return
+	if size := t.trimSize(); size > 0 {
+		t.tab = t.resized(size)
 	}
-	t.rehash(max(16, t.n*trimToDen/trimToNum+1))
+}
+
+// trimSize returns the size trim would shrink the table to, 0 if none.
+func (t *blockTable) trimSize() int {
+	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
+		return 0
+	}
+	return max(16, t.n*trimToDen/trimToNum+1)
+}
+
+// resized returns the table's entries in a new table of size slots. It
+// only reads t: a writer builds it while sharing the index's lock with
+// matches, and takes the lock exclusively only to put it in place (see
+// Index.resize).
+func (t *blockTable) resized(size int) []blockEntry {
+	tab := make([]blockEntry, size)
+	for _, e := range t.tab {
+		if e.engineID() != 0 {
+			robinHood(tab, e)
+		}
+	}
+	return tab
 }
 
 // robinHood inserts e, whose id is not in tab, which has an empty slot.
@@ -347,16 +376,6 @@ func robinHood(tab []blockEntry, e blockEntry) {
 		}
 		if i++; i == size {
 			i = 0
-		}
-	}
-}
-
-func (t *blockTable) rehash(size int) {
-	old := t.tab
-	t.tab = make([]blockEntry, size)
-	for _, e := range old {
-		if e.engineID() != 0 {
-			robinHood(t.tab, e)
 		}
 	}
 }

@@ -348,3 +348,50 @@ func TestNodeIDsAcrossChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestTableResize: a table resized while the lock was shared is put in
+// place only if the rank's table did not change meanwhile.
+func TestTableResize(t *testing.T) {
+	cases := []struct {
+		name      string
+		size      int
+		meanwhile func(bt *blockTable)
+		applied   bool
+	}{
+		{"unchanged", 100, func(*blockTable) {}, true},
+		{"nothing to do", 0, func(*blockTable) {}, false},
+		{"an entry added", 100, func(bt *blockTable) { bt.put(1000, 1) }, false},
+		{"an entry deleted", 100, func(bt *blockTable) { bt.del(3) }, false},
+		{"grown meanwhile", 100, func(bt *blockTable) { bt.reserve(200) }, false},
+		{"emptied", 100, func(bt *blockTable) {
+			for id := uint64(1); id <= 20; id++ {
+				bt.del(id)
+			}
+		}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var bt blockTable
+			for id := uint64(1); id <= 20; id++ {
+				bt.put(id, uint32(id))
+			}
+			r := prepareResize(&bt, c.size)
+			c.meanwhile(&bt)
+			want := map[uint64]uint32{}
+			bt.each(func(id uint64, x uint32) { want[id] = x })
+			before := len(bt.tab)
+			r.apply(&bt)
+			if applied := len(bt.tab) == c.size && before != c.size; applied != c.applied {
+				t.Fatalf("%d slots -> %d, applied %v, want %v", before, len(bt.tab), applied, c.applied)
+			}
+			if bt.len() != len(want) {
+				t.Fatalf("%d entries, want %d", bt.len(), len(want))
+			}
+			for id, w := range want {
+				if x, ok := bt.get(id); !ok || x != w {
+					t.Fatalf("get(%d) = %d, %v, want %d", id, x, ok, w)
+				}
+			}
+		})
+	}
+}
