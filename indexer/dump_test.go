@@ -41,7 +41,7 @@ func TestDumpIsBreadthFirstAndReplayable(t *testing.T) {
 		t.Fatalf("load: %d, %v", skipped, err)
 	}
 	for n := 0; n <= len(prompt); n += 4 {
-		if got, want := loaded.MatchTokens(prompt[:n], "", nil), ix.MatchTokens(prompt[:n], "", nil); !slices.Equal(got, want) {
+		if got, want := trees(t, loaded, loaded.MatchTokens(prompt[:n], "", nil)), trees(t, ix, ix.MatchTokens(prompt[:n], "", nil)); !slices.Equal(got, want) {
 			t.Fatalf("prefix %d: loaded %v, original %v", n, got, want)
 		}
 	}
@@ -222,7 +222,7 @@ func TestSetDumpLoad(t *testing.T) {
 		t.Fatalf("load: %d, %v", skipped, err)
 	}
 	for _, k := range src.Keys() {
-		if got, want := dst.Lookup(k).MatchTokens(prompt, "", nil), src.Lookup(k).MatchTokens(prompt, "", nil); !slices.Equal(got, want) {
+		if got, want := trees(t, dst.Lookup(k), dst.Lookup(k).MatchTokens(prompt, "", nil)), trees(t, src.Lookup(k), src.Lookup(k).MatchTokens(prompt, "", nil)); !slices.Equal(got, want) {
 			t.Errorf("%s: %v, want %v", k, got, want)
 		}
 	}

@@ -194,7 +194,7 @@ func (a *API) Answer(q Query) (QueryResult, error) {
 	slices.SortFunc(res.Overlaps, func(a, b Overlap) int { return cmpWorkerRank(a.Worker, b.Worker) })
 	res.Blocks = make(map[WorkerRank]int, len(res.Overlaps))
 	for _, o := range res.Overlaps {
-		res.Blocks[o.Worker] = ix.RankBlocks(o.Worker)
+		res.Blocks[o.Worker] = o.Blocks
 	}
 	return res, nil
 }

@@ -818,7 +818,7 @@ func TestRecover(t *testing.T) {
 	if got := liveErr.Load(); got != "<nil>" {
 		t.Fatalf("live event queued during recovery: %v", got)
 	}
-	if o := m.MatchTokens(five, "", nil); !slices.Contains(o, Overlap{Worker: wr(2, 0), Device: 5, Host: 5, Disk: 5}) {
+	if o := trees(t, m, m.MatchTokens(five, "", nil)); !slices.Contains(o, ov(wr(2, 0), 5, 5, 5)) {
 		t.Errorf("after release: %v", o)
 	}
 }

@@ -139,6 +139,9 @@ type Overlap struct {
 	Device int
 	Host   int
 	Disk   int
+	// Blocks is how many blocks the rank holds in all, of any prompt and
+	// on any tier (its tree size; see RankBlocks), as of the match.
+	Blocks int
 }
 
 // holder records that a worker rank (by slot) holds a node on some tiers.
@@ -258,7 +261,10 @@ type slot struct {
 	holes int32
 	// open counts, over the tier classes, the rank's blocks held in a
 	// class their (held) parent is not held in. Exact while holes is 0.
-	open    int32
+	open int32
+	// blocks is how many blocks the rank holds (its engine ids), for
+	// Overlap.Blocks.
+	blocks  int32
 	retired bool // being removed; its holders are ignored by Match
 }
 
@@ -484,6 +490,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		case before == 0: // it named n, which the rank did not hold
 			ix.alias(id, -1)
 		}
+		ix.slots[w.slot].blocks = int32(w.blocks.len())
 		prev, hasPrev, parent, pid = key, true, n, id
 	}
 	w.sink += sink
@@ -705,8 +712,8 @@ func (ix *Index) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 	}
 	if left == 0 {
 		w.blocks.del(h)
-		if w.blocks.len() == 0 {
-			sl := &ix.slots[w.slot]
+		sl := &ix.slots[w.slot]
+		if sl.blocks = int32(w.blocks.len()); sl.blocks == 0 {
 			sl.holes, sl.open = 0, 0
 		}
 		if !dropped || x != id { // else one id and one holder less: even
@@ -1632,7 +1639,8 @@ func (m *matcher) emit(dst []Overlap) []Overlap {
 			s := w*64 + bits.TrailingZeros64(x)
 			x &= x - 1
 			o := &out[k]
-			o.Worker, o.Device, o.Host, o.Disk = slots[s].w, int(dev[s]), int(host[s]), int(disk[s])
+			sl := &slots[s]
+			o.Worker, o.Device, o.Host, o.Disk, o.Blocks = sl.w, int(dev[s]), int(host[s]), int(disk[s]), int(sl.blocks)
 			k++
 		}
 	}

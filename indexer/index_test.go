@@ -51,14 +51,14 @@ func TestIndexSemantics(t *testing.T) {
 			name:   "full chain on device",
 			events: []Event{stored(a, TierDevice, nil, chain(100, prompt...))},
 			query:  prompt,
-			want:   []Overlap{{a, 4, 4, 4}},
+			want:   []Overlap{ov(a, 4, 4, 4)},
 			counts: map[WorkerRank]int{a: 4},
 		},
 		{
 			name:   "query shorter than held chain and partial block ignored",
 			events: []Event{stored(a, TierDevice, nil, chain(100, prompt...))},
 			query:  prompt[:10],
-			want:   []Overlap{{a, 2, 2, 2}},
+			want:   []Overlap{ov(a, 2, 2, 2)},
 		},
 		{
 			name: "child stored through its parent",
@@ -67,7 +67,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDevice, ptr(101), chain(100, prompt...)[2:]),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 4, 4, 4}},
+			want:  []Overlap{ov(a, 4, 4, 4)},
 		},
 		{
 			name: "unknown parent is rejected and changes nothing",
@@ -77,7 +77,7 @@ func TestIndexSemantics(t *testing.T) {
 			},
 			errs:   []error{nil, ErrUnknownParent},
 			query:  prompt,
-			want:   []Overlap{{a, 1, 1, 1}},
+			want:   []Overlap{ov(a, 1, 1, 1)},
 			counts: map[WorkerRank]int{a: 1},
 		},
 		{
@@ -88,7 +88,7 @@ func TestIndexSemantics(t *testing.T) {
 			},
 			errs:  []error{nil, ErrUnknownParent},
 			query: prompt,
-			want:  []Overlap{{a, 1, 1, 1}},
+			want:  []Overlap{ov(a, 1, 1, 1)},
 		},
 		{
 			name: "same content under another parent does not match",
@@ -106,7 +106,7 @@ func TestIndexSemantics(t *testing.T) {
 				removed(a, TierDevice, 101),
 			},
 			query:  prompt,
-			want:   []Overlap{{a, 1, 1, 1}},
+			want:   []Overlap{ov(a, 1, 1, 1)},
 			counts: map[WorkerRank]int{a: 3},
 		},
 		{
@@ -117,7 +117,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDevice, ptr(100), chain(100, prompt[:8]...)[1:]),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 4, 4, 4}},
+			want:  []Overlap{ov(a, 4, 4, 4)},
 		},
 		{
 			name: "clear drops one tier only",
@@ -127,7 +127,7 @@ func TestIndexSemantics(t *testing.T) {
 				{Kind: Cleared, Worker: a, Tier: TierDevice},
 			},
 			query:  prompt,
-			want:   []Overlap{{a, 0, 2, 2}},
+			want:   []Overlap{ov(a, 0, 2, 2)},
 			counts: map[WorkerRank]int{a: 2},
 		},
 		{
@@ -149,7 +149,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDisk, ptr(101), chain(100, prompt...)[2:]),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 1, 2, 4}},
+			want:  []Overlap{ov(a, 1, 2, 4)},
 		},
 		{
 			name: "a device block after a host gap counts for host and disk only",
@@ -158,7 +158,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDevice, ptr(100), chain(100, prompt...)[1:]),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 0, 4, 4}},
+			want:  []Overlap{ov(a, 0, 4, 4)},
 		},
 		{
 			name: "removing one tier of a block keeps the others",
@@ -168,7 +168,7 @@ func TestIndexSemantics(t *testing.T) {
 				removed(a, TierDevice, 102),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 2, 4, 4}},
+			want:  []Overlap{ov(a, 2, 4, 4)},
 		},
 		{
 			name: "same block on many workers and ranks",
@@ -179,7 +179,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(b, TierHost, nil, chain(7, prompt[:12]...)),
 			},
 			query: prompt,
-			want:  []Overlap{{wr(3, 1), 2, 2, 2}, {a, 4, 4, 4}, {wr(3, 0), 1, 1, 1}, {b, 0, 3, 3}},
+			want:  []Overlap{ov(wr(3, 1), 2, 2, 2), ov(a, 4, 4, 4), ov(wr(3, 0), 1, 1, 1), ov(b, 0, 3, 3)},
 		},
 		{
 			name: "lora blocks never match the base model or each other",
@@ -199,7 +199,7 @@ func TestIndexSemantics(t *testing.T) {
 				removed(a, TierHost, 100),
 			},
 			query: prompt,
-			want:  []Overlap{{a, 4, 4, 4}},
+			want:  []Overlap{ov(a, 4, 4, 4)},
 		},
 		{
 			name: "engine id reused for other content replaces the block",
@@ -208,7 +208,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDevice, nil, chain(103, 9, 9, 9, 9)),
 			},
 			query:  prompt,
-			want:   []Overlap{{a, 3, 3, 3}},
+			want:   []Overlap{ov(a, 3, 3, 3)},
 			counts: map[WorkerRank]int{a: 4},
 		},
 		{
@@ -234,7 +234,7 @@ func TestIndexSemantics(t *testing.T) {
 				stored(a, TierDevice, nil, chain(300, prompt[:4]...)),
 			},
 			query:  prompt,
-			want:   []Overlap{{a, 2, 2, 2}},
+			want:   []Overlap{ov(a, 2, 2, 2)},
 			counts: map[WorkerRank]int{a: 2},
 		},
 		{
@@ -263,7 +263,7 @@ func TestIndexSemantics(t *testing.T) {
 					t.Fatalf("event %d: err = %v, want %v", i, err, want)
 				}
 			}
-			got := ix.MatchTokens(tt.query, "", nil)
+			got := trees(t, ix, ix.MatchTokens(tt.query, "", nil))
 			if !slices.Equal(got, tt.want) {
 				t.Fatalf("match = %v, want %v", got, tt.want)
 			}
@@ -292,7 +292,7 @@ func TestLoRAMatchesItself(t *testing.T) {
 	if _, err := ix.Apply(stored(a, TierDevice, nil, loraChain(1, "x", prompt...))); err != nil {
 		t.Fatal(err)
 	}
-	if got := ix.MatchTokens(prompt, "x", nil); !slices.Equal(got, []Overlap{{a, 4, 4, 4}}) {
+	if got := trees(t, ix, ix.MatchTokens(prompt, "x", nil)); !slices.Equal(got, []Overlap{ov(a, 4, 4, 4)}) {
 		t.Fatalf("lora x match = %v", got)
 	}
 	if got := ix.MatchTokens(prompt, "y", nil); got != nil {
@@ -329,18 +329,18 @@ func TestRemoveWorker(t *testing.T) {
 		}
 	}
 	ix.RemoveWorkerRank(wr(1, 1))
-	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(1, 0), 4, 4, 4}, {wr(2, 0), 4, 4, 4}}) {
+	if got := trees(t, ix, ix.MatchTokens(prompt, "", nil)); !slices.Equal(got, []Overlap{ov(wr(1, 0), 4, 4, 4), ov(wr(2, 0), 4, 4, 4)}) {
 		t.Fatalf("after removing rank 1: %v", got)
 	}
 	ix.RemoveWorker(1)
-	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(2, 0), 4, 4, 4}}) {
+	if got := trees(t, ix, ix.MatchTokens(prompt, "", nil)); !slices.Equal(got, []Overlap{ov(wr(2, 0), 4, 4, 4)}) {
 		t.Fatalf("after removing worker 1: %v", got)
 	}
 	// A removed rank comes back empty, and reuses a slot cleanly.
 	if _, err := ix.Apply(stored(wr(1, 1), TierDevice, nil, chain(100, prompt[:4]...))); err != nil {
 		t.Fatal(err)
 	}
-	if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, []Overlap{{wr(1, 1), 1, 1, 1}, {wr(2, 0), 4, 4, 4}}) {
+	if got := trees(t, ix, ix.MatchTokens(prompt, "", nil)); !slices.Equal(got, []Overlap{ov(wr(1, 1), 1, 1, 1), ov(wr(2, 0), 4, 4, 4)}) {
 		t.Fatalf("after re-adding: %v", got)
 	}
 	ix.RemoveWorker(2)
@@ -364,7 +364,7 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := len(blocks)
-	if got := ix.MatchTokens(tokens, "", nil); !slices.Equal(got, []Overlap{{a, n, n, n}}) {
+	if got := trees(t, ix, ix.MatchTokens(tokens, "", nil)); !slices.Equal(got, []Overlap{ov(a, n, n, n)}) {
 		t.Fatalf("match = %v", got)
 	}
 	hashes := make([]uint64, n)
@@ -375,7 +375,7 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 	if res.Removed != n-n/2 {
 		t.Fatalf("removed %d, want %d", res.Removed, n-n/2)
 	}
-	if got := ix.MatchTokens(tokens, "", nil); !slices.Equal(got, []Overlap{{a, n / 2, n / 2, n / 2}}) {
+	if got := trees(t, ix, ix.MatchTokens(tokens, "", nil)); !slices.Equal(got, []Overlap{ov(a, n/2, n/2, n/2)}) {
 		t.Fatalf("match = %v", got)
 	}
 	ix.RemoveWorkerRank(a)
@@ -415,7 +415,7 @@ func TestKidsSaturate(t *testing.T) {
 		t.Fatal(err)
 	}
 	query := SequenceHashes(nil, []uint64{1000, 77})
-	if got, want := ix.Match(query, nil), []Overlap{{a, 1, 1, 1}, {b, 2, 2, 2}}; !slices.Equal(got, want) {
+	if got, want := trees(t, ix, ix.Match(query, nil)), []Overlap{ov(a, 1, 1, 1), ov(b, 2, 2, 2)}; !slices.Equal(got, want) {
 		t.Errorf("match = %v, want %v", got, want)
 	}
 	checkInvariants(t, ix)
@@ -656,15 +656,15 @@ func TestOrphanLinks(t *testing.T) {
 		{
 			name: "second engine id of a block, its node gone",
 			steps: []step{
-				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
-				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
 				{removed(a, TierDevice, 100), nil}, // 200 still names block 1, held by no one
 				{stored(a, TierDevice, ptr(200), chain(399, prompt[:8]...)[1:2]), nil},
 				{stored(a, TierDevice, ptr(400), chain(400, prompt[:12]...)[2:3]), nil},
 				// b stores block 1 and 2: block 2 moves to the live parent.
-				{stored(b, TierDevice, nil, chain(500, prompt[:8]...)), []Overlap{{b, 2, 2, 2}}},
-				{stored(a, TierDevice, nil, chain(300, prompt[:4]...)), []Overlap{{a, 3, 3, 3}, {b, 2, 2, 2}}},
-				{removed(b, TierDevice, 501, 500), []Overlap{{a, 3, 3, 3}}},
+				{stored(b, TierDevice, nil, chain(500, prompt[:8]...)), []Overlap{ov(b, 2, 2, 2)}},
+				{stored(a, TierDevice, nil, chain(300, prompt[:4]...)), []Overlap{ov(a, 3, 3, 3), ov(b, 2, 2, 2)}},
+				{removed(b, TierDevice, 501, 500), []Overlap{ov(a, 3, 3, 3)}},
 			},
 		},
 		{
@@ -672,27 +672,27 @@ func TestOrphanLinks(t *testing.T) {
 			// whichever node the id was given for.
 			name: "engine ids of one block, removed in turn",
 			steps: []step{
-				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
-				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
-				{stored(b, TierDevice, nil, chain(500, prompt[:4]...)), []Overlap{{a, 1, 1, 1}, {b, 1, 1, 1}}},
-				{removed(a, TierDevice, 100), []Overlap{{b, 1, 1, 1}}},
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(b, TierDevice, nil, chain(500, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1), ov(b, 1, 1, 1)}},
+				{removed(a, TierDevice, 100), []Overlap{ov(b, 1, 1, 1)}},
 				{removed(b, TierDevice, 500), nil}, // 200 names a dead node
-				{stored(a, TierHost, nil, chain(300, prompt[:4]...)), []Overlap{{a, 0, 1, 1}}},
-				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: []uint64{200}}, []Overlap{{a, 0, 1, 1}}},
-				{removed(a, TierHost, 200), []Overlap{{a, 0, 0, 1}}},
+				{stored(a, TierHost, nil, chain(300, prompt[:4]...)), []Overlap{ov(a, 0, 1, 1)}},
+				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: []uint64{200}}, []Overlap{ov(a, 0, 1, 1)}},
+				{removed(a, TierHost, 200), []Overlap{ov(a, 0, 0, 1)}},
 				{removed(a, TierDisk, 200), nil}, // 300 names a dead node now
-				{stored(b, TierDevice, nil, chain(600, prompt[:8]...)), []Overlap{{b, 2, 2, 2}}},
-				{removed(a, TierDevice, 300), []Overlap{{b, 2, 2, 2}}},
+				{stored(b, TierDevice, nil, chain(600, prompt[:8]...)), []Overlap{ov(b, 2, 2, 2)}},
+				{removed(a, TierDevice, 300), []Overlap{ov(b, 2, 2, 2)}},
 			},
 		},
 		{
 			name: "parent's engine id reused for the child",
 			steps: []step{
-				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{{a, 1, 1, 1}}},
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
 				{stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]), nil},
 				{stored(a, TierHost, ptr(100), chain(100, prompt[:12]...)[2:3]), nil},
-				{stored(b, TierDisk, nil, chain(7, prompt...)), []Overlap{{b, 0, 0, 4}}},
-				{stored(a, TierDevice, nil, chain(50, prompt[:4]...)), []Overlap{{a, 2, 3, 3}, {b, 0, 0, 4}}},
+				{stored(b, TierDisk, nil, chain(7, prompt...)), []Overlap{ov(b, 0, 0, 4)}},
+				{stored(a, TierDevice, nil, chain(50, prompt[:4]...)), []Overlap{ov(a, 2, 3, 3), ov(b, 0, 0, 4)}},
 			},
 		},
 	}
@@ -703,7 +703,7 @@ func TestOrphanLinks(t *testing.T) {
 				if _, err := ix.Apply(s.ev); err != nil {
 					t.Fatalf("step %d: %v", i, err)
 				}
-				if got := ix.MatchTokens(prompt, "", nil); !slices.Equal(got, s.want) {
+				if got := trees(t, ix, ix.MatchTokens(prompt, "", nil)); !slices.Equal(got, s.want) {
 					t.Fatalf("step %d: match = %v, want %v", i, got, s.want)
 				}
 				checkInvariants(t, ix)
@@ -723,7 +723,7 @@ func TestOrphanLinks(t *testing.T) {
 				t.Fatal(err)
 			}
 			for n := 0; n <= len(prompt); n += 4 {
-				if got, want := loaded.MatchTokens(prompt[:n], "", nil), ix.MatchTokens(prompt[:n], "", nil); !slices.Equal(got, want) {
+				if got, want := trees(t, loaded, loaded.MatchTokens(prompt[:n], "", nil)), trees(t, ix, ix.MatchTokens(prompt[:n], "", nil)); !slices.Equal(got, want) {
 					t.Fatalf("prefix %d: loaded %v, original %v", n, got, want)
 				}
 			}
@@ -739,4 +739,23 @@ func TestOrphanLinks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ov is an expected overlap; its tree size is checked by trees.
+func ov(w WorkerRank, dev, host, disk int) Overlap {
+	return Overlap{Worker: w, Device: dev, Host: host, Disk: disk}
+}
+
+// trees checks each overlap's tree size against ix.RankBlocks and returns
+// the overlaps without it, to compare with ov's.
+func trees(t testing.TB, ix *Index, got []Overlap) []Overlap {
+	t.Helper()
+	out := slices.Clone(got)
+	for i := range out {
+		if n := ix.RankBlocks(out[i].Worker); out[i].Blocks != n {
+			t.Errorf("%v: overlap says %d blocks, RankBlocks %d", out[i].Worker, out[i].Blocks, n)
+		}
+		out[i].Blocks = 0
+	}
+	return out
 }

@@ -272,7 +272,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 				log = fmt.Sprintf("remove worker %d", w.Worker)
 			}
 			queries = append(queries, genPath.Draw(t, "probe"))
-			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (%s)", step, log))
+			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (%s)", step, log))
 			checkInvariantsRapid(t, ix)
 			if got, want := nonZero(ix.BlockCounts()), m.counts(); !mapsEqual(got, want) {
 				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, want)
@@ -285,7 +285,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 		if skipped, err := loaded.Load(ix.Dump()); err != nil || skipped != 0 {
 			t.Fatalf("load: skipped %d, err %v", skipped, err)
 		}
-		checkQueries(t, loaded, m, queries, "loaded index")
+		checkQueries(t, loaded, m, m.reachable(), queries, "loaded index")
 		if got, want := nonZero(loaded.BlockCounts()), nonZero(m.reachable()); !mapsEqual(got, want) {
 			t.Fatalf("loaded block counts %v, want reachable %v", got, want)
 		}
@@ -308,10 +308,18 @@ func layout(t *rapid.T, ix *Index, m *refModel) {
 	}
 }
 
-// checkQueries compares every query's match in ix with the model's.
-func checkQueries(t *rapid.T, ix *Index, m *refModel, queries []string, when string) {
+// checkQueries compares every query's match in ix with the model's, and
+// each overlap's tree size with blocks.
+func checkQueries(t *rapid.T, ix *Index, m *refModel, blocks map[WorkerRank]int, queries []string, when string) {
 	for _, q := range queries {
-		if got, want := matchSorted(ix, q), m.match(q); !slices.Equal(got, want) {
+		got := matchSorted(ix, q)
+		for i, o := range got {
+			if o.Blocks != blocks[o.Worker] {
+				t.Fatalf("%s: match %q: %v holds %d blocks, want %d", when, q, o.Worker, o.Blocks, blocks[o.Worker])
+			}
+			got[i].Blocks = 0 // the model's overlaps leave it out
+		}
+		if want := m.match(q); !slices.Equal(got, want) {
 			t.Fatalf("%s: match %q (%d blocks) = %v, want %v", when, q, len(q), got, want)
 		}
 	}
@@ -389,7 +397,7 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 				m.clear(w, AllTiers)
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
-			checkQueries(t, ix, m, queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
+			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
 			checkInvariantsRapid(t, ix)
 		}
 		checkInvariantsRapid(t, ix)

@@ -100,7 +100,7 @@ func TestSetAppliesInOrderAndDo(t *testing.T) {
 	if err := s.Do(ctx, a.Worker, func() { seen = ix.MatchTokens(prompt, "", nil) }); err != nil {
 		t.Fatal(err)
 	}
-	if failed.Load() != 0 || !slices.Equal(seen, []Overlap{{a, 4, 4, 4}}) {
+	if failed.Load() != 0 || !slices.Equal(trees(t, ix, seen), []Overlap{ov(a, 4, 4, 4)}) {
 		t.Fatalf("failed %d, match after Do = %v", failed.Load(), seen)
 	}
 	if err := s.Do(ctx, a.Worker, func() { ix.RemoveWorker(a.Worker) }); err != nil {
@@ -288,9 +288,9 @@ func TestSetHold(t *testing.T) {
 			if s.Held() || failed.Load() != 0 || !slices.Equal(applied, []uint64{10, 11, 12, 13}) {
 				t.Fatalf("held %v, %d failed, worker 1 applied %v", s.Held(), failed.Load(), applied)
 			}
-			got := ix.MatchTokens(prompt, "", nil)
+			got := trees(t, ix, ix.MatchTokens(prompt, "", nil))
 			sortOverlaps(got)
-			if !slices.Equal(got, []Overlap{{a, 4, 4, 4}, {b, 4, 4, 4}}) {
+			if !slices.Equal(got, []Overlap{ov(a, 4, 4, 4), ov(b, 4, 4, 4)}) {
 				t.Fatalf("after release: %v", got)
 			}
 		})

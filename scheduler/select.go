@@ -139,7 +139,6 @@ func overlapsByRank(m map[indexer.WorkerRank]indexer.Overlap, os []indexer.Overl
 type scratch struct {
 	match    []uint64
 	overlaps []indexer.Overlap
-	cached   []*rankLoad // the ranks with cached blocks
 	cands    []candidate
 	bounded  []int // indexes in cands of candidates whose cost is a bound
 	weights  []float64
@@ -406,7 +405,9 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // exceed the best exact cost so far (see countBounded). And no rank
 // without cached blocks can cost less than such a rank would idle (see
 // costing.cold): when a rank with cached blocks costs less, the others
-// are not even looked at. The metrics correction (CostOptions.MetricsWeight)
+// are not even looked at. The same bound, from a rank's overlap alone
+// (costing.floor), skips the ranks with cached blocks that cannot win
+// before their load is looked up. The metrics correction (CostOptions.MetricsWeight)
 // is not negative and does not depend on held blocks: it keeps both bounds.
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
@@ -423,30 +424,9 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	chained := req.Seq == nil
 	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.set[req.Key], isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
-	// The reuse charge's least new prefill is that of the eligible rank
-	// with the longest cached prefix (the whole prompt when none has one).
-	// (The new prefill falls as the effective overlap grows.)
-	charge := req.ChargeReuse && s.opts.ReuseWeight > 0
-	var bestEff float64
-	best := -1 // in overlaps
-	cached := sc.cached[:0]
-	for i := range overlaps {
-		if rl := t.find.get(overlaps[i].Worker); rl != nil {
-			rl.ovAt, rl.ovMark = int32(i), t.pass
-			cached = append(cached, rl)
-			if charge {
-				if eff := s.opts.effective(&overlaps[i]); eff > bestEff && k.eligible(rl) {
-					bestEff, best = eff, i
-				}
-			}
-		}
-	}
-	sc.cached = cached
-	if charge {
-		k.reuse, k.leastNew = s.opts.ReuseWeight, max(0, isl)
-		if best >= 0 {
-			k.leastNew = s.opts.uncached(&overlaps[best], isl, bs)
-		}
+	if req.ChargeReuse && s.opts.ReuseWeight > 0 {
+		k.reuse = s.opts.ReuseWeight
+		k.leastNew = k.leastPrefill()
 	}
 	if mw := s.opts.MetricsWeight; mw > 0 {
 		st := &s.cat.scrape
@@ -468,8 +448,19 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	}
 	done := false
 	if !k.counted && !k.repeats && t.negative == 0 {
-		for _, rl := range cached {
-			k.add(rl)
+		// The ranks with cached blocks first. A rank whose floor (see
+		// costing.floor) exceeds the least exact cost so far cannot win:
+		// it is not even looked up.
+		for i := range overlaps {
+			o := &overlaps[i]
+			prefill := s.opts.uncached(o, isl, bs)
+			if k.floor(prefill) > k.best {
+				continue
+			}
+			if rl := t.find.get(o.Worker); rl != nil {
+				rl.ovAt, rl.ovMark = int32(i), t.pass
+				k.add(rl)
+			}
 		}
 		if len(k.bounded) > 0 {
 			k.best = t.countBounded(k.cands, k.bounded, seq, sc, false, chained, k.budget, k.best, w, bs)
@@ -483,6 +474,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 		}
 	}
 	if !done {
+		k.mark()
 		for _, rl := range t.order {
 			k.add(rl)
 		}
@@ -495,10 +487,12 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 		}
 	}
 	sc.cands, sc.bounded = k.cands, k.bounded
-	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix)]
+	c := k.cands[s.pick(sc, k.cands, temp, k.best, ix, overlaps, t.pass)]
 	ch := choice{wr: c.rl.wr, prefill: c.prefill, cost: c.cost, charge: k.chargeOf(c.prefill)}
 	if c.rl.ovMark == t.pass {
 		ch.ov = overlaps[c.rl.ovAt]
+	} else {
+		ch.ov.Blocks = ix.RankBlocks(c.rl.wr)
 	}
 	if book != nil {
 		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
@@ -553,9 +547,63 @@ func (k *costing) reset() {
 // blocks as they hold of the prompt, when no hash occurs twice in the
 // prompt; and its metrics correction is not negative. So it is valid
 // when !k.repeats and k.t.negative is 0.
-func (k *costing) cold() float64 {
-	isl := max(0, k.isl)
-	return k.w*float64(isl)/float64(k.bs) + float64(k.n) + k.chargeOf(isl)
+func (k *costing) cold() float64 { return k.floor(max(0, k.isl)) }
+
+// floor returns a lower bound of the cost of a rank whose new prefill is
+// prefill tokens: the cost with no active prefill, no output and no block
+// beyond the prompt's, its charges included. It is valid when !k.repeats
+// and k.t.negative is 0 (see cold). A rank whose floor exceeds the least
+// exact cost so far cannot win, nor tie.
+func (k *costing) floor(prefill int64) float64 {
+	return k.w*float64(prefill)/float64(k.bs) + float64(k.n) + k.chargeOf(prefill)
+}
+
+// mark records on every rank of k.overlaps its place there (see
+// rankLoad.ovAt).
+func (k *costing) mark() {
+	for i := range k.overlaps {
+		if rl := k.t.find.get(k.overlaps[i].Worker); rl != nil {
+			rl.ovAt, rl.ovMark = int32(i), k.t.pass
+		}
+	}
+}
+
+// leastPrefill returns the least new prefill of any eligible rank, for the
+// reuse charge: that of the eligible rank with the longest effective
+// cached prefix (the new prefill falls as it grows), or the whole prompt
+// when none has one. The ranks tied at the longest prefix are looked at
+// first; every rank only when none of them is eligible.
+func (k *costing) leastPrefill() int64 {
+	o := k.s.opts
+	eligibleAt := func(i int) bool {
+		rl := k.t.find.get(k.overlaps[i].Worker)
+		return rl != nil && k.eligible(rl)
+	}
+	var top float64
+	for i := range k.overlaps {
+		top = max(top, o.effective(&k.overlaps[i]))
+	}
+	best := -1
+	if top > 0 {
+		for i := range k.overlaps {
+			if o.effective(&k.overlaps[i]) == top && eligibleAt(i) {
+				best = i
+				break
+			}
+		}
+	}
+	if best < 0 {
+		var bestEff float64
+		for i := range k.overlaps {
+			if eff := o.effective(&k.overlaps[i]); eff > bestEff && eligibleAt(i) {
+				bestEff, best = eff, i
+			}
+		}
+	}
+	if best < 0 {
+		return max(0, k.isl)
+	}
+	return o.uncached(&k.overlaps[best], k.isl, k.bs)
 }
 
 // chargeOf returns the reuse charge of a rank whose new prefill is
@@ -667,7 +715,7 @@ const perLookup = 2
 // smaller tree, then random) at temperature 0, where least is the least
 // cost (the bounded candidates and those left out by decide cost more),
 // else a softmax sample over every schedulable rank.
-func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix *indexer.Index) int {
+func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix *indexer.Index, overlaps []indexer.Overlap, pass uint64) int {
 	s.randMu.Lock()
 	defer s.randMu.Unlock()
 	if temp > 0 {
@@ -707,7 +755,11 @@ func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix
 		sc.trees = trees
 		small := math.MaxInt
 		for k, i := range ties {
-			trees[k] = ix.RankBlocks(cands[i].rl.wr)
+			if rl := cands[i].rl; rl.ovMark == pass {
+				trees[k] = overlaps[rl.ovAt].Blocks // as of the match
+			} else {
+				trees[k] = ix.RankBlocks(rl.wr)
+			}
 			small = min(small, trees[k])
 		}
 		n := 0
@@ -725,7 +777,6 @@ func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix
 // release returns sc to the pool, dropping its references to loads.
 func (s *Scheduler) release(sc *scratch) {
 	clear(sc.cands)
-	clear(sc.cached)
 	s.scratch.Put(sc)
 }
 

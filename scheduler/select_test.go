@@ -145,15 +145,15 @@ func TestSelectCost(t *testing.T) {
 		// (10-3) = 24; 4: (40+0)/4 + 10 + (10-10) = 20; 5.0: 40/4 + 10 = 20;
 		// 5.1: 24/4 + 10 = 16; 6, 7: 20. 8 and 9 (10) are not candidates.
 		{name: "argmin", worker: rk(1, 0), cost: 13, prefill: 12,
-			overlap: &indexer.Overlap{Worker: rk(1, 0), Device: 7, Host: 7, Disk: 7}, dp: map[uint32]int{0: 7}},
+			overlap: &indexer.Overlap{Worker: rk(1, 0), Device: 7, Host: 7, Disk: 7, Blocks: 7}, dp: map[uint32]int{0: 7}},
 		{name: "sequence hashes given", req: SelectRequest{Seq: seq}, worker: rk(1, 0), cost: 13, prefill: 12},
 		{name: "host and disk discounted", req: SelectRequest{Workers: []uint64{2}}, worker: rk(2, 0), cost: 14, prefill: 16,
-			overlap: &indexer.Overlap{Worker: rk(2, 0), Device: 1, Host: 6, Disk: 8}, dp: map[uint32]int{0: 1}},
+			overlap: &indexer.Overlap{Worker: rk(2, 0), Device: 1, Host: 6, Disk: 8, Blocks: 8}, dp: map[uint32]int{0: 1}},
 		{name: "active prefill and partly held blocks", req: SelectRequest{Workers: []uint64{3}}, worker: rk(3, 0), cost: 24, prefill: 40,
 			overlap: &indexer.Overlap{Worker: rk(3, 0)}, dp: map[uint32]int{0: 0}},
 		{name: "prompt already running there", req: SelectRequest{Workers: []uint64{4}}, worker: rk(4, 0), cost: 20, prefill: 0},
 		{name: "best rank of a DP worker", req: SelectRequest{Workers: []uint64{5}}, worker: rk(5, 1), cost: 16, prefill: 24,
-			overlap: &indexer.Overlap{Worker: rk(5, 1), Device: 4, Host: 4, Disk: 4}, dp: map[uint32]int{1: 4}},
+			overlap: &indexer.Overlap{Worker: rk(5, 1), Device: 4, Host: 4, Disk: 4, Blocks: 4}, dp: map[uint32]int{1: 4}},
 		{name: "cold worker", req: SelectRequest{Workers: []uint64{6}}, worker: rk(6, 0), cost: 20, prefill: 40},
 		{name: "candidate subset", req: SelectRequest{Workers: []uint64{3, 2, 42}}, worker: rk(2, 0), cost: 14, prefill: 16},
 		// isl 42: the partial block's 2 tokens are prefill too, but no
