@@ -30,7 +30,8 @@
 // ids; sequence hash -> node id and, per worker rank, engine id -> node id
 // are open-addressing tables of plain words. A node's only holder is
 // stored inline and its ends derived from it; nodes held by several ranks
-// keep their holders in a side array, and only those held by many keep end
+// keep their holders in an arena of plain holders, by size class, named
+// from the inline holder's words, and only those held by many keep end
 // lists and bit sets. A deleted node that other nodes are still linked to,
 // or engine ids still name, stays in the slab, dead, until the last of them
 // goes, so a link or an engine id's node is a plain id. Every node but a root is linked (to a dead stand-in if its

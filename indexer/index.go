@@ -176,8 +176,25 @@ type end struct {
 }
 
 // multi, in the tiers of a node's inline holder, says that the node has
-// several holders, in the extNode whose index is the inline holder's slot.
+// several holders, in Index.hold: the inline holder names the list (see
+// holder.list).
 const multi Tier = 1 << 7
+
+// hasMore, in the tiers of a multi node's inline holder, says that the
+// node has an extMore (see holderArena.more).
+const hasMore Tier = 1 << 5
+
+// list returns the block and length of the holder list that the inline
+// holder h of a multi node names: its slot is the block, its kids the
+// length.
+func (h *holder) list() (uint32, int) { return h.slot, int(h.kids[0]) | int(h.kids[1])<<16 }
+
+// setList makes h, the inline holder of a multi node, name the list of n
+// holders in block at, keeping its hasMore bit.
+func (h *holder) setList(at uint32, n int) {
+	h.slot, h.kids = at, [nClasses]uint16{uint16(n), uint16(n >> 16)}
+	h.tiers |= multi
+}
 
 // noSlot is the slot of the inline holder of a node without holders.
 const noSlot = ^uint32(0)
@@ -197,20 +214,14 @@ type node struct {
 	// live parent (see link).
 	linked uint32
 	// one is the node's holder when it has one (slot noSlot when it has
-	// none); with tiers multi, its slot indexes Index.ext instead, which
-	// lists the holders. The ends of a node with one holder are that
-	// holder's.
+	// none); with tiers multi, it names the node's list of holders in
+	// Index.hold instead (see holder.list). The ends of a node with one
+	// holder are that holder's.
 	one [1]holder
 	// kids counts the nodes linked to this one; only is that node's id
 	// when there is one and it is known (0 otherwise).
 	kids int32
 	only uint32
-}
-
-// extNode is what a node held by several ranks keeps besides itself.
-type extNode struct {
-	holders []holder // sorted by slot
-	more    *extMore // for a node with many holders (see Index.sync), or nil
 }
 
 // extMore is what a node held by many ranks keeps so that Match need not
@@ -314,8 +325,12 @@ type Index struct {
 	// up early (see yield).
 	waiting atomic.Int32
 	nodes   nodeStore
-	ext     []extNode
-	extFree []uint32 // reusable entries of ext
+	// hold keeps the holders of nodes with several, sorted by slot.
+	hold holderArena
+	// mores are the extMores of nodes with many holders, by the index
+	// their list keeps (see holderArena.more); 0 is unused.
+	mores    []extMore
+	moreFree []uint32 // reusable entries of mores
 	// aliases counts, per node id, the engine ids naming it (see worker)
 	// besides one per holder: ids of a block the rank holds under another
 	// id too, or no longer holds. Only ids with a count are in the map:
@@ -822,7 +837,7 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 func (ix *Index) holders(n *node) []holder {
 	switch h := &n.one[0]; {
 	case h.tiers&multi != 0:
-		return ix.ext[h.slot].holders
+		return ix.hold.list(h.list())
 	case h.slot == noSlot:
 		return nil
 	}
@@ -841,23 +856,26 @@ func (ix *Index) holderOf(n *node, s uint32) *holder {
 		case s:
 			return h
 		}
-		// A second holder: move to an extNode.
-		x := ix.newExt()
-		e := &ix.ext[x]
-		e.holders = append(e.holders[:0], *h)
-		*h = holder{slot: x, tiers: multi}
-	}
-	e := &ix.ext[h.slot]
-	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
-	if !found {
-		if l := len(e.holders); l == cap(e.holders) {
-			// Grow by an eighth, not append's doubling: most nodes keep
-			// a few holders for long.
-			e.holders = append(make([]holder, 0, l+1+l/8), e.holders...)
+		// A second holder: move both to a list.
+		i, add := 1, holder{slot: s}
+		var at uint32
+		if s < h.slot {
+			i, at = 0, ix.hold.pair(add, *h)
+		} else {
+			at = ix.hold.pair(*h, add)
 		}
-		e.holders = slices.Insert(e.holders, i, holder{slot: s})
+		*h = holder{}
+		h.setList(at, 2)
+		return &ix.hold.list(at, 2)[i]
 	}
-	return &e.holders[i]
+	at, nh := h.list()
+	i, found := slices.BinarySearchFunc(ix.hold.list(at, nh), s, cmpSlot)
+	if !found {
+		at = ix.hold.insert(at, nh, i, holder{slot: s})
+		nh++
+		h.setList(at, nh)
+	}
+	return &ix.hold.list(at, nh)[i]
 }
 
 // dropHolder deletes the holder of slot s from n, whose ends no longer
@@ -868,38 +886,73 @@ func (ix *Index) dropHolder(n *node, s uint32) {
 		*h = holder{slot: noSlot}
 		return
 	}
-	x := h.slot
-	e := &ix.ext[x]
-	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
+	at, nh := h.list()
+	l := ix.hold.list(at, nh)
+	i, found := slices.BinarySearchFunc(l, s, cmpSlot)
 	if !found {
 		return
 	}
-	e.holders = slices.Delete(e.holders, i, i+1)
-	if len(e.holders) == 1 { // back to one holder, inline
-		*h = e.holders[0]
-		e.holders, e.more = e.holders[:0], nil
-		ix.extFree = append(ix.extFree, x)
+	if nh > 2 {
+		h.setList(ix.hold.remove(at, nh, i), nh-1)
+		return
 	}
+	// Back to one holder, inline.
+	if h.tiers&hasMore != 0 {
+		ix.freeMore(ix.hold.more(at, nh))
+	}
+	*h = l[1-i]
+	ix.hold.release(sizeClass(nh), at)
 }
 
-// newExt returns the index of an unused extNode. Called with mu held.
-func (ix *Index) newExt() uint32 {
-	if n := len(ix.extFree); n > 0 {
-		x := ix.extFree[n-1]
-		ix.extFree = ix.extFree[:n-1]
-		return x
+// moreOf returns the extMore of n, or nil. Called with mu held (the
+// pointer is valid until the next newMore).
+func (ix *Index) moreOf(n *node) *extMore {
+	if h := &n.one[0]; h.tiers&hasMore != 0 {
+		return &ix.mores[ix.hold.more(h.list())]
 	}
-	ix.ext = append(ix.ext, extNode{})
-	return uint32(len(ix.ext) - 1)
+	return nil
+}
+
+// newMore gives the multi node n an empty extMore and returns it. Called
+// with mu held.
+func (ix *Index) newMore(n *node) *extMore {
+	var x uint32
+	if k := len(ix.moreFree); k > 0 {
+		x = ix.moreFree[k-1]
+		ix.moreFree = ix.moreFree[:k-1]
+	} else {
+		if len(ix.mores) == 0 {
+			ix.mores = append(ix.mores, extMore{}) // index 0 means none
+		}
+		ix.mores = append(ix.mores, extMore{})
+		x = uint32(len(ix.mores) - 1)
+	}
+	h := &n.one[0]
+	at, nh := h.list()
+	ix.hold.setMore(at, nh, x)
+	h.tiers |= hasMore
+	return &ix.mores[x]
+}
+
+// dropMore takes the extMore of the multi node n away. Called with mu held.
+func (ix *Index) dropMore(n *node) {
+	h := &n.one[0]
+	at, nh := h.list()
+	ix.freeMore(ix.hold.more(at, nh))
+	ix.hold.setMore(at, nh, 0)
+	h.tiers &^= hasMore
+}
+
+// freeMore frees entry x of mores. Called with mu held.
+func (ix *Index) freeMore(x uint32) {
+	ix.mores[x] = extMore{}
+	ix.moreFree = append(ix.moreFree, x)
 }
 
 // setEnd records the end classes of slot s in n (0: none). A node with one
 // holder or a few needs no record: its ends are its holders' (see sync).
 func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
-	if n.one[0].tiers&multi == 0 {
-		return
-	}
-	e := ix.ext[n.one[0].slot].more
+	e := ix.moreOf(n)
 	if e == nil || !e.listed {
 		return
 	}
@@ -1095,7 +1148,7 @@ func (ix *Index) find(n *node, s uint32) *holder {
 		}
 		return nil
 	}
-	hs := ix.ext[h.slot].holders
+	hs := ix.hold.list(h.list())
 	if i, ok := slices.BinarySearchFunc(hs, s, cmpSlot); ok {
 		return &hs[i]
 	}
@@ -1169,14 +1222,13 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	if n.one[0].tiers&multi == 0 {
 		return
 	}
-	e := &ix.ext[n.one[0].slot]
-	nh, m := len(e.holders), e.more
+	holders := ix.holders(n)
+	nh, m := len(holders), ix.moreOf(n)
 	if m == nil {
 		if nh < min(listAt, ix.denseAt()) {
 			return
 		}
-		m = new(extMore)
-		e.more = m
+		m = ix.newMore(n)
 	}
 	la := listAt
 	if ix.denseHolders > 0 {
@@ -1185,7 +1237,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	switch {
 	case !m.listed && nh >= la:
 		m.ends = m.ends[:0]
-		for _, h := range e.holders {
+		for _, h := range holders {
 			if c := h.ends(); c != 0 {
 				m.ends = append(m.ends, end{slot: h.slot, classes: c})
 			}
@@ -1197,7 +1249,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	switch at := ix.denseAt(); {
 	case !m.dense && nh >= at:
 		m.bits = make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
-		for _, h := range e.holders {
+		for _, h := range holders {
 			m.bits.set(h.slot, h.tiers)
 		}
 		m.dense = true
@@ -1207,7 +1259,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 		m.bits.set(s, t)
 	}
 	if !m.listed && !m.dense {
-		e.more = nil
+		ix.dropMore(n)
 	}
 }
 
@@ -1217,10 +1269,7 @@ const listAt = 8
 
 // denseBits returns n's classBits, if it keeps them.
 func (ix *Index) denseBits(n *node) (classBits, bool) {
-	if n.one[0].tiers&multi == 0 {
-		return nil, false
-	}
-	if m := ix.ext[n.one[0].slot].more; m != nil && m.dense {
+	if m := ix.moreOf(n); m != nil && m.dense {
 		return m.bits, true
 	}
 	return nil, false
@@ -1417,17 +1466,17 @@ func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 			return h.slot != noSlot && m.drop(end{slot: h.slot, classes: h.ends()}, d)
 		}
 		dropped := false
-		x := &m.ix.ext[n.one[0].slot]
-		if x.more != nil && x.more.listed {
-			for _, e := range x.more.ends {
+		if x := m.ix.moreOf(n); x != nil && x.listed {
+			for _, e := range x.ends {
 				if m.drop(e, d) {
 					dropped = true
 				}
 			}
 			return dropped
 		}
-		for i := range x.holders {
-			h := &x.holders[i]
+		hs := m.ix.holders(n)
+		for i := range hs {
+			h := &hs[i]
 			if c := h.ends(); c != 0 && m.drop(end{slot: h.slot, classes: c}, d) {
 				dropped = true
 			}

@@ -449,7 +449,8 @@ func checkInvariants(t testing.TB, ix *Index) {
 	if len(nodes) != ix.nodes.live {
 		t.Errorf("%d nodes in the table, %d live", len(nodes), ix.nodes.live)
 	}
-	extUsed := make(map[uint32]bool)
+	listUsed := make(map[[2]uint32]bool) // size class, block
+	moreUsed := make(map[uint32]bool)
 	children := make(map[uint64][]uint64) // parent key -> child keys
 	for key, n := range nodes {
 		if key != n.local {
@@ -464,15 +465,29 @@ func checkInvariants(t testing.TB, ix *Index) {
 		}
 		var listed []end // the ends the node keeps
 		if h := n.one[0]; h.tiers&multi != 0 {
-			if extUsed[h.slot] || int(h.slot) >= len(ix.ext) {
-				t.Errorf("node %d: ext %d is shared or out of range", key, h.slot)
+			at, nh := h.list()
+			if nh < 2 {
+				t.Errorf("node %d keeps %d holders out of line", key, nh)
 				continue
 			}
-			extUsed[h.slot] = true
-			if len(holders) < 2 {
-				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
+			c := uint32(sizeClass(nh))
+			if listUsed[[2]uint32{c, at}] || int(c) >= len(ix.hold.classes) || at >= ix.hold.classes[c].next {
+				t.Errorf("node %d: list %d of class %d is shared or out of range", key, at, c)
+				continue
 			}
-			if m := ix.ext[h.slot].more; m != nil && m.listed {
+			listUsed[[2]uint32{c, at}] = true
+			switch x := ix.hold.more(at, nh); {
+			case (x != 0) != (h.tiers&hasMore != 0):
+				t.Errorf("node %d: extMore %d, tiers %b", key, x, h.tiers)
+			case x != 0 && (moreUsed[x] || int(x) >= len(ix.mores)):
+				t.Errorf("node %d: extMore %d is shared or out of range", key, x)
+			case x != 0:
+				moreUsed[x] = true
+				if m := &ix.mores[x]; !m.listed && !m.dense {
+					t.Errorf("node %d keeps an empty extMore", key)
+				}
+			}
+			if m := ix.moreOf(n); m != nil && m.listed {
 				listed = m.ends
 			} else {
 				for _, h := range holders {
@@ -557,12 +572,50 @@ func checkInvariants(t testing.TB, ix *Index) {
 		}
 	}
 	checkDeadNodes(t, ix)
-	if got, want := len(extUsed), len(ix.ext)-len(ix.extFree); got != want {
-		t.Errorf("%d ext entries used, %d not free", got, want)
+	checkArena(t, &ix.hold, listUsed)
+	if got, want := len(moreUsed), max(0, len(ix.mores)-1-len(ix.moreFree)); got != want {
+		t.Errorf("%d extMores used, %d not free", got, want)
 	}
 	for _, w := range ix.workers {
 		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
 			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
+		}
+	}
+}
+
+// checkArena checks the holder arena's books against the lists in use
+// (size class, block): each class counts its blocks in use, every block
+// handed out is in use or on the free list once, and free blocks keep no
+// extMore.
+func checkArena(t testing.TB, a *holderArena, used map[[2]uint32]bool) {
+	t.Helper()
+	inUse := make([]int, len(a.classes))
+	for k := range used {
+		inUse[k[0]]++
+	}
+	for c := range a.classes {
+		k := &a.classes[c]
+		if k.used != inUse[c] {
+			t.Errorf("size class %d counts %d blocks in use, nodes use %d", c, k.used, inUse[c])
+		}
+		free := 0
+		for x := k.free; x != 0; {
+			at := x - 1
+			if at >= k.next || used[[2]uint32{uint32(c), at}] {
+				t.Errorf("size class %d: free block %d is in use or out of range", c, at)
+				break
+			}
+			if free++; free > int(k.next) {
+				t.Errorf("size class %d: free list loops", c)
+				break
+			}
+			if a.more(at, k.size) != 0 {
+				t.Errorf("size class %d: free block %d keeps an extMore", c, at)
+			}
+			x = k.chunks[at>>k.shift][int(at&(1<<k.shift-1))*k.size].slot
+		}
+		if free+k.used != int(k.next) {
+			t.Errorf("size class %d: %d blocks free, %d used, %d handed out", c, free, k.used, k.next)
 		}
 	}
 }

@@ -467,3 +467,180 @@ func (t *blockTable) touch(id uint64) uint64 {
 	}
 	return uint64(t.tab[idHome(id, len(t.tab))].node)
 }
+
+// holderArena keeps the holder lists of nodes held by several ranks, by
+// value in blocks of plain holders: no slice header or pointer per list,
+// and nothing for the garbage collector to scan. A list of n holders lives
+// in a block of size class sizeClass(n) (exactly n holders up to 16, at
+// most an eighth more beyond), so a list is named by its length and its
+// block's number in that class; a list that changes class moves (see
+// insert, remove). Each class keeps its blocks in chunks that never move,
+// so a pointer to a holder stays valid until its own list changes; freed
+// blocks are reused first, through a free list per class.
+type holderArena struct {
+	classes []holderClass // by size class, made as needed
+}
+
+// holderClass is the blocks of one size class.
+type holderClass struct {
+	size   int  // holders per block
+	shift  uint // a chunk holds 1<<shift blocks
+	chunks [][]holder
+	// mores holds, per chunk, the extMore of each block (an index of
+	// Index.mores, 0: none); a chunk's is made when first needed.
+	mores [][]uint32
+	next  uint32 // blocks handed out
+	free  uint32 // 1 + the first free block, 0: none; linked through the first holder's slot, the same way
+	used  int    // blocks in use
+}
+
+// arenaChunk is about how many holders a chunk of a size class holds.
+const arenaChunk = 2048
+
+// exactUpTo is the largest list kept in a block of its exact size.
+const exactUpTo = 16
+
+// sizeClass returns the size class of a list of n >= 2 holders: n-2 for
+// n <= exactUpTo; above, eight classes per power of two.
+func sizeClass(n int) int {
+	if n <= exactUpTo {
+		return n - 2
+	}
+	x := uint(n - 1)
+	h := bits.Len(x) - 1 // >= 4
+	return exactUpTo - 1 + (h-4)*8 + int(x>>(h-3)&7)
+}
+
+// classSize returns how many holders a block of size class c holds: the
+// largest list of class c.
+func classSize(c int) int {
+	if c < exactUpTo-1 {
+		return c + 2
+	}
+	c -= exactUpTo - 1
+	return (9 + c%8) << (c/8 + 1)
+}
+
+// class returns size class c, making the classes up to it if needed.
+func (a *holderArena) class(c int) *holderClass {
+	for len(a.classes) <= c {
+		size := classSize(len(a.classes))
+		a.classes = append(a.classes, holderClass{size: size, shift: uint(max(0, bits.Len(uint(arenaChunk/size))-1))})
+	}
+	return &a.classes[c]
+}
+
+// list returns the list of n holders in block at of its class.
+func (a *holderArena) list(at uint32, n int) []holder {
+	k := &a.classes[sizeClass(n)]
+	off := int(at&(1<<k.shift-1)) * k.size
+	return k.chunks[at>>k.shift][off : off+n : off+n]
+}
+
+// alloc returns an unused block of size class c.
+func (a *holderArena) alloc(c int) uint32 {
+	k := a.class(c)
+	k.used++
+	if k.free != 0 {
+		at := k.free - 1
+		off := int(at&(1<<k.shift-1)) * k.size
+		k.free = k.chunks[at>>k.shift][off].slot
+		return at
+	}
+	at := k.next
+	if int(at>>k.shift) == len(k.chunks) {
+		k.chunks = append(k.chunks, make([]holder, k.size<<k.shift))
+		k.mores = append(k.mores, nil)
+	}
+	k.next++
+	return at
+}
+
+// release frees block at of size class c, and its extMore index.
+func (a *holderArena) release(c int, at uint32) {
+	k := &a.classes[c]
+	ch, i := at>>k.shift, at&(1<<k.shift-1)
+	if m := k.mores[ch]; m != nil {
+		m[i] = 0
+	}
+	k.chunks[ch][int(i)*k.size].slot = k.free
+	k.free = at + 1
+	k.used--
+}
+
+// pair returns the block of a new list of holders x and y, in that order.
+func (a *holderArena) pair(x, y holder) uint32 {
+	at := a.alloc(sizeClass(2))
+	l := a.list(at, 2)
+	l[0], l[1] = x, y
+	return at
+}
+
+// insert puts h at position i of the list of n holders in block at and
+// returns the block of the list of n+1 holders, at or another one.
+func (a *holderArena) insert(at uint32, n, i int, h holder) uint32 {
+	c, nc := sizeClass(n), sizeClass(n+1)
+	if c == nc {
+		l := a.list(at, n+1)
+		copy(l[i+1:], l[i:n])
+		l[i] = h
+		return at
+	}
+	nat := a.alloc(nc)
+	src, dst := a.list(at, n), a.list(nat, n+1)
+	copy(dst, src[:i])
+	dst[i] = h
+	copy(dst[i+1:], src[i:])
+	a.moveMore(n, at, n+1, nat)
+	a.release(c, at)
+	return nat
+}
+
+// remove deletes position i of the list of n > 2 holders in block at and
+// returns the block of the list of n-1 holders, at or another one.
+func (a *holderArena) remove(at uint32, n, i int) uint32 {
+	c, nc := sizeClass(n), sizeClass(n-1)
+	if c == nc {
+		l := a.list(at, n)
+		copy(l[i:], l[i+1:])
+		return at
+	}
+	nat := a.alloc(nc)
+	src, dst := a.list(at, n), a.list(nat, n-1)
+	copy(dst, src[:i])
+	copy(dst[i:], src[i+1:])
+	a.moveMore(n, at, n-1, nat)
+	a.release(c, at)
+	return nat
+}
+
+// more returns the extMore index of the list of n holders in block at (0:
+// none).
+func (a *holderArena) more(at uint32, n int) uint32 {
+	k := &a.classes[sizeClass(n)]
+	if m := k.mores[at>>k.shift]; m != nil {
+		return m[at&(1<<k.shift-1)]
+	}
+	return 0
+}
+
+// setMore sets the extMore index of the list of n holders in block at.
+func (a *holderArena) setMore(at uint32, n int, x uint32) {
+	k := &a.classes[sizeClass(n)]
+	ch := at >> k.shift
+	if k.mores[ch] == nil {
+		if x == 0 {
+			return
+		}
+		k.mores[ch] = make([]uint32, 1<<k.shift)
+	}
+	k.mores[ch][at&(1<<k.shift-1)] = x
+}
+
+// moveMore moves the extMore index of a list that moved from block at
+// (n holders) to block to (m holders).
+func (a *holderArena) moveMore(n int, at uint32, m int, to uint32) {
+	if x := a.more(at, n); x != 0 {
+		a.setMore(to, m, x)
+	}
+}

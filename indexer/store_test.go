@@ -395,3 +395,160 @@ func TestTableResize(t *testing.T) {
 		})
 	}
 }
+
+func TestSizeClass(t *testing.T) {
+	cases := []struct {
+		n, class, size int
+	}{
+		{2, 0, 2},
+		{3, 1, 3},
+		{16, 14, 16},
+		{17, 15, 18},
+		{18, 15, 18},
+		{19, 16, 20},
+		{32, 22, 32},
+		{33, 23, 36},
+		{256, 46, 256},
+		{257, 47, 288},
+	}
+	for _, c := range cases {
+		if got := sizeClass(c.n); got != c.class {
+			t.Errorf("sizeClass(%d) = %d, want %d", c.n, got, c.class)
+		}
+		if got := classSize(c.class); got != c.size {
+			t.Errorf("classSize(%d) = %d, want %d", c.class, got, c.size)
+		}
+	}
+	// Every length fits its class, which is the smallest that fits it and
+	// wastes at most an eighth.
+	for n := 2; n < 1<<20; n++ {
+		c := sizeClass(n)
+		size := classSize(c)
+		if size < n || c > 0 && classSize(c-1) >= n {
+			t.Fatalf("n %d: class %d of size %d (previous %d)", n, c, size, classSize(c-1))
+		}
+		if n <= exactUpTo && size != n || size > n+n/8+1 {
+			t.Fatalf("n %d: class %d of size %d wastes too much", n, c, size)
+		}
+	}
+}
+
+// TestHolderArena drives lists through their size classes and back.
+func TestHolderArena(t *testing.T) {
+	h := func(s uint32) holder {
+		return holder{slot: s, tiers: TierDevice, kids: [nClasses]uint16{uint16(s), 1, 2}}
+	}
+	steps := []struct {
+		op   string // insert, remove, more
+		i    int    // position (more: the extMore index to set)
+		want []uint32
+	}{
+		{"insert", 0, []uint32{0, 10, 20}},
+		{"more", 7, []uint32{0, 10, 20}},
+		{"insert", 3, []uint32{0, 10, 20, 3}},
+		{"remove", 0, []uint32{10, 20, 3}},
+		{"remove", 2, []uint32{10, 20}},
+		{"more", 0, []uint32{10, 20}},
+	}
+	var a holderArena
+	at := a.pair(h(10), h(20))
+	n := 2
+	more := uint32(0)
+	for k, st := range steps {
+		switch st.op {
+		case "insert":
+			at = a.insert(at, n, st.i, h(st.want[st.i]))
+			n++
+		case "remove":
+			at = a.remove(at, n, st.i)
+			n--
+		case "more":
+			a.setMore(at, n, uint32(st.i))
+			more = uint32(st.i)
+		}
+		l := a.list(at, n)
+		got := make([]uint32, len(l))
+		for j, x := range l {
+			got[j] = x.slot
+			if x != h(x.slot) {
+				t.Fatalf("step %d: holder %d is %+v", k, j, x)
+			}
+		}
+		if !slices.Equal(got, st.want) {
+			t.Fatalf("step %d (%s %d): list %v, want %v", k, st.op, st.i, got, st.want)
+		}
+		if m := a.more(at, n); m != more {
+			t.Fatalf("step %d: extMore %d, want %d", k, m, more)
+		}
+	}
+	a.release(sizeClass(n), at)
+	if at2 := a.pair(h(1), h(2)); at2 != at {
+		t.Errorf("a freed block of class 0 was not reused: %d, freed %d", at2, at)
+	}
+	for c := range a.classes {
+		if want := map[int]int{0: 1}[c]; a.classes[c].used != want {
+			t.Errorf("class %d: %d blocks used, want %d", c, a.classes[c].used, want)
+		}
+	}
+}
+
+// TestHolderArenaMatchesSlices checks many lists growing and shrinking
+// across chunks and classes against plain slices.
+func TestHolderArenaMatchesSlices(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var a holderArena
+		type list struct {
+			at    uint32
+			slots []uint32
+			more  uint32
+		}
+		var lists []*list
+		for step := range rapid.IntRange(1, 400).Draw(t, "steps") {
+			switch op := rapid.IntRange(0, 9).Draw(t, "op"); {
+			case op == 0 || len(lists) == 0:
+				lists = append(lists, &list{at: a.pair(holder{slot: 1}, holder{slot: 2}), slots: []uint32{1, 2}})
+			default:
+				l := lists[rapid.IntRange(0, len(lists)-1).Draw(t, "list")]
+				n := len(l.slots)
+				switch {
+				case op < 6: // grow, often far
+					for range rapid.IntRange(1, 40).Draw(t, "grow") {
+						i := rapid.IntRange(0, len(l.slots)).Draw(t, "at")
+						s := uint32(step*1000 + len(l.slots))
+						l.at = a.insert(l.at, len(l.slots), i, holder{slot: s})
+						l.slots = slices.Insert(l.slots, i, s)
+					}
+				case op < 8 && n > 2:
+					i := rapid.IntRange(0, n-1).Draw(t, "del")
+					l.at = a.remove(l.at, n, i)
+					l.slots = slices.Delete(l.slots, i, i+1)
+				case op == 8:
+					l.more = uint32(step + 1)
+					a.setMore(l.at, n, l.more)
+				default: // free it
+					a.release(sizeClass(n), l.at)
+					lists = slices.DeleteFunc(lists, func(x *list) bool { return x == l })
+				}
+			}
+			used := map[[2]uint32]bool{}
+			for k, l := range lists {
+				got := a.list(l.at, len(l.slots))
+				for j := range got {
+					if got[j].slot != l.slots[j] {
+						t.Fatalf("step %d: list %d holds %v at %d, want %v", step, k, got[j].slot, j, l.slots[j])
+					}
+				}
+				if m := a.more(l.at, len(l.slots)); m != l.more {
+					t.Fatalf("step %d: list %d extMore %d, want %d", step, k, m, l.more)
+				}
+				used[[2]uint32{uint32(sizeClass(len(l.slots))), l.at}] = true
+			}
+			// Freed lists keep no extMore in this test's books either.
+			rec := &recorder{}
+			checkArena(rec, &a, used)
+			if len(rec.errs) > 0 {
+				t.Fatal(rec.errs)
+			}
+		}
+	})
+}
