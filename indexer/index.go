@@ -408,10 +408,22 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		if x, ok := bt.get(ev.Parent); hasPrev && ok {
 			prev = ix.nodes.get(x).key
 		}
-		grown = prepareResize(bt, bt.reserveSize(len(blocks)))
 	}
 	keysFrom := prev
 	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
+	if bt != nil {
+		// Room for as many new engine ids as the first chunk suggests:
+		// none for a copy of held blocks to another tier.
+		fresh := 0
+		for _, b := range first {
+			if _, ok := bt.get(b.Hash); !ok {
+				fresh++
+			}
+		}
+		if fresh > 0 {
+			grown = prepareResize(bt, bt.reserveSize((fresh*len(blocks)+len(first)-1)/len(first)))
+		}
+	}
 	ix.mu.RUnlock()
 
 	ix.mu.Lock()
@@ -436,8 +448,6 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
 	}
-	// One growth at most for the event.
-	w.blocks.reserve(len(blocks))
 	var parent *node // node of the previous block, once known
 	var pid uint32
 	for i, b := range blocks {
@@ -491,6 +501,7 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		// b.Hash names n from now on (see worker).
 		switch {
 		case !had:
+			w.blocks.fit(len(blocks) - i)
 			w.blocks.put(b.Hash, id)
 			if before != 0 { // the rank has another engine id for n
 				ix.alias(id, 1)

@@ -812,3 +812,58 @@ func trees(t testing.TB, ix *Index, got []Overlap) []Overlap {
 	}
 	return out
 }
+
+// TestStoredReservesForNewIDs: a Stored event grows its rank's engine-id
+// table for the engine ids it adds, once, and not at all when it only
+// copies held blocks to another tier.
+func TestStoredReservesForNewIDs(t *testing.T) {
+	mk := func(from, n int) []Block {
+		bs := make([]Block, n)
+		for i := range bs {
+			bs[i] = Block{Hash: uint64(1000 + from + i), Local: uint64(from+i+1) * 0x9e3779b97f4a7c15}
+		}
+		return bs
+	}
+	const held = 1000 // blocks 0..held-1, stored first: the table is then full
+	cases := []struct {
+		name   string
+		tier   Tier
+		blocks []Block // continue the held blocks from the root
+		fresh  int     // engine ids they add
+	}{
+		{"copy to host", TierHost, mk(0, held), 0},
+		{"stored again", TierDevice, mk(0, 300), 0},
+		{"new blocks", TierDevice, mk(0, held+900)[held:], 900},
+		{"a chunk copied, then new blocks", TierHost, mk(held-100, 1000), 900},
+		{"a few new blocks after a copy", TierHost, mk(held-200, 210), 10},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			a := wr(1, 0)
+			if _, err := ix.Apply(stored(a, TierDevice, nil, mk(0, held))); err != nil {
+				t.Fatal(err)
+			}
+			bt := &ix.workers[a].blocks
+			before := *bt
+			if (before.n+1)*blockLoadDen <= len(before.tab)*blockLoadNum {
+				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))
+			}
+			var parent *uint64
+			if c.blocks[0].Hash != 1000 {
+				parent = ptr(c.blocks[0].Hash - 1)
+			}
+			if _, err := ix.Apply(stored(a, c.tier, parent, c.blocks)); err != nil {
+				t.Fatal(err)
+			}
+			want := len(before.tab)
+			if c.fresh > 0 {
+				want = before.reserveSize(c.fresh)
+			}
+			if len(bt.tab) != want || bt.len() != held+c.fresh {
+				t.Errorf("%d entries in %d slots, want %d in %d", bt.len(), len(bt.tab), held+c.fresh, want)
+			}
+			checkInvariants(t, ix)
+		})
+	}
+}

@@ -319,6 +319,16 @@ func (t *blockTable) reserve(extra int) {
 	}
 }
 
+// fit makes room for one more entry: a full table grows once for left
+// more (the blocks left in a Stored event), not for one at a time, and
+// only when it is full (a Stored event that copies held blocks to another
+// tier adds no entries).
+func (t *blockTable) fit(left int) {
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
+		t.reserve(left)
+	}
+}
+
 // reserveSize returns the size reserve(extra) would grow the table to, 0
 // if it fits.
 func (t *blockTable) reserveSize(extra int) int {
