@@ -411,9 +411,10 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	}
 	keysFrom := prev
 	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
-	if bt != nil {
+	if bt != nil && bt.reserveSize(len(blocks)) > 0 {
 		// Room for as many new engine ids as the first chunk suggests:
-		// none for a copy of held blocks to another tier.
+		// none for a copy of held blocks to another tier. (Counted only
+		// when the table could be too small: most events fit.)
 		fresh := 0
 		for _, b := range first {
 			if _, ok := bt.get(b.Hash); !ok {
