@@ -27,13 +27,16 @@
 //
 // Storage (store.go) holds no Go pointers in bulk, so the garbage collector
 // never scans it: nodes live by value in a chunked slab, named by uint32
-// ids; sequence hash -> node id and, per worker rank, engine id -> sequence
-// hash are open-addressing tables of plain words. A node's only holder is
+// ids; sequence hash -> node id and, per worker rank, engine id -> node id
+// are open-addressing tables of plain words. A node's only holder is
 // stored inline and its ends derived from it; nodes held by several ranks
-// keep their holders in a side array, and only those held by many keep end
-// lists and bit sets. A deleted node that other nodes are still linked to
-// stays in the slab, dead, until the last of them is unlinked, so a link is
-// a plain id.
+// keep their holders in an arena of plain holders, by size class, named
+// from the inline holder's words, and only those held by many keep end
+// lists and bit sets. A deleted node that other nodes are still linked to,
+// or engine ids still name, stays in the slab, dead, until the last of them
+// goes, so a link or an engine id's node is a plain id. Every node but a root is linked (to a dead stand-in if its
+// parent's key has no node), and its link names its parent's key: nodes
+// do not keep it.
 //
 // Concurrency: one RWMutex per index. Matches share it with each other and
 // with writers looking up the first chunk of an event (keys hashed, table

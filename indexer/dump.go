@@ -83,10 +83,11 @@ func (ix *Index) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	if w == nil {
 		return dst
 	}
-	w.blocks.each(func(h, key uint64) {
-		n, _ := ix.lookup(key)
+	w.blocks.each(func(h uint64, x uint32) {
+		key := ix.nodes.get(x).key
+		n, _ := ix.resolve(x)
 		if hd := ix.find(n, w.slot); hd != nil {
-			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: n.parent, tiers: hd.tiers, depth: -2})
+			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: ix.parentKey(n, key), tiers: hd.tiers, depth: -2})
 		}
 	})
 	return dst

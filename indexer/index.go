@@ -176,8 +176,25 @@ type end struct {
 }
 
 // multi, in the tiers of a node's inline holder, says that the node has
-// several holders, in the extNode whose index is the inline holder's slot.
+// several holders, in Index.hold: the inline holder names the list (see
+// holder.list).
 const multi Tier = 1 << 7
+
+// hasMore, in the tiers of a multi node's inline holder, says that the
+// node has an extMore (see holderArena.more).
+const hasMore Tier = 1 << 5
+
+// list returns the block and length of the holder list that the inline
+// holder h of a multi node names: its slot is the block, its kids the
+// length.
+func (h *holder) list() (uint32, int) { return h.slot, int(h.kids[0]) | int(h.kids[1])<<16 }
+
+// setList makes h, the inline holder of a multi node, name the list of n
+// holders in block at, keeping its hasMore bit.
+func (h *holder) setList(at uint32, n int) {
+	h.slot, h.kids = at, [nClasses]uint16{uint16(n), uint16(n >> 16)}
+	h.tiers |= multi
+}
 
 // noSlot is the slot of the inline holder of a node without holders.
 const noSlot = ^uint32(0)
@@ -186,30 +203,25 @@ const noSlot = ^uint32(0)
 // hash (key, which encodes the whole path from the root) in the node store.
 // It holds no Go pointer: nodes live by value in the store's slab.
 type node struct {
-	key    uint64 // sequence hash
-	local  uint64 // local hash of the block
-	parent uint64 // sequence hash of the parent; a root node's key equals local
-	// linked is the id of the parent node this node is counted in (0:
-	// none). That node may be dead: deleted since, and not the current
-	// node of the parent's key if that was made anew (see Index.delete). A
-	// child held by a closed rank is always linked to its parent (see
-	// link).
+	key   uint64 // sequence hash
+	local uint64 // local hash of the block; a root node's key equals it
+	// linked is the id of the node of the parent's key this node is
+	// counted in; 0 for a root, and only for a root, so that it names the
+	// parent's key (see parentKey). That node may be dead: deleted since,
+	// and not the current node of the parent's key if that was made anew
+	// (see Index.delete), or made dead for the link when there was none
+	// (see standIn). A child held by a closed rank is always linked to its
+	// live parent (see link).
 	linked uint32
 	// one is the node's holder when it has one (slot noSlot when it has
-	// none); with tiers multi, its slot indexes Index.ext instead, which
-	// lists the holders. The ends of a node with one holder are that
-	// holder's.
+	// none); with tiers multi, it names the node's list of holders in
+	// Index.hold instead (see holder.list). The ends of a node with one
+	// holder are that holder's.
 	one [1]holder
 	// kids counts the nodes linked to this one; only is that node's id
 	// when there is one and it is known (0 otherwise).
 	kids int32
 	only uint32
-}
-
-// extNode is what a node held by several ranks keeps besides itself.
-type extNode struct {
-	holders []holder // sorted by slot
-	more    *extMore // for a node with many holders (see Index.sync), or nil
 }
 
 // extMore is what a node held by many ranks keeps so that Match need not
@@ -229,8 +241,14 @@ type extMore struct {
 // because nodes are still linked to it (see Index.delete).
 const dead Tier = 1 << 6
 
-// worker is one worker rank's view: engine id -> sequence hash of every
-// block it holds.
+// worker is one worker rank's view: engine id -> node of every block it
+// holds.
+//
+// An engine id names a node by id: the node stays in the slab while any
+// engine id names it, dead once it has no holders (see Index.delete), and
+// a dead node's key still resolves to the live node of that key, if any
+// (see Index.resolve). Each holder accounts for one engine id naming its
+// node; Index.aliases counts the others.
 type worker struct {
 	slot   uint32
 	blocks blockTable
@@ -307,8 +325,17 @@ type Index struct {
 	// up early (see yield).
 	waiting atomic.Int32
 	nodes   nodeStore
-	ext     []extNode
-	extFree []uint32 // reusable entries of ext
+	// hold keeps the holders of nodes with several, sorted by slot.
+	hold holderArena
+	// mores are the extMores of nodes with many holders, by the index
+	// their list keeps (see holderArena.more); 0 is unused.
+	mores    []extMore
+	moreFree []uint32 // reusable entries of mores
+	// aliases counts, per node id, the engine ids naming it (see worker)
+	// besides one per holder: ids of a block the rank holds under another
+	// id too, or no longer holds. Only ids with a count are in the map:
+	// engines give one block one id, so it is mostly empty.
+	aliases map[uint32]int32
 	workers map[WorkerRank]*worker
 	slots   []slot
 	free    []uint32 // reusable slots
@@ -369,32 +396,53 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 	first := blocks[:min(writeChunk, len(blocks))]
 	hasPrev := ev.HasParent
 
-	// Look the first chunk up while sharing the lock (see prefetchStore).
+	// Look the first chunk up while sharing the lock (see prefetchStore),
+	// and grow the rank's table for the event if it must.
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
-	if w := ix.workers[ev.Worker]; w != nil {
-		bt = &w.blocks
-		if hasPrev {
-			prev, _ = bt.get(ev.Parent)
+	var grown tableResize
+	wasW := ix.workers[ev.Worker]
+	if wasW != nil {
+		bt = &wasW.blocks
+		if x, ok := bt.get(ev.Parent); hasPrev && ok {
+			prev = ix.nodes.get(x).key
 		}
 	}
 	keysFrom := prev
 	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
+	if bt != nil && bt.reserveSize(len(blocks)) > 0 {
+		// Room for as many new engine ids as the first chunk suggests:
+		// none for a copy of held blocks to another tier. (Counted only
+		// when the table could be too small: most events fit.)
+		fresh := 0
+		for _, b := range first {
+			if _, ok := bt.get(b.Hash); !ok {
+				fresh++
+			}
+		}
+		if fresh > 0 {
+			grown = prepareResize(bt, bt.reserveSize((fresh*len(blocks)+len(first)-1)/len(first)))
+		}
+	}
 	ix.mu.RUnlock()
 
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
+	if w != nil && w == wasW {
+		grown.apply(&w.blocks)
+	}
 	if hasPrev {
+		var x uint32
 		var ok bool
 		if w != nil {
-			prev, ok = w.blocks.get(ev.Parent)
+			x, ok = w.blocks.get(ev.Parent)
 		}
 		if !ok {
 			ix.mu.Unlock()
 			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
 		}
-		if prev != keysFrom { // changed meanwhile
+		if prev = ix.nodes.get(x).key; prev != keysFrom { // changed meanwhile
 			sequenceKeys(first, prev, hasPrev, &keys)
 		}
 	}
@@ -423,30 +471,52 @@ func (ix *Index) store(ev Event) (ApplyResult, error) {
 		if hasPrev && parent == nil {
 			parent, pid = ix.lookup(prev)
 		}
-		if old, ok := w.blocks.get(b.Hash); ok && old != key {
+		old, had := w.blocks.get(b.Hash)
+		if had && ix.nodes.get(old).key != key {
 			// The engine reused an id for other content: the old block is gone.
 			res.Removed += ix.detach(w, b.Hash, old, AllTiers)
 			if parent != nil && ix.nodes.find(prev) != pid {
 				parent, pid = nil, 0 // that was the parent's node: it is gone
 			}
+			old, had = w.blocks.get(b.Hash)
 		}
 		n, id := ix.lookup(key)
 		if n == nil {
 			id, n = ix.nodes.add(key)
-			n.local, n.parent = b.Local, prev
+			n.local = b.Local
 			n.one[0].slot = noSlot
 		}
 		if parent != nil {
 			ix.link(n, id, parent, pid)
+		} else if hasPrev && n.linked == 0 {
+			ix.standIn(n, prev)
 		}
 		h := ix.holderOf(n, w.slot)
-		if before := h.tiers; before&ev.Tier == 0 {
+		before := h.tiers // 0: the holder is new
+		if before&ev.Tier == 0 {
 			res.Stored++
 			h.tiers |= ev.Tier
 			ix.retier(w.slot, n, key, parent, h, before)
 			ix.sync(n, w.slot, h.tiers)
 		}
-		w.blocks.put(b.Hash, key)
+		// b.Hash names n from now on (see worker).
+		switch {
+		case !had:
+			w.blocks.fit(len(blocks) - i)
+			w.blocks.put(b.Hash, id)
+			if before != 0 { // the rank has another engine id for n
+				ix.alias(id, 1)
+			}
+		case old != id: // it named a dead node of key
+			w.blocks.put(b.Hash, id)
+			if before != 0 {
+				ix.alias(id, 1)
+			}
+			ix.alias(old, -1)
+			ix.reap(old)
+		case before == 0: // it named n, which the rank did not hold
+			ix.alias(id, -1)
+		}
 		ix.slots[w.slot].blocks = int32(w.blocks.len())
 		prev, hasPrev, parent, pid = key, true, n, id
 	}
@@ -503,14 +573,14 @@ func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
 		sink += w.blocks.touch(h)
 	}
 	for _, h := range hashes {
-		if key, ok := w.blocks.get(h); ok {
-			sink += ix.nodes.touch(key)
+		if x, ok := w.blocks.get(h); ok {
+			sink += ix.nodes.get(x).local
 		}
 	}
 	for _, h := range hashes {
-		if key, ok := w.blocks.get(h); ok {
-			if id := ix.nodes.find(key); id != 0 {
-				sink += ix.nodes.touch(ix.nodes.get(id).parent)
+		if x, ok := w.blocks.get(h); ok {
+			if l := ix.nodes.get(x).linked; l != 0 {
+				sink += ix.nodes.get(l).local
 			}
 		}
 	}
@@ -531,13 +601,11 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		}
 		var hd *holder
 		var n *node
-		key, ok := uint64(0), false
 		if w != nil {
-			key, ok = w.blocks.get(h)
-		}
-		if ok {
-			n, _ = ix.lookup(key)
-			hd = ix.find(n, w.slot)
+			if x, ok := w.blocks.get(h); ok {
+				n, _ = ix.resolve(x)
+				hd = ix.find(n, w.slot)
+			}
 		}
 		if hd == nil {
 			res.Unknown++
@@ -545,7 +613,7 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 		}
 		if before := hd.tiers; before&tier == 0 {
 			hd.tiers |= tier
-			ix.retier(w.slot, n, key, ix.parentOf(n, key), hd, before)
+			ix.retier(w.slot, n, n.key, ix.parentOf(n, n.key), hd, before)
 			ix.sync(n, w.slot, hd.tiers)
 			res.Stored++
 		}
@@ -576,36 +644,82 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 		if i > 0 && i%writeChunk == 0 {
 			prefetch(i)
 		}
-		key, ok := uint64(0), false
+		x, ok := uint32(0), false
 		if w != nil {
-			key, ok = w.blocks.get(h)
+			x, ok = w.blocks.get(h)
 		}
 		if !ok {
 			res.Unknown++
 			continue
 		}
-		if ix.detach(w, h, key, tier) == 0 {
+		if ix.detach(w, h, x, tier) == 0 {
 			res.Unknown++
 		} else {
 			res.Removed++
 		}
 	}
-	if w != nil {
-		w.sink += sink
+	if w == nil {
+		return res
+	}
+	w.sink += sink
+	if size := w.blocks.trimSize(); size > 0 {
+		// Build the smaller table while sharing the lock.
+		ix.mu.Unlock()
+		ix.mu.RLock()
+		var r tableResize
+		if ix.workers[wr] == w {
+			r = prepareResize(&w.blocks, size)
+		}
+		ix.mu.RUnlock()
+		ix.mu.Lock()
+		if ix.workers[wr] == w {
+			r.apply(&w.blocks)
+		}
 	}
 	return res
 }
 
-// detach drops tiers of the block with engine id h (node key) from w and
-// returns how many (block, tier) entries that removed. Called with mu held.
+// tableResize is a resized copy of a rank's engine-id table, built while
+// the index's lock is shared (by the rank's apply goroutine, the only one
+// that changes the table but for RemoveWorkerRank) and put in place with
+// the lock held exclusively if the table has not changed meanwhile.
+type tableResize struct {
+	tab     []blockEntry
+	from    []blockEntry // the table it was built from
+	entries int
+}
+
+// prepareResize builds t's entries in a table of size slots (none for 0).
+// Called with mu held, for reading or writing.
+func prepareResize(t *blockTable, size int) tableResize {
+	if size == 0 {
+		return tableResize{}
+	}
+	return tableResize{tab: t.resized(size), from: t.tab, entries: t.n}
+}
+
+// apply puts the resized table in place of t if t is still the table it
+// was built from. Called with mu held.
+func (r *tableResize) apply(t *blockTable) {
+	if r.tab != nil && t.n == r.entries && len(t.tab) == len(r.from) && (len(t.tab) == 0 || &t.tab[0] == &r.from[0]) {
+		t.tab = r.tab
+	}
+}
+
+// detach drops tiers of the block with engine id h (node x, see worker)
+// from w and returns how many (block, tier) entries that removed. Called
+// with mu held.
 //
 // Two engine ids may name the same block (the engine stored one content
 // twice); dropping one drops the holder, and the other id then finds no
 // holder: it is forgotten without touching any node.
-func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
+func (ix *Index) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 	var left Tier
 	removed := 0
-	if n, id := ix.lookup(key); n != nil {
+	dropped := false
+	n, id := ix.resolve(x)
+	if n != nil {
+		key := n.key
 		if hd := ix.find(n, w.slot); hd != nil {
 			removed = bits.OnesCount8(uint8(hd.tiers & tiers))
 			before := hd.tiers
@@ -616,13 +730,11 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 			}
 			if left == 0 {
 				ix.dropHolder(n, w.slot)
+				dropped = true
 			}
 			if removed > 0 {
 				ix.sync(n, w.slot, left)
 			}
-		}
-		if n.one[0].slot == noSlot {
-			ix.delete(n, id)
 		}
 	}
 	if left == 0 {
@@ -631,6 +743,18 @@ func (ix *Index) detach(w *worker, h, key uint64, tiers Tier) int {
 		if sl.blocks = int32(w.blocks.len()); sl.blocks == 0 {
 			sl.holes, sl.open = 0, 0
 		}
+		if !dropped || x != id { // else one id and one holder less: even
+			if dropped {
+				ix.alias(id, 1)
+			}
+			ix.alias(x, -1)
+		}
+	}
+	if n != nil && n.one[0].slot == noSlot {
+		ix.delete(n, id)
+	}
+	if x != id {
+		ix.reap(x)
 	}
 	return removed
 }
@@ -642,7 +766,11 @@ func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	if w == nil {
 		return ApplyResult{}
 	}
-	return ApplyResult{Removed: ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })}
+	removed := ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })
+	if ix.workers[wr] == w {
+		w.blocks.trim()
+	}
+	return ApplyResult{Removed: removed}
 }
 
 // detachAll drops tiers from every block of w, releasing the lock every
@@ -661,8 +789,8 @@ func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed 
 		if i%writeChunk == 0 {
 			w.sink += ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
 		}
-		if key, ok := w.blocks.get(h); ok {
-			removed += ix.detach(w, h, key, tiers)
+		if x, ok := w.blocks.get(h); ok {
+			removed += ix.detach(w, h, x, tiers)
 		}
 	}
 	return removed
@@ -721,7 +849,7 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 func (ix *Index) holders(n *node) []holder {
 	switch h := &n.one[0]; {
 	case h.tiers&multi != 0:
-		return ix.ext[h.slot].holders
+		return ix.hold.list(h.list())
 	case h.slot == noSlot:
 		return nil
 	}
@@ -740,23 +868,26 @@ func (ix *Index) holderOf(n *node, s uint32) *holder {
 		case s:
 			return h
 		}
-		// A second holder: move to an extNode.
-		x := ix.newExt()
-		e := &ix.ext[x]
-		e.holders = append(e.holders[:0], *h)
-		*h = holder{slot: x, tiers: multi}
-	}
-	e := &ix.ext[h.slot]
-	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
-	if !found {
-		if l := len(e.holders); l == cap(e.holders) {
-			// Grow by an eighth, not append's doubling: most nodes keep
-			// a few holders for long.
-			e.holders = append(make([]holder, 0, l+1+l/8), e.holders...)
+		// A second holder: move both to a list.
+		i, add := 1, holder{slot: s}
+		var at uint32
+		if s < h.slot {
+			i, at = 0, ix.hold.pair(add, *h)
+		} else {
+			at = ix.hold.pair(*h, add)
 		}
-		e.holders = slices.Insert(e.holders, i, holder{slot: s})
+		*h = holder{}
+		h.setList(at, 2)
+		return &ix.hold.list(at, 2)[i]
 	}
-	return &e.holders[i]
+	at, nh := h.list()
+	i, found := slices.BinarySearchFunc(ix.hold.list(at, nh), s, cmpSlot)
+	if !found {
+		at = ix.hold.insert(at, nh, i, holder{slot: s})
+		nh++
+		h.setList(at, nh)
+	}
+	return &ix.hold.list(at, nh)[i]
 }
 
 // dropHolder deletes the holder of slot s from n, whose ends no longer
@@ -767,38 +898,73 @@ func (ix *Index) dropHolder(n *node, s uint32) {
 		*h = holder{slot: noSlot}
 		return
 	}
-	x := h.slot
-	e := &ix.ext[x]
-	i, found := slices.BinarySearchFunc(e.holders, s, cmpSlot)
+	at, nh := h.list()
+	l := ix.hold.list(at, nh)
+	i, found := slices.BinarySearchFunc(l, s, cmpSlot)
 	if !found {
 		return
 	}
-	e.holders = slices.Delete(e.holders, i, i+1)
-	if len(e.holders) == 1 { // back to one holder, inline
-		*h = e.holders[0]
-		e.holders, e.more = e.holders[:0], nil
-		ix.extFree = append(ix.extFree, x)
+	if nh > 2 {
+		h.setList(ix.hold.remove(at, nh, i), nh-1)
+		return
 	}
+	// Back to one holder, inline.
+	if h.tiers&hasMore != 0 {
+		ix.freeMore(ix.hold.more(at, nh))
+	}
+	*h = l[1-i]
+	ix.hold.release(sizeClass(nh), at)
 }
 
-// newExt returns the index of an unused extNode. Called with mu held.
-func (ix *Index) newExt() uint32 {
-	if n := len(ix.extFree); n > 0 {
-		x := ix.extFree[n-1]
-		ix.extFree = ix.extFree[:n-1]
-		return x
+// moreOf returns the extMore of n, or nil. Called with mu held (the
+// pointer is valid until the next newMore).
+func (ix *Index) moreOf(n *node) *extMore {
+	if h := &n.one[0]; h.tiers&hasMore != 0 {
+		return &ix.mores[ix.hold.more(h.list())]
 	}
-	ix.ext = append(ix.ext, extNode{})
-	return uint32(len(ix.ext) - 1)
+	return nil
+}
+
+// newMore gives the multi node n an empty extMore and returns it. Called
+// with mu held.
+func (ix *Index) newMore(n *node) *extMore {
+	var x uint32
+	if k := len(ix.moreFree); k > 0 {
+		x = ix.moreFree[k-1]
+		ix.moreFree = ix.moreFree[:k-1]
+	} else {
+		if len(ix.mores) == 0 {
+			ix.mores = append(ix.mores, extMore{}) // index 0 means none
+		}
+		ix.mores = append(ix.mores, extMore{})
+		x = uint32(len(ix.mores) - 1)
+	}
+	h := &n.one[0]
+	at, nh := h.list()
+	ix.hold.setMore(at, nh, x)
+	h.tiers |= hasMore
+	return &ix.mores[x]
+}
+
+// dropMore takes the extMore of the multi node n away. Called with mu held.
+func (ix *Index) dropMore(n *node) {
+	h := &n.one[0]
+	at, nh := h.list()
+	ix.freeMore(ix.hold.more(at, nh))
+	ix.hold.setMore(at, nh, 0)
+	h.tiers &^= hasMore
+}
+
+// freeMore frees entry x of mores. Called with mu held.
+func (ix *Index) freeMore(x uint32) {
+	ix.mores[x] = extMore{}
+	ix.moreFree = append(ix.moreFree, x)
 }
 
 // setEnd records the end classes of slot s in n (0: none). A node with one
 // holder or a few needs no record: its ends are its holders' (see sync).
 func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
-	if n.one[0].tiers&multi == 0 {
-		return
-	}
-	e := ix.ext[n.one[0].slot].more
+	e := ix.moreOf(n)
 	if e == nil || !e.listed {
 		return
 	}
@@ -838,20 +1004,19 @@ func (ix *Index) unlink(n *node) {
 	p := ix.nodes.get(n.linked)
 	p.kids--
 	p.only = 0 // which one is left is not known
-	if p.one[0].tiers == dead && p.kids == 0 {
-		ix.nodes.release(n.linked)
-	}
+	ix.reap(n.linked)
 	n.linked = 0
 }
 
 // delete deletes node n (id), which has no holders left. Nodes linked to
-// it keep its id, so while there are any it stays in the slab, dead:
-// unlisted, so that a node made anew for its key gets another id. The
-// last one to be unlinked frees it. Called with mu held.
+// it and engine ids naming it keep its id, so while there are any it stays
+// in the slab, dead: unlisted, so that a node made anew for its key gets
+// another id. The last of them to go frees it (see reap). Called with mu
+// held.
 func (ix *Index) delete(n *node, id uint32) {
 	ix.unlink(n)
 	ix.nodes.unlist(id)
-	if n.kids == 0 {
+	if n.kids == 0 && ix.aliases[id] == 0 {
 		ix.nodes.release(id)
 		return
 	}
@@ -859,13 +1024,67 @@ func (ix *Index) delete(n *node, id uint32) {
 	n.only = 0
 }
 
+// resolve returns the node engine ids name by x (see worker) and its id:
+// x itself, or the live node of x's key if x is dead (nil, 0 if none).
+func (ix *Index) resolve(x uint32) (*node, uint32) {
+	if n := ix.nodes.get(x); n.one[0].tiers != dead {
+		return n, x
+	}
+	return ix.lookup(ix.nodes.get(x).key)
+}
+
+// alias adds d to the count of engine ids naming node id besides one per
+// holder of it (see worker). Called with mu held.
+func (ix *Index) alias(id uint32, d int32) {
+	v := ix.aliases[id] + d
+	switch {
+	case v == 0:
+		delete(ix.aliases, id)
+	case ix.aliases == nil:
+		ix.aliases = map[uint32]int32{id: v}
+	default:
+		ix.aliases[id] = v
+	}
+}
+
+// reap frees node id if it is dead and nothing keeps it: no node linked to
+// it, no engine id naming it. Called with mu held.
+func (ix *Index) reap(id uint32) {
+	if n := ix.nodes.get(id); n.one[0].tiers == dead && n.kids == 0 && ix.aliases[id] == 0 {
+		ix.nodes.release(id)
+	}
+}
+
+// standIn links n, a new node whose parent's key pkey has no node (the
+// rank holds that block by engine id only), to a dead node made for it:
+// a non-root node is always linked, so that its link names its parent's
+// key. Called with mu held.
+func (ix *Index) standIn(n *node, pkey uint64) {
+	pid, p := ix.nodes.alloc(pkey)
+	p.one[0] = holder{slot: noSlot, tiers: dead}
+	p.kids = 1
+	n.linked = pid
+}
+
+// parentKey returns the sequence hash of n's parent (key is n's), 0 for a
+// root. Called with mu held.
+func (ix *Index) parentKey(n *node, key uint64) uint64 {
+	if key == n.local || n.linked == 0 {
+		return 0
+	}
+	return ix.nodes.get(n.linked).key
+}
+
 // parentOf returns the node of n's parent, nil for a root (key is n's)
 // or when no rank holds the parent. Called with mu held.
 func (ix *Index) parentOf(n *node, key uint64) *node {
-	if key == n.local {
+	if key == n.local || n.linked == 0 {
 		return nil
 	}
-	p, _ := ix.lookup(n.parent)
+	p := ix.nodes.get(n.linked)
+	if p.one[0].tiers == dead { // the parent's key may have a new node
+		p, _ = ix.lookup(p.key)
+	}
 	return p
 }
 
@@ -941,7 +1160,7 @@ func (ix *Index) find(n *node, s uint32) *holder {
 		}
 		return nil
 	}
-	hs := ix.ext[h.slot].holders
+	hs := ix.hold.list(h.list())
 	if i, ok := slices.BinarySearchFunc(hs, s, cmpSlot); ok {
 		return &hs[i]
 	}
@@ -1015,14 +1234,13 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	if n.one[0].tiers&multi == 0 {
 		return
 	}
-	e := &ix.ext[n.one[0].slot]
-	nh, m := len(e.holders), e.more
+	holders := ix.holders(n)
+	nh, m := len(holders), ix.moreOf(n)
 	if m == nil {
 		if nh < min(listAt, ix.denseAt()) {
 			return
 		}
-		m = new(extMore)
-		e.more = m
+		m = ix.newMore(n)
 	}
 	la := listAt
 	if ix.denseHolders > 0 {
@@ -1031,7 +1249,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	switch {
 	case !m.listed && nh >= la:
 		m.ends = m.ends[:0]
-		for _, h := range e.holders {
+		for _, h := range holders {
 			if c := h.ends(); c != 0 {
 				m.ends = append(m.ends, end{slot: h.slot, classes: c})
 			}
@@ -1043,7 +1261,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 	switch at := ix.denseAt(); {
 	case !m.dense && nh >= at:
 		m.bits = make(classBits, 0, nClasses*((len(ix.slots)+63)/64))
-		for _, h := range e.holders {
+		for _, h := range holders {
 			m.bits.set(h.slot, h.tiers)
 		}
 		m.dense = true
@@ -1053,7 +1271,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 		m.bits.set(s, t)
 	}
 	if !m.listed && !m.dense {
-		e.more = nil
+		ix.dropMore(n)
 	}
 }
 
@@ -1063,10 +1281,7 @@ const listAt = 8
 
 // denseBits returns n's classBits, if it keeps them.
 func (ix *Index) denseBits(n *node) (classBits, bool) {
-	if n.one[0].tiers&multi == 0 {
-		return nil, false
-	}
-	if m := ix.ext[n.one[0].slot].more; m != nil && m.dense {
+	if m := ix.moreOf(n); m != nil && m.dense {
 		return m.bits, true
 	}
 	return nil, false
@@ -1263,17 +1478,17 @@ func (m *matcher) advance(depth int, n *node, id uint32, next *node) bool {
 			return h.slot != noSlot && m.drop(end{slot: h.slot, classes: h.ends()}, d)
 		}
 		dropped := false
-		x := &m.ix.ext[n.one[0].slot]
-		if x.more != nil && x.more.listed {
-			for _, e := range x.more.ends {
+		if x := m.ix.moreOf(n); x != nil && x.listed {
+			for _, e := range x.ends {
 				if m.drop(e, d) {
 					dropped = true
 				}
 			}
 			return dropped
 		}
-		for i := range x.holders {
-			h := &x.holders[i]
+		hs := m.ix.holders(n)
+		for i := range hs {
+			h := &hs[i]
 			if c := h.ends(); c != 0 && m.drop(end{slot: h.slot, classes: c}, d) {
 				dropped = true
 			}

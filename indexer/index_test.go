@@ -449,11 +449,12 @@ func checkInvariants(t testing.TB, ix *Index) {
 	if len(nodes) != ix.nodes.live {
 		t.Errorf("%d nodes in the table, %d live", len(nodes), ix.nodes.live)
 	}
-	extUsed := make(map[uint32]bool)
+	listUsed := make(map[[2]uint32]bool) // size class, block
+	moreUsed := make(map[uint32]bool)
 	children := make(map[uint64][]uint64) // parent key -> child keys
 	for key, n := range nodes {
 		if key != n.local {
-			children[n.parent] = append(children[n.parent], key)
+			children[ix.parentKey(n, key)] = append(children[ix.parentKey(n, key)], key)
 		}
 	}
 	open := make(map[uint32]int32) // per slot, recomputed
@@ -464,15 +465,29 @@ func checkInvariants(t testing.TB, ix *Index) {
 		}
 		var listed []end // the ends the node keeps
 		if h := n.one[0]; h.tiers&multi != 0 {
-			if extUsed[h.slot] || int(h.slot) >= len(ix.ext) {
-				t.Errorf("node %d: ext %d is shared or out of range", key, h.slot)
+			at, nh := h.list()
+			if nh < 2 {
+				t.Errorf("node %d keeps %d holders out of line", key, nh)
 				continue
 			}
-			extUsed[h.slot] = true
-			if len(holders) < 2 {
-				t.Errorf("node %d keeps %d holders out of line", key, len(holders))
+			c := uint32(sizeClass(nh))
+			if listUsed[[2]uint32{c, at}] || int(c) >= len(ix.hold.classes) || at >= ix.hold.classes[c].next {
+				t.Errorf("node %d: list %d of class %d is shared or out of range", key, at, c)
+				continue
 			}
-			if m := ix.ext[h.slot].more; m != nil && m.listed {
+			listUsed[[2]uint32{c, at}] = true
+			switch x := ix.hold.more(at, nh); {
+			case (x != 0) != (h.tiers&hasMore != 0):
+				t.Errorf("node %d: extMore %d, tiers %b", key, x, h.tiers)
+			case x != 0 && (moreUsed[x] || int(x) >= len(ix.mores)):
+				t.Errorf("node %d: extMore %d is shared or out of range", key, x)
+			case x != 0:
+				moreUsed[x] = true
+				if m := &ix.mores[x]; !m.listed && !m.dense {
+					t.Errorf("node %d keeps an empty extMore", key)
+				}
+			}
+			if m := ix.moreOf(n); m != nil && m.listed {
 				listed = m.ends
 			} else {
 				for _, h := range holders {
@@ -533,7 +548,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			if kids != h.kids {
 				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
 			}
-			if key != n.local && ix.find(nodes[n.parent], h.slot) == nil {
+			if key != n.local && ix.find(nodes[ix.parentKey(n, key)], h.slot) == nil {
 				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
 			}
 		}
@@ -557,12 +572,50 @@ func checkInvariants(t testing.TB, ix *Index) {
 		}
 	}
 	checkDeadNodes(t, ix)
-	if got, want := len(extUsed), len(ix.ext)-len(ix.extFree); got != want {
-		t.Errorf("%d ext entries used, %d not free", got, want)
+	checkArena(t, &ix.hold, listUsed)
+	if got, want := len(moreUsed), max(0, len(ix.mores)-1-len(ix.moreFree)); got != want {
+		t.Errorf("%d extMores used, %d not free", got, want)
 	}
 	for _, w := range ix.workers {
 		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
 			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
+		}
+	}
+}
+
+// checkArena checks the holder arena's books against the lists in use
+// (size class, block): each class counts its blocks in use, every block
+// handed out is in use or on the free list once, and free blocks keep no
+// extMore.
+func checkArena(t testing.TB, a *holderArena, used map[[2]uint32]bool) {
+	t.Helper()
+	inUse := make([]int, len(a.classes))
+	for k := range used {
+		inUse[k[0]]++
+	}
+	for c := range a.classes {
+		k := &a.classes[c]
+		if k.used != inUse[c] {
+			t.Errorf("size class %d counts %d blocks in use, nodes use %d", c, k.used, inUse[c])
+		}
+		free := 0
+		for x := k.free; x != 0; {
+			at := x - 1
+			if at >= k.next || used[[2]uint32{uint32(c), at}] {
+				t.Errorf("size class %d: free block %d is in use or out of range", c, at)
+				break
+			}
+			if free++; free > int(k.next) {
+				t.Errorf("size class %d: free list loops", c)
+				break
+			}
+			if a.more(at, k.size) != 0 {
+				t.Errorf("size class %d: free block %d keeps an extMore", c, at)
+			}
+			x = k.chunks[at>>k.shift][int(at&(1<<k.shift-1))*k.size].slot
+		}
+		if free+k.used != int(k.next) {
+			t.Errorf("size class %d: %d blocks free, %d used, %d handed out", c, free, k.used, k.next)
 		}
 	}
 }
@@ -588,8 +641,32 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 			continue
 		}
 		linked[n.linked]++
-		if p := st.get(n.linked); free[n.linked] || p.key != n.parent {
-			t.Errorf("node %d is linked to node %d, not a node of its parent's key", id, n.linked)
+		if free[n.linked] {
+			t.Errorf("node %d is linked to node %d, which is free", id, n.linked)
+		}
+	}
+	// Engine ids name nodes that are not free: one per holder, and
+	// ix.aliases more.
+	named := make(map[uint32]int32)
+	for _, w := range ix.workers {
+		w.blocks.each(func(h uint64, x uint32) {
+			named[x]++
+			if free[x] || x == 0 || x >= st.next {
+				t.Errorf("engine id %d names node %d, which is free", h, x)
+			}
+		})
+	}
+	for id, v := range ix.aliases {
+		if v <= 0 {
+			t.Errorf("node %d has alias count %d", id, v)
+		}
+	}
+	for id := uint32(1); id < st.next; id++ {
+		if free[id] {
+			continue
+		}
+		if h := int32(len(ix.holders(st.get(id)))); named[id] != h+ix.aliases[id] {
+			t.Errorf("node %d is named by %d engine ids, has %d holders and %d aliases", id, named[id], h, ix.aliases[id])
 		}
 	}
 	for id := uint32(1); id < st.next; id++ {
@@ -601,11 +678,119 @@ func checkDeadNodes(t testing.TB, ix *Index) {
 				t.Errorf("free node %d has %d nodes linked to it", id, linked[id])
 			}
 		case live:
+			if n.key != n.local && n.linked == 0 {
+				t.Errorf("node %d is not a root, yet not linked: its parent's key is lost", id)
+			}
 		case n.one[0].tiers != dead:
 			t.Errorf("node %d is neither live, free nor dead", id)
-		case n.kids <= 0 || n.kids != linked[id]:
+		case n.kids < 0 || n.kids != linked[id]:
 			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
+		case n.kids == 0 && named[id] == 0:
+			t.Errorf("dead node %d is kept, yet no node is linked to it and no engine id names it", id)
 		}
+	}
+}
+
+// TestOrphanLinks covers blocks stored under a parent the rank holds by
+// engine id only (its node is gone): they are linked to a dead stand-in
+// node, which names their parent's key for Match, removals and the dump,
+// until they are linked to a live parent node. Nothing leaks: once every
+// rank is gone, every node id is free again.
+func TestOrphanLinks(t *testing.T) {
+	a, b := wr(1, 0), wr(2, 0)
+	type step struct {
+		ev   Event
+		want []Overlap // Match of the whole prompt after ev
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{
+			name: "second engine id of a block, its node gone",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{removed(a, TierDevice, 100), nil}, // 200 still names block 1, held by no one
+				{stored(a, TierDevice, ptr(200), chain(399, prompt[:8]...)[1:2]), nil},
+				{stored(a, TierDevice, ptr(400), chain(400, prompt[:12]...)[2:3]), nil},
+				// b stores block 1 and 2: block 2 moves to the live parent.
+				{stored(b, TierDevice, nil, chain(500, prompt[:8]...)), []Overlap{ov(b, 2, 2, 2)}},
+				{stored(a, TierDevice, nil, chain(300, prompt[:4]...)), []Overlap{ov(a, 3, 3, 3), ov(b, 2, 2, 2)}},
+				{removed(b, TierDevice, 501, 500), []Overlap{ov(a, 3, 3, 3)}},
+			},
+		},
+		{
+			// Any engine id of a block the rank holds acts on its holder,
+			// whichever node the id was given for.
+			name: "engine ids of one block, removed in turn",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(a, TierDevice, nil, chain(200, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(b, TierDevice, nil, chain(500, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1), ov(b, 1, 1, 1)}},
+				{removed(a, TierDevice, 100), []Overlap{ov(b, 1, 1, 1)}},
+				{removed(b, TierDevice, 500), nil}, // 200 names a dead node
+				{stored(a, TierHost, nil, chain(300, prompt[:4]...)), []Overlap{ov(a, 0, 1, 1)}},
+				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: []uint64{200}}, []Overlap{ov(a, 0, 1, 1)}},
+				{removed(a, TierHost, 200), []Overlap{ov(a, 0, 0, 1)}},
+				{removed(a, TierDisk, 200), nil}, // 300 names a dead node now
+				{stored(b, TierDevice, nil, chain(600, prompt[:8]...)), []Overlap{ov(b, 2, 2, 2)}},
+				{removed(a, TierDevice, 300), []Overlap{ov(b, 2, 2, 2)}},
+			},
+		},
+		{
+			name: "parent's engine id reused for the child",
+			steps: []step{
+				{stored(a, TierDevice, nil, chain(100, prompt[:4]...)), []Overlap{ov(a, 1, 1, 1)}},
+				{stored(a, TierDevice, ptr(100), chain(99, prompt[:8]...)[1:2]), nil},
+				{stored(a, TierHost, ptr(100), chain(100, prompt[:12]...)[2:3]), nil},
+				{stored(b, TierDisk, nil, chain(7, prompt...)), []Overlap{ov(b, 0, 0, 4)}},
+				{stored(a, TierDevice, nil, chain(50, prompt[:4]...)), []Overlap{ov(a, 2, 3, 3), ov(b, 0, 0, 4)}},
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			for i, s := range c.steps {
+				if _, err := ix.Apply(s.ev); err != nil {
+					t.Fatalf("step %d: %v", i, err)
+				}
+				if got := trees(t, ix, ix.MatchTokens(prompt, "", nil)); !slices.Equal(got, s.want) {
+					t.Fatalf("step %d: match = %v, want %v", i, got, s.want)
+				}
+				checkInvariants(t, ix)
+			}
+			// Every node's parent key is its key's: the link names it.
+			seq := SequenceHashes(nil, LocalHashes(nil, prompt, 4, BaseSeed, nil))
+			for d := 1; d < len(seq); d++ {
+				ix.mu.RLock()
+				n, _ := ix.lookup(seq[d])
+				if n != nil && ix.parentKey(n, seq[d]) != seq[d-1] {
+					t.Errorf("block %d: parent key %d, want %d", d, ix.parentKey(n, seq[d]), seq[d-1])
+				}
+				ix.mu.RUnlock()
+			}
+			loaded := NewIndex(4)
+			if _, err := loaded.Load(ix.Dump()); err != nil {
+				t.Fatal(err)
+			}
+			for n := 0; n <= len(prompt); n += 4 {
+				if got, want := trees(t, loaded, loaded.MatchTokens(prompt[:n], "", nil)), trees(t, ix, ix.MatchTokens(prompt[:n], "", nil)); !slices.Equal(got, want) {
+					t.Fatalf("prefix %d: loaded %v, original %v", n, got, want)
+				}
+			}
+			ix.RemoveWorker(1)
+			ix.RemoveWorker(2)
+			checkInvariants(t, ix)
+			free := 0
+			for id := ix.nodes.free; id != 0; id = ix.nodes.get(id).only {
+				free++
+			}
+			if ix.nodes.live != 0 || free != int(ix.nodes.next)-1 {
+				t.Fatalf("emptied index: %d live nodes, %d of %d ids free", ix.nodes.live, free, ix.nodes.next-1)
+			}
+		})
 	}
 }
 
@@ -626,4 +811,59 @@ func trees(t testing.TB, ix *Index, got []Overlap) []Overlap {
 		out[i].Blocks = 0
 	}
 	return out
+}
+
+// TestStoredReservesForNewIDs: a Stored event grows its rank's engine-id
+// table for the engine ids it adds, once, and not at all when it only
+// copies held blocks to another tier.
+func TestStoredReservesForNewIDs(t *testing.T) {
+	mk := func(from, n int) []Block {
+		bs := make([]Block, n)
+		for i := range bs {
+			bs[i] = Block{Hash: uint64(1000 + from + i), Local: uint64(from+i+1) * 0x9e3779b97f4a7c15}
+		}
+		return bs
+	}
+	const held = 1000 // blocks 0..held-1, stored first: the table is then full
+	cases := []struct {
+		name   string
+		tier   Tier
+		blocks []Block // continue the held blocks from the root
+		fresh  int     // engine ids they add
+	}{
+		{"copy to host", TierHost, mk(0, held), 0},
+		{"stored again", TierDevice, mk(0, 300), 0},
+		{"new blocks", TierDevice, mk(0, held+900)[held:], 900},
+		{"a chunk copied, then new blocks", TierHost, mk(held-100, 1000), 900},
+		{"a few new blocks after a copy", TierHost, mk(held-200, 210), 10},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			a := wr(1, 0)
+			if _, err := ix.Apply(stored(a, TierDevice, nil, mk(0, held))); err != nil {
+				t.Fatal(err)
+			}
+			bt := &ix.workers[a].blocks
+			before := *bt
+			if (before.n+1)*blockLoadDen <= len(before.tab)*blockLoadNum {
+				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))
+			}
+			var parent *uint64
+			if c.blocks[0].Hash != 1000 {
+				parent = ptr(c.blocks[0].Hash - 1)
+			}
+			if _, err := ix.Apply(stored(a, c.tier, parent, c.blocks)); err != nil {
+				t.Fatal(err)
+			}
+			want := len(before.tab)
+			if c.fresh > 0 {
+				want = before.reserveSize(c.fresh)
+			}
+			if len(bt.tab) != want || bt.len() != held+c.fresh {
+				t.Errorf("%d entries in %d slots, want %d in %d", bt.len(), len(bt.tab), held+c.fresh, want)
+			}
+			checkInvariants(t, ix)
+		})
+	}
 }

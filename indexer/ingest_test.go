@@ -190,8 +190,9 @@ func snap(ix *Index) snapshot {
 	out := snapshot{}
 	for wr, w := range ix.workers {
 		m := map[uint64]string{}
-		w.blocks.each(func(id, key uint64) {
-			n, _ := ix.lookup(key)
+		w.blocks.each(func(id uint64, x uint32) {
+			key := ix.nodes.get(x).key
+			n, _ := ix.resolve(x)
 			m[id] = fmt.Sprintf("%x/%s", key, ix.find(n, w.slot).tiers)
 		})
 		if len(m) > 0 {
@@ -638,8 +639,8 @@ func TestMooncakeObjects(t *testing.T) {
 		ix.mu.RLock()
 		defer ix.mu.RUnlock()
 		if w := ix.workers[w]; w != nil {
-			if key, ok := w.blocks.get(0x70); ok {
-				n, _ := ix.lookup(key)
+			if x, ok := w.blocks.get(0x70); ok {
+				n, _ := ix.resolve(x)
 				return ix.find(n, w.slot).tiers
 			}
 		}

@@ -5,7 +5,7 @@ import "math/bits"
 // The index's storage holds no Go pointers in its bulk, so that the garbage
 // collector never scans it: nodes live by value in fixed-size chunks of a
 // slab and are named by uint32 ids; the map from sequence hash to node id
-// and each rank's map from engine id to sequence hash are open-addressing
+// and each rank's map from engine id to node id are open-addressing
 // tables of plain words, probed linearly and emptied by backward shifting
 // (no tombstones). Tables map a hash to its home slot by multiplication (no
 // power-of-two sizes) and grow by half: node tables when 4/5 full, engine
@@ -90,6 +90,16 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
 		s.rehash(sh, grown(len(s.tabs[sh])))
 	}
+	id, n := s.alloc(key)
+	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
+	s.counts[sh]++
+	s.live++
+	return id, n
+}
+
+// alloc returns the id of a new node with key, zeroed but for key, which
+// is not in the table (add lists it; a dead node never is).
+func (s *nodeStore) alloc(key uint64) (uint32, *node) {
 	var id uint32
 	if s.free != 0 {
 		id = s.free
@@ -106,9 +116,6 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	}
 	n := s.get(id)
 	*n = node{key: key}
-	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
-	s.counts[sh]++
-	s.live++
 	return id, n
 }
 
@@ -194,25 +201,46 @@ func backShift[E comparable](tab []E, i int, homeOf func(E) int) {
 	tab[i] = zero
 }
 
-// blockEntry maps an engine block id to the sequence hash of the block.
+// blockEntry maps an engine block id to the id of the node of the block
+// (see worker): 12 bytes, as the id is kept in two 32-bit halves.
 type blockEntry struct {
-	id, key uint64
+	lo, hi uint32 // the engine id's low and high halves
+	node   uint32
 }
 
-// blockTable is one rank's map from engine id to sequence hash: Robin Hood
+// engineID returns the entry's engine id (0: an empty slot).
+func (e *blockEntry) engineID() uint64 { return uint64(e.hi)<<32 | uint64(e.lo) }
+
+func newBlockEntry(id uint64, node uint32) blockEntry {
+	return blockEntry{lo: uint32(id), hi: uint32(id >> 32), node: node}
+}
+
+// blockTable is one rank's map from engine id to node id: Robin Hood
 // linear probing (an entry further from its home slot than the one in a
 // slot takes the slot and moves that one on), so that probe runs stay
 // short at a high load and a miss stops early. Entries with id 0 are kept
 // aside, as id 0 marks an empty slot.
 type blockTable struct {
-	tab     []blockEntry
-	n       int // entries in tab
-	zeroKey uint64
-	hasZero bool
+	tab      []blockEntry
+	n        int // entries in tab
+	zeroNode uint32
+	hasZero  bool
 }
 
 // blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
 const blockLoadNum, blockLoadDen = 9, 10
+
+// A blockTable below load trimBelowNum/trimBelowDen after a removal shrinks
+// to load trimToNum/trimToDen (see trim). A rank's table would otherwise
+// stay at the size of its peak (its cache's capacity plus the longest
+// request stored before the eviction that follows), at load ~0.6 once the
+// rank evicts back to capacity. The gap between the two keeps a rank whose
+// cache is full from growing and shrinking at every request: it grows only
+// for a request of more than an eighth of its blocks.
+const (
+	trimBelowNum, trimBelowDen = 7, 10
+	trimToNum, trimToDen       = 4, 5
+)
 
 func idHome(id uint64, size int) int {
 	hi, _ := bits.Mul64(mix(id), uint64(size))
@@ -244,10 +272,11 @@ func (t *blockTable) slot(id uint64) int {
 	}
 	for i, d := idHome(id, size), 0; ; d++ {
 		e := &t.tab[i]
-		if e.id == id {
+		eid := e.engineID()
+		if eid == id {
 			return i
 		}
-		if e.id == 0 || dist(e.id, i, size) < d {
+		if eid == 0 || dist(eid, i, size) < d {
 			return -1 // id would have taken this slot
 		}
 		if i++; i == size {
@@ -256,44 +285,102 @@ func (t *blockTable) slot(id uint64) int {
 	}
 }
 
-// get returns the key of id.
-func (t *blockTable) get(id uint64) (uint64, bool) {
+// get returns the node of id.
+func (t *blockTable) get(id uint64) (uint32, bool) {
 	if id == 0 {
-		return t.zeroKey, t.hasZero
+		return t.zeroNode, t.hasZero
 	}
 	if i := t.slot(id); i >= 0 {
-		return t.tab[i].key, true
+		return t.tab[i].node, true
 	}
 	return 0, false
 }
 
-// put sets the key of id.
-func (t *blockTable) put(id, key uint64) {
+// put sets the node of id.
+func (t *blockTable) put(id uint64, node uint32) {
 	if id == 0 {
-		t.zeroKey, t.hasZero = key, true
+		t.zeroNode, t.hasZero = node, true
 		return
 	}
 	if i := t.slot(id); i >= 0 {
-		t.tab[i].key = key
+		t.tab[i].node = node
 		return
 	}
-	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
-		t.rehash(grown(len(t.tab)))
-	}
-	robinHood(t.tab, blockEntry{id: id, key: key})
+	t.reserve(1)
+	robinHood(t.tab, newBlockEntry(id, node))
 	t.n++
+}
+
+// reserve grows the table, if needed, so that extra more entries fit
+// without another growth.
+func (t *blockTable) reserve(extra int) {
+	if size := t.reserveSize(extra); size > 0 {
+		t.tab = t.resized(size)
+	}
+}
+
+// fit makes room for one more entry: a full table grows once for left
+// more (the blocks left in a Stored event), not for one at a time, and
+// only when it is full (a Stored event that copies held blocks to another
+// tier adds no entries).
+func (t *blockTable) fit(left int) {
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
+		t.reserve(left)
+	}
+}
+
+// reserveSize returns the size reserve(extra) would grow the table to, 0
+// if it fits.
+func (t *blockTable) reserveSize(extra int) int {
+	need := t.n + extra
+	if need*blockLoadDen <= len(t.tab)*blockLoadNum {
+		return 0
+	}
+	return max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1)
+}
+
+// trim shrinks a table that removals left below load trimBelow to load
+// trimTo. Called at the end of a removal, not on each deletion, so that an
+// event's removals shrink it once.
+func (t *blockTable) trim() {
+	if size := t.trimSize(); size > 0 {
+		t.tab = t.resized(size)
+	}
+}
+
+// trimSize returns the size trim would shrink the table to, 0 if none.
+func (t *blockTable) trimSize() int {
+	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
+		return 0
+	}
+	return max(16, t.n*trimToDen/trimToNum+1)
+}
+
+// resized returns the table's entries in a new table of size slots. It
+// only reads t: a writer builds it while sharing the index's lock with
+// matches, and takes the lock exclusively only to put it in place (see
+// Index.resize).
+func (t *blockTable) resized(size int) []blockEntry {
+	tab := make([]blockEntry, size)
+	for _, e := range t.tab {
+		if e.engineID() != 0 {
+			robinHood(tab, e)
+		}
+	}
+	return tab
 }
 
 // robinHood inserts e, whose id is not in tab, which has an empty slot.
 func robinHood(tab []blockEntry, e blockEntry) {
 	size := len(tab)
-	for i, d := idHome(e.id, size), 0; ; d++ {
+	for i, d := idHome(e.engineID(), size), 0; ; d++ {
 		cur := &tab[i]
-		if cur.id == 0 {
+		cid := cur.engineID()
+		if cid == 0 {
 			*cur = e
 			return
 		}
-		if cd := dist(cur.id, i, size); cd < d {
+		if cd := dist(cid, i, size); cd < d {
 			*cur, e = e, *cur
 			d = cd
 		}
@@ -303,21 +390,11 @@ func robinHood(tab []blockEntry, e blockEntry) {
 	}
 }
 
-func (t *blockTable) rehash(size int) {
-	old := t.tab
-	t.tab = make([]blockEntry, size)
-	for _, e := range old {
-		if e.id != 0 {
-			robinHood(t.tab, e)
-		}
-	}
-}
-
 // del removes id and reports whether it was there.
 func (t *blockTable) del(id uint64) bool {
 	if id == 0 {
 		had := t.hasZero
-		t.zeroKey, t.hasZero = 0, false
+		t.zeroNode, t.hasZero = 0, false
 		return had
 	}
 	i := t.slot(id)
@@ -331,7 +408,7 @@ func (t *blockTable) del(id uint64) bool {
 		if j == size {
 			j = 0
 		}
-		if next := t.tab[j]; next.id == 0 || dist(next.id, j, size) == 0 {
+		if nid := t.tab[j].engineID(); nid == 0 || dist(nid, j, size) == 0 {
 			break
 		}
 		t.tab[i] = t.tab[j]
@@ -351,21 +428,21 @@ func (t *blockTable) ids(dst []uint64) []uint64 {
 		dst = append(dst, 0)
 	}
 	for _, e := range t.tab {
-		if e.id != 0 {
-			dst = append(dst, e.id)
+		if id := e.engineID(); id != 0 {
+			dst = append(dst, id)
 		}
 	}
 	return dst
 }
 
 // each calls f for every entry.
-func (t *blockTable) each(f func(id, key uint64)) {
+func (t *blockTable) each(f func(id uint64, node uint32)) {
 	if t.hasZero {
-		f(0, t.zeroKey)
+		f(0, t.zeroNode)
 	}
 	for _, e := range t.tab {
-		if e.id != 0 {
-			f(e.id, e.key)
+		if id := e.engineID(); id != 0 {
+			f(id, e.node)
 		}
 	}
 }
@@ -398,5 +475,182 @@ func (t *blockTable) touch(id uint64) uint64 {
 	if len(t.tab) == 0 {
 		return 0
 	}
-	return t.tab[idHome(id, len(t.tab))].key
+	return uint64(t.tab[idHome(id, len(t.tab))].node)
+}
+
+// holderArena keeps the holder lists of nodes held by several ranks, by
+// value in blocks of plain holders: no slice header or pointer per list,
+// and nothing for the garbage collector to scan. A list of n holders lives
+// in a block of size class sizeClass(n) (exactly n holders up to 16, at
+// most an eighth more beyond), so a list is named by its length and its
+// block's number in that class; a list that changes class moves (see
+// insert, remove). Each class keeps its blocks in chunks that never move,
+// so a pointer to a holder stays valid until its own list changes; freed
+// blocks are reused first, through a free list per class.
+type holderArena struct {
+	classes []holderClass // by size class, made as needed
+}
+
+// holderClass is the blocks of one size class.
+type holderClass struct {
+	size   int  // holders per block
+	shift  uint // a chunk holds 1<<shift blocks
+	chunks [][]holder
+	// mores holds, per chunk, the extMore of each block (an index of
+	// Index.mores, 0: none); a chunk's is made when first needed.
+	mores [][]uint32
+	next  uint32 // blocks handed out
+	free  uint32 // 1 + the first free block, 0: none; linked through the first holder's slot, the same way
+	used  int    // blocks in use
+}
+
+// arenaChunk is about how many holders a chunk of a size class holds.
+const arenaChunk = 2048
+
+// exactUpTo is the largest list kept in a block of its exact size.
+const exactUpTo = 16
+
+// sizeClass returns the size class of a list of n >= 2 holders: n-2 for
+// n <= exactUpTo; above, eight classes per power of two.
+func sizeClass(n int) int {
+	if n <= exactUpTo {
+		return n - 2
+	}
+	x := uint(n - 1)
+	h := bits.Len(x) - 1 // >= 4
+	return exactUpTo - 1 + (h-4)*8 + int(x>>(h-3)&7)
+}
+
+// classSize returns how many holders a block of size class c holds: the
+// largest list of class c.
+func classSize(c int) int {
+	if c < exactUpTo-1 {
+		return c + 2
+	}
+	c -= exactUpTo - 1
+	return (9 + c%8) << (c/8 + 1)
+}
+
+// class returns size class c, making the classes up to it if needed.
+func (a *holderArena) class(c int) *holderClass {
+	for len(a.classes) <= c {
+		size := classSize(len(a.classes))
+		a.classes = append(a.classes, holderClass{size: size, shift: uint(max(0, bits.Len(uint(arenaChunk/size))-1))})
+	}
+	return &a.classes[c]
+}
+
+// list returns the list of n holders in block at of its class.
+func (a *holderArena) list(at uint32, n int) []holder {
+	k := &a.classes[sizeClass(n)]
+	off := int(at&(1<<k.shift-1)) * k.size
+	return k.chunks[at>>k.shift][off : off+n : off+n]
+}
+
+// alloc returns an unused block of size class c.
+func (a *holderArena) alloc(c int) uint32 {
+	k := a.class(c)
+	k.used++
+	if k.free != 0 {
+		at := k.free - 1
+		off := int(at&(1<<k.shift-1)) * k.size
+		k.free = k.chunks[at>>k.shift][off].slot
+		return at
+	}
+	at := k.next
+	if int(at>>k.shift) == len(k.chunks) {
+		k.chunks = append(k.chunks, make([]holder, k.size<<k.shift))
+		k.mores = append(k.mores, nil)
+	}
+	k.next++
+	return at
+}
+
+// release frees block at of size class c, and its extMore index.
+func (a *holderArena) release(c int, at uint32) {
+	k := &a.classes[c]
+	ch, i := at>>k.shift, at&(1<<k.shift-1)
+	if m := k.mores[ch]; m != nil {
+		m[i] = 0
+	}
+	k.chunks[ch][int(i)*k.size].slot = k.free
+	k.free = at + 1
+	k.used--
+}
+
+// pair returns the block of a new list of holders x and y, in that order.
+func (a *holderArena) pair(x, y holder) uint32 {
+	at := a.alloc(sizeClass(2))
+	l := a.list(at, 2)
+	l[0], l[1] = x, y
+	return at
+}
+
+// insert puts h at position i of the list of n holders in block at and
+// returns the block of the list of n+1 holders, at or another one.
+func (a *holderArena) insert(at uint32, n, i int, h holder) uint32 {
+	c, nc := sizeClass(n), sizeClass(n+1)
+	if c == nc {
+		l := a.list(at, n+1)
+		copy(l[i+1:], l[i:n])
+		l[i] = h
+		return at
+	}
+	nat := a.alloc(nc)
+	src, dst := a.list(at, n), a.list(nat, n+1)
+	copy(dst, src[:i])
+	dst[i] = h
+	copy(dst[i+1:], src[i:])
+	a.moveMore(n, at, n+1, nat)
+	a.release(c, at)
+	return nat
+}
+
+// remove deletes position i of the list of n > 2 holders in block at and
+// returns the block of the list of n-1 holders, at or another one.
+func (a *holderArena) remove(at uint32, n, i int) uint32 {
+	c, nc := sizeClass(n), sizeClass(n-1)
+	if c == nc {
+		l := a.list(at, n)
+		copy(l[i:], l[i+1:])
+		return at
+	}
+	nat := a.alloc(nc)
+	src, dst := a.list(at, n), a.list(nat, n-1)
+	copy(dst, src[:i])
+	copy(dst[i:], src[i+1:])
+	a.moveMore(n, at, n-1, nat)
+	a.release(c, at)
+	return nat
+}
+
+// more returns the extMore index of the list of n holders in block at (0:
+// none).
+func (a *holderArena) more(at uint32, n int) uint32 {
+	k := &a.classes[sizeClass(n)]
+	if m := k.mores[at>>k.shift]; m != nil {
+		return m[at&(1<<k.shift-1)]
+	}
+	return 0
+}
+
+// setMore sets the extMore index of the list of n holders in block at.
+func (a *holderArena) setMore(at uint32, n int, x uint32) {
+	k := &a.classes[sizeClass(n)]
+	ch := at >> k.shift
+	if k.mores[ch] == nil {
+		if x == 0 {
+			return
+		}
+		k.mores[ch] = make([]uint32, 1<<k.shift)
+	}
+	k.mores[ch][at&(1<<k.shift-1)] = x
+}
+
+// moveMore moves the extMore index of a list that moved from block at
+// (n holders) to block to (m holders).
+func (a *holderArena) moveMore(n int, at uint32, m int, to uint32) {
+	if x := a.more(at, n); x != 0 {
+		a.setMore(to, m, x)
+	}
 }
