@@ -684,9 +684,8 @@ func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 // that changes the table but for RemoveWorkerRank) and put in place with
 // the lock held exclusively if the table has not changed meanwhile.
 type tableResize struct {
-	tab     []blockEntry
-	from    []blockEntry // the table it was built from
-	entries int
+	tab []blockEntry
+	gen uint32 // that of the table it was built from
 }
 
 // prepareResize builds t's entries in a table of size slots (none for 0).
@@ -695,14 +694,15 @@ func prepareResize(t *blockTable, size int) tableResize {
 	if size == 0 {
 		return tableResize{}
 	}
-	return tableResize{tab: t.resized(size), from: t.tab, entries: t.n}
+	return tableResize{tab: t.resized(size), gen: t.gen}
 }
 
 // apply puts the resized table in place of t if t is still the table it
 // was built from. Called with mu held.
 func (r *tableResize) apply(t *blockTable) {
-	if r.tab != nil && t.n == r.entries && len(t.tab) == len(r.from) && (len(t.tab) == 0 || &t.tab[0] == &r.from[0]) {
+	if r.tab != nil && t.gen == r.gen {
 		t.tab = r.tab
+		t.gen++
 	}
 }
 

@@ -225,6 +225,9 @@ type blockTable struct {
 	n        int // entries in tab
 	zeroNode uint32
 	hasZero  bool
+	// gen counts the table's changes, so that a resized copy built
+	// meanwhile can tell whether it is still the table's (see tableResize).
+	gen uint32
 }
 
 // blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
@@ -298,6 +301,7 @@ func (t *blockTable) get(id uint64) (uint32, bool) {
 
 // put sets the node of id.
 func (t *blockTable) put(id uint64, node uint32) {
+	t.gen++
 	if id == 0 {
 		t.zeroNode, t.hasZero = node, true
 		return
@@ -316,6 +320,7 @@ func (t *blockTable) put(id uint64, node uint32) {
 func (t *blockTable) reserve(extra int) {
 	if size := t.reserveSize(extra); size > 0 {
 		t.tab = t.resized(size)
+		t.gen++
 	}
 }
 
@@ -345,6 +350,7 @@ func (t *blockTable) reserveSize(extra int) int {
 func (t *blockTable) trim() {
 	if size := t.trimSize(); size > 0 {
 		t.tab = t.resized(size)
+		t.gen++
 	}
 }
 
@@ -359,7 +365,7 @@ func (t *blockTable) trimSize() int {
 // resized returns the table's entries in a new table of size slots. It
 // only reads t: a writer builds it while sharing the index's lock with
 // matches, and takes the lock exclusively only to put it in place (see
-// Index.resize).
+// tableResize).
 func (t *blockTable) resized(size int) []blockEntry {
 	tab := make([]blockEntry, size)
 	for _, e := range t.tab {
@@ -392,6 +398,7 @@ func robinHood(tab []blockEntry, e blockEntry) {
 
 // del removes id and reports whether it was there.
 func (t *blockTable) del(id uint64) bool {
+	t.gen++
 	if id == 0 {
 		had := t.hasZero
 		t.zeroNode, t.hasZero = 0, false

@@ -363,6 +363,8 @@ func TestTableResize(t *testing.T) {
 		{"an entry added", 100, func(bt *blockTable) { bt.put(1000, 1) }, false},
 		{"an entry deleted", 100, func(bt *blockTable) { bt.del(3) }, false},
 		{"grown meanwhile", 100, func(bt *blockTable) { bt.reserve(200) }, false},
+		{"an entry renamed", 100, func(bt *blockTable) { bt.put(5, 77) }, false},
+		{"one deleted, another added", 100, func(bt *blockTable) { bt.del(3); bt.put(1000, 1) }, false},
 		{"emptied", 100, func(bt *blockTable) {
 			for id := uint64(1); id <= 20; id++ {
 				bt.del(id)
