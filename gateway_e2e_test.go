@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/kvgate/kvgate/bench/sim"
 	"github.com/kvgate/kvgate/internal/envoytest"
 )
 
@@ -24,7 +25,7 @@ import (
 type gatewayRig struct {
 	t       *testing.T
 	ctx     context.Context
-	eps     simEndpoints
+	eps     sim.Endpoints
 	api     apiClient
 	extProc string // host:port
 	proxy   string // http://host:port

@@ -19,29 +19,6 @@ import (
 	"github.com/kvgate/kvgate/bench/sim"
 )
 
-// simEndpoints is the --endpoints-file document: where each simulated
-// worker listens.
-type simEndpoints struct {
-	Model     string      `json:"model"`
-	BlockSize int         `json:"block_size"`
-	Workers   []simWorker `json:"workers"`
-	// ServeArgs are the arguments of `kvgate serve` that subscribe to
-	// every rank's events.
-	ServeArgs []string `json:"serve_args"`
-}
-
-type simWorker struct {
-	ID    uint64    `json:"id"`
-	URL   string    `json:"url"`
-	Ranks []simRank `json:"ranks"`
-}
-
-type simRank struct {
-	Rank   int    `json:"dp_rank"`
-	Events string `json:"events"`
-	Replay string `json:"replay,omitempty"`
-}
-
 func newSimCmd() *cobra.Command {
 	var (
 		cfg          sim.Config
@@ -129,13 +106,13 @@ func runSim(ctx context.Context, cfg sim.Config, endpointFile string, out io.Wri
 	}
 	defer f.Close()
 	cfg = f.Config()
-	doc := simEndpoints{Model: cfg.Model, BlockSize: cfg.Engine.BlockSize}
+	doc := sim.Endpoints{Model: cfg.Model, BlockSize: cfg.Engine.BlockSize}
 	var workers []string
 	for _, w := range f.Workers() {
-		sw := simWorker{ID: w.ID, URL: w.URL()}
+		sw := sim.EndpointWorker{ID: w.ID, URL: w.URL()}
 		for r, ep := range w.EventEndpoints() {
 			replay := w.ReplayEndpoints()[r]
-			sw.Ranks = append(sw.Ranks, simRank{Rank: r, Events: ep, Replay: replay})
+			sw.Ranks = append(sw.Ranks, sim.EndpointRank{Rank: r, Events: ep, Replay: replay})
 			spec := fmt.Sprintf("%d:%d=%s", w.ID, r, ep)
 			if replay != "" {
 				spec += "|" + replay

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/bench/sim"
 )
 
 // TestE2ESim runs `kvgate sim` (2 workers x 2 DP ranks) and `kvgate serve`
@@ -27,7 +29,7 @@ func TestE2ESim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var eps simEndpoints
+	var eps sim.Endpoints
 	if err := json.Unmarshal(data, &eps); err != nil {
 		t.Fatal(err)
 	}

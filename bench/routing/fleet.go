@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/kvgate/kvgate/bench/sim"
 )
 
 // maxLines bounds the log lines a proc keeps in memory (the log file has
@@ -176,20 +178,7 @@ type fleet struct {
 	proxyURL string
 	adminURL string
 	ranks    int
-	workers  []simWorker
-}
-
-// simEndpoints is the part of `kvgate sim --endpoints-file` we read.
-type simEndpoints struct {
-	Model     string      `json:"model"`
-	ServeArgs []string    `json:"serve_args"`
-	Workers   []simWorker `json:"workers"`
-}
-
-type simWorker struct {
-	ID    uint64            `json:"id"`
-	URL   string            `json:"url"`
-	Ranks []json.RawMessage `json:"ranks"`
+	workers  []sim.EndpointWorker
 }
 
 var (
@@ -235,7 +224,7 @@ func startFleet(ctx context.Context, cfg FleetConfig, policy, dir, tag string) (
 	if err != nil {
 		return nil, fmt.Errorf("kvgate sim endpoints: %w", err)
 	}
-	var eps simEndpoints
+	var eps sim.Endpoints
 	if err := json.Unmarshal(data, &eps); err != nil {
 		return nil, fmt.Errorf("kvgate sim endpoints %s: %w", epFile, err)
 	}
