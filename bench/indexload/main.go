@@ -5,9 +5,9 @@
 // those events through an indexer.Set while other goroutines match the
 // trace's prompts against the index.
 //
-// It reports sustained blocks applied per second (with and without
-// concurrent matches), match latency percentiles, and heap bytes per
-// (block, worker) entry. It owns nothing but its own measurement; it uses
+// It reports sustained blocks applied per second (alone, while the trace's
+// requests are matched as they come, and under matches run back to back),
+// match latency percentiles, and heap bytes per (block, worker) entry. It owns nothing but its own measurement; it uses
 // only the indexer package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
@@ -42,6 +42,7 @@ type config struct {
 	capacity     int // blocks per worker cache
 	eventThreads int
 	queriers     int
+	idleRounds   int
 	seed         uint64
 	cpuProfile   string
 }
@@ -53,7 +54,8 @@ func main() {
 	flag.IntVar(&cfg.split, "split", 32, "sub-blocks per 512-token trace block (32 = vLLM's block size 16)")
 	flag.IntVar(&cfg.capacity, "capacity", 16384, "KV cache capacity per worker, in blocks")
 	flag.IntVar(&cfg.eventThreads, "event-threads", 4, "indexer apply goroutines")
-	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts while events apply")
+	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts back to back while events apply (the stress phase)")
+	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
 	flag.Parse()
@@ -64,8 +66,8 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.queriers < 0 {
-		return errors.New("workers, split, capacity and event-threads must be >= 1, queriers >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 {
+		return errors.New("workers, split, capacity, event-threads and idle-rounds must be >= 1, queriers >= 0")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -75,7 +77,7 @@ func run(cfg config, out io.Writer) error {
 	for i, r := range reqs {
 		prompts[i] = expand(r, cfg.split)
 	}
-	events, blocks := simulate(cfg, prompts)
+	events, firsts, blocks := simulate(cfg, prompts)
 	if cfg.cpuProfile != "" {
 		f, err := os.Create(cfg.cpuProfile)
 		if err != nil {
@@ -109,7 +111,7 @@ func run(cfg config, out io.Writer) error {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 	}
-	set, ix, elapsed, err := apply(cfg, events, empty, nil)
+	set, ix, elapsed, err := apply(cfg, events, empty, nil, nil)
 	if err != nil {
 		return err
 	}
@@ -120,15 +122,27 @@ func run(cfg config, out io.Writer) error {
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 
 	// Matches on the final, quiescent index.
-	idle := measureIdle(ix, queries)
+	idle := measureIdle(ix, queries, cfg.idleRounds)
 	set.Close()
 	runtime.KeepAlive(ix)
 
-	// Phase 2: apply again into a fresh index while matches run.
+	// Phase 2, the replay: apply again into a fresh index, matching each
+	// request's prompt when the trace reaches it, before its events (as a
+	// router does: it routes the request, then the worker stores).
+	var replay latencies
+	r := &replayer{queries: queries, firsts: firsts}
+	_, _, replayElapsed, err := apply(cfg, events, nil, nil, r.before)
+	if err != nil {
+		return err
+	}
+	replay = r.lat
+	slices.Sort(replay)
+
+	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
 	_, _, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
 		lat = measureBusy(ix, queries, cfg.queriers, stop)
-	})
+	}, nil)
 	if err != nil {
 		return err
 	}
@@ -136,9 +150,11 @@ func run(cfg config, out io.Writer) error {
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
 	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(out, "| blocks applied per second, alone | %s (%d ops in %s) |\n", rate(elapsed), blocks, elapsed.Round(time.Millisecond))
-	fmt.Fprintf(out, "| blocks applied per second, while matching | %s (%d ops in %s) |\n", rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
-	fmt.Fprintf(out, "| matches during apply | %d, p50 %s, p99 %s, p99.9 %s, max %s |\n", lat.n(), lat.pct(50), lat.pct(99), lat.pct(99.9), lat.pct(100))
-	fmt.Fprintf(out, "| matches on the idle index | %d, p50 %s, p99 %s, p99.9 %s, max %s |\n", idle.n(), idle.pct(50), idle.pct(99), idle.pct(99.9), idle.pct(100))
+	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events) | %s (%d ops in %s) |\n", rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
+	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
+	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	fmt.Fprintf(out, "| final index | %d worker ranks, %d nodes, %d (block, worker) entries |\n", stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
 	return nil
@@ -209,16 +225,20 @@ type lru struct {
 }
 
 // simulate assigns each prompt to a random worker and returns the events its
-// cache publishes, in order, and the number of block operations in them.
-func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, int) {
+// cache publishes, in order, the index of each prompt's first event (where
+// its events would start: prompts without events have none), and the number
+// of block operations in them.
+func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x6b7667617465))
 	caches := make([]lru, cfg.workers)
 	for i := range caches {
 		caches[i] = lru{order: list.New(), at: make(map[uint64]*list.Element)}
 	}
 	var events []indexer.Event
+	firsts := make([]int, len(prompts))
 	ops := 0
-	for _, p := range prompts {
+	for r, p := range prompts {
+		firsts[r] = len(events)
 		w := rng.IntN(cfg.workers)
 		c := &caches[w]
 		wr := indexer.WorkerRank{Worker: uint64(w)}
@@ -260,13 +280,35 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, int) {
 			ops += len(ev.Hashes)
 		}
 	}
-	return events, ops
+	return events, firsts, ops
+}
+
+// replayer matches the trace's prompts in trace order as the replay
+// reaches them: each before the first of its events is submitted.
+type replayer struct {
+	queries [][]uint64
+	firsts  []int // see simulate
+	next    int   // the next prompt to match
+	buf     []indexer.Overlap
+	lat     latencies
+}
+
+// before matches, on ix, every prompt not yet matched whose events start
+// at or before event i (len(events): all that are left).
+func (r *replayer) before(ix *indexer.Index, i int) {
+	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
+		t0 := time.Now()
+		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
+		r.lat = append(r.lat, time.Since(t0))
+	}
 }
 
 // apply submits events to a fresh Set and waits until all are applied,
 // calling ready (when given) once the Set and its empty index are made,
-// and running during(ix, stop) concurrently when given.
-func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{})) (*indexer.Set, *indexer.Index, time.Duration, error) {
+// running during(ix, stop) concurrently when given, and calling before(ix,
+// i) (when given) before submitting event i and, with i = len(events),
+// after the last.
+func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int)) (*indexer.Set, *indexer.Index, time.Duration, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
@@ -288,10 +330,16 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	}
 	ctx := context.Background()
 	start := time.Now()
-	for _, ev := range events {
+	for i, ev := range events {
+		if before != nil {
+			before(ix, i)
+		}
 		if err := set.Submit(ctx, ix, ev, done); err != nil {
 			return nil, nil, 0, err
 		}
+	}
+	if before != nil {
+		before(ix, len(events))
 	}
 	for w := range cfg.workers {
 		if err := set.Do(ctx, uint64(w), func() {}); err != nil {
@@ -314,6 +362,11 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 type latencies []time.Duration
 
 func (l latencies) n() int { return len(l) }
+
+// String gives the count and percentiles of l, which must be sorted.
+func (l latencies) String() string {
+	return fmt.Sprintf("%d, p50 %s, p99 %s, p99.9 %s, max %s", l.n(), l.pct(50), l.pct(99), l.pct(99.9), l.pct(100))
+}
 
 func (l latencies) pct(p float64) time.Duration {
 	if len(l) == 0 {
@@ -354,13 +407,15 @@ func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struc
 	return all
 }
 
-func measureIdle(ix *indexer.Index, queries [][]uint64) latencies {
+func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) latencies {
 	buf := make([]indexer.Overlap, 0, 256)
-	l := make(latencies, 0, len(queries))
-	for _, q := range queries {
-		t0 := time.Now()
-		buf = ix.Match(q, buf[:0])
-		l = append(l, time.Since(t0))
+	l := make(latencies, 0, rounds*len(queries))
+	for range rounds {
+		for _, q := range queries {
+			t0 := time.Now()
+			buf = ix.Match(q, buf[:0])
+			l = append(l, time.Since(t0))
+		}
 	}
 	slices.Sort(l)
 	return l

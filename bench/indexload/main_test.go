@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,7 +15,7 @@ import (
 func TestSimulateEvictsTailFirst(t *testing.T) {
 	cfg := config{workers: 1, split: 1, capacity: 3}
 	prompts := [][]uint64{{1, 2, 3}, {1, 2, 4}, {1, 5}}
-	events, ops := simulate(cfg, prompts)
+	events, firsts, ops := simulate(cfg, prompts)
 	// 1: store 1,2,3. 2: store 4 under 2, evict 3 (the older tail).
 	// 3: store 5 under 1, evict 4.
 	want := []string{"stored[1 2 3]", "stored^2[4]", "removed[3]", "stored^1[5]", "removed[4]"}
@@ -24,6 +25,9 @@ func TestSimulateEvictsTailFirst(t *testing.T) {
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") || ops != 7 {
 		t.Fatalf("events %v (%d ops), want %v", got, ops, want)
+	}
+	if !slices.Equal(firsts, []int{0, 1, 3}) {
+		t.Fatalf("first events %v, want [0 1 3]", firsts)
 	}
 	// The events apply cleanly: no unknown parents.
 	ix := indexer.NewIndex(16)
@@ -70,11 +74,11 @@ func TestRunOnASmallTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, queriers: 1, seed: 1}
+	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, queriers: 1, idleRounds: 2, seed: 1}
 	if err := run(cfg, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "heap bytes per (block, worker) entry"} {
+	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "heap bytes per (block, worker) entry"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
