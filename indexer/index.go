@@ -181,20 +181,26 @@ type end struct {
 const multi Tier = 1 << 7
 
 // hasMore, in the tiers of a multi node's inline holder, says that the
-// node has an extMore (see holderArena.more).
+// node has an extMore (see Index.moreIndex).
 const hasMore Tier = 1 << 5
 
 // list returns the block and length of the holder list that the inline
-// holder h of a multi node names: its slot is the block, its kids the
-// length.
+// holder h of a multi node names: its slot is the block, its first two
+// kids the length (its last, kids[2], names its extMore: see
+// Index.moreIndex).
 func (h *holder) list() (uint32, int) { return h.slot, int(h.kids[0]) | int(h.kids[1])<<16 }
 
 // setList makes h, the inline holder of a multi node, name the list of n
-// holders in block at, keeping its hasMore bit.
+// holders in block at, keeping its extMore.
 func (h *holder) setList(at uint32, n int) {
-	h.slot, h.kids = at, [nClasses]uint16{uint16(n), uint16(n >> 16)}
+	h.slot, h.kids[0], h.kids[1] = at, uint16(n), uint16(n>>16)
 	h.tiers |= multi
 }
+
+// moreInArena, as kids[2] of a multi node's inline holder with hasMore,
+// says that the index of its extMore did not fit there and is kept by the
+// holder arena instead (see Index.moreIndex).
+const moreInArena = 1<<16 - 1
 
 // noSlot is the slot of the inline holder of a node without holders.
 const noSlot = ^uint32(0)
@@ -328,7 +334,7 @@ type Index struct {
 	// hold keeps the holders of nodes with several, sorted by slot.
 	hold holderArena
 	// mores are the extMores of nodes with many holders, by the index
-	// their list keeps (see holderArena.more); 0 is unused.
+	// their inline holder or list keeps (see moreIndex); 0 is unused.
 	mores    []extMore
 	moreFree []uint32 // reusable entries of mores
 	// aliases counts, per node id, the engine ids naming it (see worker)
@@ -910,17 +916,28 @@ func (ix *Index) dropHolder(n *node, s uint32) {
 	}
 	// Back to one holder, inline.
 	if h.tiers&hasMore != 0 {
-		ix.freeMore(ix.hold.more(at, nh))
+		ix.freeMore(ix.moreIndex(h))
 	}
 	*h = l[1-i]
-	ix.hold.release(sizeClass(nh), at)
+	ix.hold.release(sizeClass(nh), at) // and its extMore index, if any
+}
+
+// moreIndex returns the index in mores of the extMore of the multi node
+// whose inline holder is h, which has one (hasMore). Indexes below
+// moreInArena are kept in h (Match reads them from the node it has in
+// hand); the others by the holder arena, with the list.
+func (ix *Index) moreIndex(h *holder) uint32 {
+	if x := h.kids[2]; x != moreInArena {
+		return uint32(x)
+	}
+	return ix.hold.more(h.list())
 }
 
 // moreOf returns the extMore of n, or nil. Called with mu held (the
 // pointer is valid until the next newMore).
 func (ix *Index) moreOf(n *node) *extMore {
 	if h := &n.one[0]; h.tiers&hasMore != 0 {
-		return &ix.mores[ix.hold.more(h.list())]
+		return &ix.mores[ix.moreIndex(h)]
 	}
 	return nil
 }
@@ -940,8 +957,13 @@ func (ix *Index) newMore(n *node) *extMore {
 		x = uint32(len(ix.mores) - 1)
 	}
 	h := &n.one[0]
-	at, nh := h.list()
-	ix.hold.setMore(at, nh, x)
+	if x < moreInArena {
+		h.kids[2] = uint16(x)
+	} else {
+		h.kids[2] = moreInArena
+		at, nh := h.list()
+		ix.hold.setMore(at, nh, x)
+	}
 	h.tiers |= hasMore
 	return &ix.mores[x]
 }
@@ -949,9 +971,12 @@ func (ix *Index) newMore(n *node) *extMore {
 // dropMore takes the extMore of the multi node n away. Called with mu held.
 func (ix *Index) dropMore(n *node) {
 	h := &n.one[0]
-	at, nh := h.list()
-	ix.freeMore(ix.hold.more(at, nh))
-	ix.hold.setMore(at, nh, 0)
+	ix.freeMore(ix.moreIndex(h))
+	if h.kids[2] == moreInArena {
+		at, nh := h.list()
+		ix.hold.setMore(at, nh, 0)
+	}
+	h.kids[2] = 0
 	h.tiers &^= hasMore
 }
 

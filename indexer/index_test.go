@@ -476,9 +476,18 @@ func checkInvariants(t testing.TB, ix *Index) {
 				continue
 			}
 			listUsed[[2]uint32{c, at}] = true
-			switch x := ix.hold.more(at, nh); {
+			x := ix.hold.more(at, nh) // kept by the arena
+			if h.kids[2] != moreInArena {
+				if x != 0 {
+					t.Errorf("node %d: the arena keeps extMore %d for an inline holder with %d", key, x, h.kids[2])
+				}
+				x = uint32(h.kids[2])
+			}
+			switch {
 			case (x != 0) != (h.tiers&hasMore != 0):
 				t.Errorf("node %d: extMore %d, tiers %b", key, x, h.tiers)
+			case x >= moreInArena && h.kids[2] != moreInArena, x != 0 && x < moreInArena && h.kids[2] == moreInArena:
+				t.Errorf("node %d: extMore %d kept in the wrong place (inline %d)", key, x, h.kids[2])
 			case x != 0 && (moreUsed[x] || int(x) >= len(ix.mores)):
 				t.Errorf("node %d: extMore %d is shared or out of range", key, x)
 			case x != 0:

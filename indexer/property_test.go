@@ -296,9 +296,18 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 // how many holders give a node classBits (from 1, so every node has them,
 // to the default), and how many other ranks were registered first (each
 // holding a block no query starts with), so that the ranks under test sit
-// in the first bit-set word or further on, across word boundaries.
+// in the first bit-set word or further on, across word boundaries; and
+// whether the first extMores get indexes too large for a node to keep
+// (see Index.moreIndex), so that the arena keeps them.
 func layout(t *rapid.T, ix *Index, m *refModel) {
 	ix.denseHolders = rapid.IntRange(0, 3).Draw(t, "denseHolders")
+	if rapid.Bool().Draw(t, "arenaMores") {
+		// Free entries 1..moreInArena+3, the largest handed out first.
+		ix.mores = make([]extMore, moreInArena+4)
+		for x := range uint32(moreInArena + 3) {
+			ix.moreFree = append(ix.moreFree, x+1)
+		}
+	}
 	for i := range rapid.IntRange(0, 130).Draw(t, "padRanks") {
 		w := WorkerRank{Worker: 1000 + uint64(i)}
 		if _, err := ix.Apply(stored(w, TierDevice, nil, blocksOf("", "9"))); err != nil {

@@ -504,7 +504,8 @@ type holderClass struct {
 	shift  uint // a chunk holds 1<<shift blocks
 	chunks [][]holder
 	// mores holds, per chunk, the extMore of each block (an index of
-	// Index.mores, 0: none); a chunk's is made when first needed.
+	// Index.mores, 0: none) whose node could not keep it (see
+	// Index.moreIndex); a chunk's is made when first needed.
 	mores [][]uint32
 	next  uint32 // blocks handed out
 	free  uint32 // 1 + the first free block, 0: none; linked through the first holder's slot, the same way
