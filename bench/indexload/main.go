@@ -122,7 +122,7 @@ func run(cfg config, out io.Writer) error {
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 
 	// Matches on the final, quiescent index.
-	idle := measureIdle(ix, queries, cfg.idleRounds)
+	idle, shapes := measureIdle(ix, queries, cfg.idleRounds)
 	set.Close()
 	runtime.KeepAlive(ix)
 
@@ -157,7 +157,55 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	fmt.Fprintf(out, "| final index | %d worker ranks, %d nodes, %d (block, worker) entries |\n", stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
+	fmt.Fprintf(out, "\nIdle matches by how many distinct device prefix lengths the matched ranks have:\n\n")
+	fmt.Fprintf(out, "| distinct lengths | matches | median ranks | median prompt blocks | p50 | p99 |\n|---|---|---|---|---|---|\n")
+	for _, g := range groupShapes(shapes) {
+		fmt.Fprintf(out, "| %s | %d | %d | %d | %s | %s |\n", g.name, len(g.lat), g.ranks, g.blocks, g.lat.pct(50), g.lat.pct(99))
+	}
 	return nil
+}
+
+// shape is one idle match: its duration, and what made it long.
+type shape struct {
+	d       time.Duration
+	blocks  int // prompt blocks
+	ranks   int // overlaps returned
+	lengths int // distinct device prefix lengths among them
+}
+
+// shapeGroup is the idle matches whose distinct lengths fall in one range.
+type shapeGroup struct {
+	name          string
+	lat           latencies // sorted
+	ranks, blocks int       // medians
+}
+
+// groupShapes groups shapes by distinct lengths: 0-1, 2, 3-4, 5-8, 9+.
+func groupShapes(shapes []shape) []shapeGroup {
+	bounds := []struct {
+		name   string
+		lo, hi int
+	}{{"0-1", 0, 1}, {"2", 2, 2}, {"3-4", 3, 4}, {"5-8", 5, 8}, {"9+", 9, 1 << 30}}
+	var out []shapeGroup
+	for _, b := range bounds {
+		var g shapeGroup
+		var ranks, blocks []int
+		for _, sh := range shapes {
+			if sh.lengths >= b.lo && sh.lengths <= b.hi {
+				g.lat = append(g.lat, sh.d)
+				ranks, blocks = append(ranks, sh.ranks), append(blocks, sh.blocks)
+			}
+		}
+		if len(g.lat) == 0 {
+			continue
+		}
+		slices.Sort(g.lat)
+		slices.Sort(ranks)
+		slices.Sort(blocks)
+		g.name, g.ranks, g.blocks = b.name, ranks[len(ranks)/2], blocks[len(blocks)/2]
+		out = append(out, g)
+	}
+	return out
 }
 
 // traceRequest is one line of a Mooncake trace.
@@ -407,18 +455,28 @@ func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struc
 	return all
 }
 
-func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) latencies {
+// measureIdle matches every query rounds times on ix and returns the
+// durations, sorted, and the shape of each match.
+func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) (latencies, []shape) {
 	buf := make([]indexer.Overlap, 0, 256)
 	l := make(latencies, 0, rounds*len(queries))
+	shapes := make([]shape, 0, rounds*len(queries))
+	lengths := make(map[int]bool)
 	for range rounds {
 		for _, q := range queries {
 			t0 := time.Now()
 			buf = ix.Match(q, buf[:0])
-			l = append(l, time.Since(t0))
+			d := time.Since(t0)
+			l = append(l, d)
+			clear(lengths)
+			for _, o := range buf {
+				lengths[o.Device] = true
+			}
+			shapes = append(shapes, shape{d: d, blocks: len(q), ranks: len(buf), lengths: len(lengths)})
 		}
 	}
 	slices.Sort(l)
-	return l
+	return l, shapes
 }
 
 func totalLen(p [][]uint64) int {

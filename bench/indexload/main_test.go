@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvgate/kvgate/indexer"
 )
@@ -34,6 +35,33 @@ func TestSimulateEvictsTailFirst(t *testing.T) {
 	for _, ev := range events {
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+func TestGroupShapes(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	shapes := []shape{
+		{d: us(3), blocks: 10, ranks: 1, lengths: 1},
+		{d: us(1), blocks: 30, ranks: 3, lengths: 0},
+		{d: us(2), blocks: 20, ranks: 2, lengths: 1},
+		{d: us(9), blocks: 90, ranks: 256, lengths: 12},
+		{d: us(5), blocks: 50, ranks: 8, lengths: 4},
+	}
+	got := groupShapes(shapes)
+	want := []struct {
+		name          string
+		n             int
+		ranks, blocks int
+		p50           time.Duration
+	}{{"0-1", 3, 2, 20, us(2)}, {"3-4", 1, 8, 50, us(5)}, {"9+", 1, 256, 90, us(9)}}
+	if len(got) != len(want) {
+		t.Fatalf("groups %+v, want %+v", got, want)
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.name != w.name || len(g.lat) != w.n || g.ranks != w.ranks || g.blocks != w.blocks || g.lat.pct(50) != w.p50 {
+			t.Errorf("group %d = %s: %d matches, %d ranks, %d blocks, p50 %s; want %+v", i, g.name, len(g.lat), g.ranks, g.blocks, g.lat.pct(50), w)
 		}
 	}
 }
@@ -78,7 +106,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 	if err := run(cfg, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "heap bytes per (block, worker) entry"} {
+	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
