@@ -486,7 +486,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			switch {
 			case (x != 0) != (h.tiers&hasMore != 0):
 				t.Errorf("node %d: extMore %d, tiers %b", key, x, h.tiers)
-			case x >= moreInArena && h.kids[2] != moreInArena, x != 0 && x < moreInArena && h.kids[2] == moreInArena:
+			case x != 0 && x < moreInArena && h.kids[2] == moreInArena: // it fits inline
 				t.Errorf("node %d: extMore %d kept in the wrong place (inline %d)", key, x, h.kids[2])
 			case x != 0 && (moreUsed[x] || int(x) >= len(ix.mores)):
 				t.Errorf("node %d: extMore %d is shared or out of range", key, x)
