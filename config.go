@@ -34,6 +34,7 @@ type serveConfig struct {
 	ConfigFile      string // path of the YAML file that was read, "" if none
 	AdminAddr       string
 	EventThreads    int
+	IndexShards     int    // 0: as many as event threads, at most GOMAXPROCS
 	LogLevel        string // debug | info | warn | error
 	LogFormat       string // text | json
 	ShutdownTimeout time.Duration
@@ -163,6 +164,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
 	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server")
 	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker")
+	fs.Int("index-shards", 0, "shards of each KV index, each with its own lock, so that events of different workers apply in parallel; 0: min(event-threads, GOMAXPROCS)")
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.String("log-format", "text", "log format: text or json")
 	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")
@@ -302,6 +304,12 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	}
 	if cfg.EventThreads < 1 {
 		return cfg, bad("event-threads", cfg.EventThreads, "must be >= 1")
+	}
+	if cfg.IndexShards, err = getInt(v, "index-shards"); err != nil {
+		return cfg, bad("index-shards", v.Get("index-shards"), err.Error())
+	}
+	if cfg.IndexShards < 0 {
+		return cfg, bad("index-shards", cfg.IndexShards, "must be >= 0 (0: automatic)")
 	}
 
 	if cfg.LogLevel, err = getString(v, "log-level"); err != nil {

@@ -165,7 +165,7 @@ func newLogger(w io.Writer, cfg serveConfig) *slog.Logger {
 // the admin server has stopped.
 func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	logger.Info("starting kvgate", "version", versionString(), "config_file", cfg.ConfigFile,
-		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads, "peers", len(cfg.Peers),
+		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads, "index_shards", cfg.IndexShards, "peers", len(cfg.Peers),
 		"min_initial_workers", cfg.MinInitialWorkers, "admin_token", cfg.AdminToken != "",
 		"replica_sync_port", cfg.ReplicaSyncPort, "replica_sync_peers", len(cfg.ReplicaSyncPeers))
 
@@ -181,7 +181,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("--peers: %w", err)
 	}
-	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads, Hold: len(cfg.Peers) > 0})
+	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads, IndexShards: cfg.IndexShards, Hold: len(cfg.Peers) > 0})
 	defer indexes.Close()
 	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first

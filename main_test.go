@@ -143,6 +143,11 @@ func TestLoadServeConfig(t *testing.T) {
 			want: with(func(c *serveConfig) { c.LogFormat, c.ShutdownTimeout, c.EventThreads = "json", 90*time.Second, 2 }),
 		},
 		{
+			name: "index shards",
+			args: []string{"--index-shards", "3"},
+			want: with(func(c *serveConfig) { c.IndexShards = 3 }),
+		},
+		{
 			name: "env overrides file",
 			args: []string{"--config", partial},
 			env:  map[string]string{"KVGATE_EVENT_THREADS": "16"},
@@ -174,6 +179,8 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "missing file from env", env: map[string]string{"KVGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, wantErr: "nope.yaml: not found"},
 		{name: "malformed file", args: []string{"--config", malformed}, wantErr: "malformed.yaml"},
 		{name: "event-threads 0", args: []string{"--event-threads", "0"}, wantErr: "invalid event-threads 0 (from flag --event-threads): must be >= 1"},
+		{name: "index-shards negative", args: []string{"--index-shards", "-1"}, wantErr: "invalid index-shards -1 (from flag --index-shards): must be >= 0 (0: automatic)"},
+		{name: "index-shards not a number", env: map[string]string{"KVGATE_INDEX_SHARDS": "two"}, wantErr: `invalid index-shards "two" (from env KVGATE_INDEX_SHARDS): want an integer`},
 		{name: "event-threads not a number", env: map[string]string{"KVGATE_EVENT_THREADS": "four"}, wantErr: `invalid event-threads "four" (from env KVGATE_EVENT_THREADS): want an integer`},
 		{name: "log level in file", args: []string{"--config", badLevel}, wantErr: `invalid log-level "verbose" (from config file ` + badLevel},
 		{name: "log format", args: []string{"--log-format", "xml"}, wantErr: `invalid log-format "xml"`},

@@ -38,10 +38,14 @@
 // parent's key has no node), and its link names its parent's key: nodes
 // do not keep it.
 //
-// Concurrency: one RWMutex per index. Matches share it with each other and
-// with writers looking up the first chunk of an event (keys hashed, table
-// slots and nodes loaded into cache). A writer holds it exclusively for at
-// most writeChunk blocks, and for yieldChunk blocks once a match waits.
+// Concurrency: an index is split by worker id into shards (Options.
+// IndexShards), each a whole tree with its own RWMutex, so that the apply
+// goroutines of different shards never wait for each other; a match walks
+// every shard, and a block held in several shards has a node in each. In
+// a shard, matches share the lock with each other and with writers
+// looking up the first chunk of an event (keys hashed, table slots and
+// nodes loaded into cache). A writer holds it exclusively for at most
+// writeChunk blocks, and for yieldChunk blocks once a match waits.
 //
 // # The event path
 //

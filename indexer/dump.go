@@ -28,12 +28,10 @@ type dumpRec struct {
 // invisible to Match and are left out, so BlockCounts after a Load may be
 // lower by their number.
 func (ix *Index) Dump() []Event {
-	ix.mu.RLock()
-	ranks := make([]WorkerRank, 0, len(ix.workers))
-	for wr := range ix.workers {
-		ranks = append(ranks, wr)
+	var ranks []WorkerRank
+	for _, s := range ix.shards {
+		ranks = s.ranks(ranks)
 	}
-	ix.mu.RUnlock()
 	slices.SortFunc(ranks, cmpWorkerRank)
 
 	type placed struct {
@@ -43,7 +41,7 @@ func (ix *Index) Dump() []Event {
 	var all []placed
 	var recs []dumpRec
 	for _, wr := range ranks {
-		recs = ix.copyRank(wr, recs[:0])
+		recs = ix.shardFor(wr.Worker).copyRank(wr, recs[:0])
 		for _, r := range rankDepths(recs) {
 			all = append(all, placed{wr, r})
 		}
@@ -75,8 +73,18 @@ func (ix *Index) Dump() []Event {
 	return events
 }
 
+// ranks appends the shard's worker ranks to dst.
+func (ix *shard) ranks(dst []WorkerRank) []WorkerRank {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	for wr := range ix.workers {
+		dst = append(dst, wr)
+	}
+	return dst
+}
+
 // copyRank appends the entries of one worker rank to dst, under the read lock.
-func (ix *Index) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
+func (ix *shard) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	w := ix.workers[wr]

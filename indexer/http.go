@@ -498,7 +498,7 @@ type sizeCollector struct{ set *Set }
 
 var (
 	sizeWorkers = prometheus.NewDesc("kvgate_index_worker_ranks", "Worker ranks holding blocks, per index.", []string{"model", "tenant"}, nil)
-	sizeNodes   = prometheus.NewDesc("kvgate_index_blocks", "Distinct block positions, per index.", []string{"model", "tenant"}, nil)
+	sizeNodes   = prometheus.NewDesc("kvgate_index_blocks", "Block positions (prefix-tree nodes), per index; a block held by workers of several index shards counts once in each.", []string{"model", "tenant"}, nil)
 	sizeEntries = prometheus.NewDesc("kvgate_index_entries", "(block, worker rank) entries, per index.", []string{"model", "tenant"}, nil)
 )
 

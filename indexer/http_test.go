@@ -128,7 +128,7 @@ type apiRig struct {
 func serveAPI(t testing.TB, set *Set, maxBody int64) *apiRig {
 	t.Helper()
 	if set == nil {
-		set = NewSet(Options{})
+		set = NewSet(Options{IndexShards: 2})
 		t.Cleanup(set.Close)
 	}
 	peers, err := NewPeers(nil)
@@ -895,7 +895,10 @@ func samples(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 }
 
 func TestAPIMetrics(t *testing.T) {
-	r := serveAPI(t, nil, 0)
+	// One shard: a block held by workers of two shards counts twice.
+	set := NewSet(Options{IndexShards: 1})
+	t.Cleanup(set.Close)
+	r := serveAPI(t, set, 0)
 	fixture(t, r.set)
 	for _, q := range []struct{ path, body string }{
 		{"/query", obj("model_name", "m", "token_ids", fxTokens)},

@@ -176,18 +176,18 @@ type end struct {
 }
 
 // multi, in the tiers of a node's inline holder, says that the node has
-// several holders, in Index.hold: the inline holder names the list (see
+// several holders, in shard.hold: the inline holder names the list (see
 // holder.list).
 const multi Tier = 1 << 7
 
 // hasMore, in the tiers of a multi node's inline holder, says that the
-// node has an extMore (see Index.moreIndex).
+// node has an extMore (see shard.moreIndex).
 const hasMore Tier = 1 << 5
 
 // list returns the block and length of the holder list that the inline
 // holder h of a multi node names: its slot is the block, its first two
 // kids the length (its last, kids[2], names its extMore: see
-// Index.moreIndex).
+// shard.moreIndex).
 func (h *holder) list() (uint32, int) { return h.slot, int(h.kids[0]) | int(h.kids[1])<<16 }
 
 // setList makes h, the inline holder of a multi node, name the list of n
@@ -199,7 +199,7 @@ func (h *holder) setList(at uint32, n int) {
 
 // moreInArena, as kids[2] of a multi node's inline holder with hasMore,
 // says that the index of its extMore did not fit there and is kept by the
-// holder arena instead (see Index.moreIndex).
+// holder arena instead (see shard.moreIndex).
 const moreInArena = 1<<16 - 1
 
 // noSlot is the slot of the inline holder of a node without holders.
@@ -215,13 +215,13 @@ type node struct {
 	// counted in; 0 for a root, and only for a root, so that it names the
 	// parent's key (see parentKey). That node may be dead: deleted since,
 	// and not the current node of the parent's key if that was made anew
-	// (see Index.delete), or made dead for the link when there was none
+	// (see shard.delete), or made dead for the link when there was none
 	// (see standIn). A child held by a closed rank is always linked to its
 	// live parent (see link).
 	linked uint32
 	// one is the node's holder when it has one (slot noSlot when it has
 	// none); with tiers multi, it names the node's list of holders in
-	// Index.hold instead (see holder.list). The ends of a node with one
+	// shard.hold instead (see holder.list). The ends of a node with one
 	// holder are that holder's.
 	one [1]holder
 	// kids counts the nodes linked to this one; only is that node's id
@@ -231,7 +231,7 @@ type node struct {
 }
 
 // extMore is what a node held by many ranks keeps so that Match need not
-// look at each holder (see Index.sync). Nodes with fewer holders derive
+// look at each holder (see shard.sync). Nodes with fewer holders derive
 // both from holders.
 type extMore struct {
 	// ends are the holders with ends() != 0, sorted by slot: the ranks
@@ -244,17 +244,17 @@ type extMore struct {
 }
 
 // dead, as the tiers of a node's inline holder, marks a deleted node kept
-// because nodes are still linked to it (see Index.delete).
+// because nodes are still linked to it (see shard.delete).
 const dead Tier = 1 << 6
 
 // worker is one worker rank's view: engine id -> node of every block it
 // holds.
 //
 // An engine id names a node by id: the node stays in the slab while any
-// engine id names it, dead once it has no holders (see Index.delete), and
+// engine id names it, dead once it has no holders (see shard.delete), and
 // a dead node's key still resolves to the live node of that key, if any
-// (see Index.resolve). Each holder accounts for one engine id naming its
-// node; Index.aliases counts the others.
+// (see shard.resolve). Each holder accounts for one engine id naming its
+// node; shard.aliases counts the others.
 type worker struct {
 	slot   uint32
 	blocks blockTable
@@ -308,7 +308,7 @@ const yieldChunk = 32
 // releases mu and takes it again, resets held and reports true: what the
 // writer knew may have changed. A match that comes while the writer is
 // past yieldChunk gets the lock at the next block.
-func (ix *Index) relax(held *int) bool {
+func (ix *shard) relax(held *int) bool {
 	if *held >= writeChunk || *held >= yieldChunk && ix.waiting.Load() != 0 {
 		ix.mu.Unlock()
 		ix.mu.Lock()
@@ -320,7 +320,7 @@ func (ix *Index) relax(held *int) bool {
 }
 
 // rlock takes mu for reading, telling writers when it has to wait.
-func (ix *Index) rlock() {
+func (ix *shard) rlock() {
 	if ix.mu.TryRLock() {
 		return
 	}
@@ -333,9 +333,110 @@ func (ix *Index) rlock() {
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
 // one worker rank must be applied in order by one goroutine at a time.
+//
+// An index is split by worker id into shards, each a whole prefix tree
+// behind its own lock, so that events of workers in different shards apply
+// in parallel: a Set's apply goroutines each feed one shard when the shard
+// count divides theirs. A match walks every shard; a block held by workers
+// of several shards has a node in each.
 type Index struct {
 	blockSize int
+	shards    []*shard
+}
 
+// NewIndex returns an empty index of one shard for blocks of blockSize
+// tokens.
+func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
+
+// NewShardedIndex returns an empty index of n shards (at least one) for
+// blocks of blockSize tokens.
+func NewShardedIndex(blockSize, n int) *Index {
+	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
+	for i := range ix.shards {
+		ix.shards[i] = newShard()
+	}
+	return ix
+}
+
+// BlockSize returns the number of tokens per block.
+func (ix *Index) BlockSize() int { return ix.blockSize }
+
+// Shards returns the number of shards.
+func (ix *Index) Shards() int { return len(ix.shards) }
+
+// shardFor returns the shard of every rank of worker.
+func (ix *Index) shardFor(worker uint64) *shard {
+	if len(ix.shards) == 1 {
+		return ix.shards[0]
+	}
+	return ix.shards[shardOf(worker, len(ix.shards))]
+}
+
+// Apply applies one event. On error the index is unchanged.
+func (ix *Index) Apply(ev Event) (ApplyResult, error) {
+	return ix.shardFor(ev.Worker.Worker).Apply(ev)
+}
+
+// Match walks the prefix given by seq (the prompt's sequence hashes, see
+// SequenceHashes) and appends to dst one Overlap per worker rank holding at
+// least its first block, shard by shard. It returns the extended slice.
+func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
+	for _, s := range ix.shards {
+		dst = s.Match(seq, dst)
+	}
+	return dst
+}
+
+// MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
+// base model) and matches them; see Match.
+func (ix *Index) MatchTokens(tokens []uint32, lora string, dst []Overlap) []Overlap {
+	local := LocalHashes(make([]uint64, 0, len(tokens)/max(ix.blockSize, 1)), tokens, ix.blockSize, LoRASeed(lora), nil)
+	return ix.Match(SequenceHashes(local[:0:0], local), dst)
+}
+
+// RemoveWorker drops every block of every rank of worker.
+func (ix *Index) RemoveWorker(worker uint64) { ix.shardFor(worker).RemoveWorker(worker) }
+
+// RemoveWorkerRank drops every block of one worker rank. Matches never see
+// the rank half-removed.
+func (ix *Index) RemoveWorkerRank(wr WorkerRank) { ix.shardFor(wr.Worker).RemoveWorkerRank(wr) }
+
+// BlockCounts returns how many blocks each worker rank holds (on any tier).
+func (ix *Index) BlockCounts() map[WorkerRank]int {
+	out := make(map[WorkerRank]int)
+	for _, s := range ix.shards {
+		s.blockCounts(out)
+	}
+	return out
+}
+
+// RankBlocks returns how many blocks one worker rank holds (on any tier).
+func (ix *Index) RankBlocks(wr WorkerRank) int { return ix.shardFor(wr.Worker).RankBlocks(wr) }
+
+// Stats describes the size of an index.
+type Stats struct {
+	Workers int // worker ranks with state
+	Nodes   int // block positions, counted once per shard that has them
+	Entries int // (block, worker rank) pairs
+}
+
+// Stats returns the index's current size.
+func (ix *Index) Stats() Stats {
+	var st Stats
+	for _, s := range ix.shards {
+		t := s.stats()
+		st.Workers += t.Workers
+		st.Nodes += t.Nodes
+		st.Entries += t.Entries
+	}
+	return st
+}
+
+// shard is the index of the worker ranks of some workers (see Index): all
+// of its state sits behind one RWMutex. Matches run concurrently with each
+// other and with event application. Events of one worker rank must be
+// applied in order by one goroutine at a time.
+type shard struct {
 	mu sync.RWMutex
 	// waiting counts matches blocked on mu: a writer holding it gives it
 	// up early (see relax).
@@ -361,19 +462,15 @@ type Index struct {
 	denseHolders int
 }
 
-// NewIndex returns an empty index for blocks of blockSize tokens.
-func NewIndex(blockSize int) *Index {
-	return &Index{
-		blockSize: blockSize,
-		workers:   make(map[WorkerRank]*worker),
+// newShard returns an empty shard.
+func newShard() *shard {
+	return &shard{
+		workers: make(map[WorkerRank]*worker),
 	}
 }
 
-// BlockSize returns the number of tokens per block.
-func (ix *Index) BlockSize() int { return ix.blockSize }
-
-// Apply applies one event. On error the index is unchanged.
-func (ix *Index) Apply(ev Event) (ApplyResult, error) {
+// Apply applies one event. On error the shard is unchanged.
+func (ix *shard) Apply(ev Event) (ApplyResult, error) {
 	switch ev.Kind {
 	case Stored:
 		if !ev.Tier.single() {
@@ -398,14 +495,14 @@ func (ix *Index) Apply(ev Event) (ApplyResult, error) {
 }
 
 // lookup returns the node of key and its id, or nil and 0.
-func (ix *Index) lookup(key uint64) (*node, uint32) {
+func (ix *shard) lookup(key uint64) (*node, uint32) {
 	if id := ix.nodes.find(key); id != 0 {
 		return ix.nodes.get(id), id
 	}
 	return nil, 0
 }
 
-func (ix *Index) store(ev Event) (ApplyResult, error) {
+func (ix *shard) store(ev Event) (ApplyResult, error) {
 	var res ApplyResult
 	var keys [writeChunk]uint64 // of the current chunk of blocks
 	blocks := ev.Blocks
@@ -560,7 +657,7 @@ func sequenceKeys(blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]u
 // held mostly from cache; for writing for the following chunks (releasing
 // mu for each did not pay). It returns what it loaded, for the caller to
 // keep so that the loads are not optimized away.
-func (ix *Index) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
+func (ix *shard) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
 	sequenceKeys(blocks, prev, hasPrev, keys)
 	var sink uint64
 	for k, b := range blocks {
@@ -580,7 +677,7 @@ func (ix *Index) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasP
 // prefetchRemove loads, level by level, what removing the blocks of w with
 // engine ids hashes will look up (see prefetchStore). Called with mu held,
 // for reading or writing.
-func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
+func (ix *shard) prefetchRemove(w *worker, hashes []uint64) uint64 {
 	var sink uint64
 	for _, h := range hashes {
 		sink += w.blocks.touch(h)
@@ -601,7 +698,7 @@ func (ix *Index) prefetchRemove(w *worker, hashes []uint64) uint64 {
 }
 
 // storeByID adds tier to the blocks of hashes the worker rank holds.
-func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
+func (ix *shard) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -633,7 +730,7 @@ func (ix *Index) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 	return res
 }
 
-func (ix *Index) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
+func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
 	var sink uint64
 	prefetch := func(i int) { // with mu held
@@ -724,7 +821,7 @@ func (r *tableResize) apply(t *blockTable) {
 // Two engine ids may name the same block (the engine stored one content
 // twice); dropping one drops the holder, and the other id then finds no
 // holder: it is forgotten without touching any node.
-func (ix *Index) detach(w *worker, h uint64, x uint32, tiers Tier) int {
+func (ix *shard) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 	var left Tier
 	removed := 0
 	dropped := false
@@ -770,7 +867,7 @@ func (ix *Index) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 	return removed
 }
 
-func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
+func (ix *shard) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	w := ix.workers[wr]
@@ -787,7 +884,7 @@ func (ix *Index) clear(wr WorkerRank, tiers Tier) ApplyResult {
 // detachAll drops tiers from every block of w, releasing the lock every
 // writeChunk blocks; after each release it goes on only while current()
 // holds. Called with mu held, it returns with mu held.
-func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
+func (ix *shard) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
 	ids := w.blocks.ids(nil)
 	held := 0
 	for i, h := range ids {
@@ -805,7 +902,7 @@ func (ix *Index) detachAll(w *worker, tiers Tier, current func() bool) (removed 
 }
 
 // RemoveWorker drops every block of every rank of worker.
-func (ix *Index) RemoveWorker(worker uint64) {
+func (ix *shard) RemoveWorker(worker uint64) {
 	ix.mu.RLock()
 	var ranks []WorkerRank
 	for wr := range ix.workers {
@@ -821,7 +918,7 @@ func (ix *Index) RemoveWorker(worker uint64) {
 
 // RemoveWorkerRank drops every block of one worker rank. Matches never see
 // the rank half-removed: its slot is retired first.
-func (ix *Index) RemoveWorkerRank(wr WorkerRank) {
+func (ix *shard) RemoveWorkerRank(wr WorkerRank) {
 	ix.mu.Lock()
 	w := ix.workers[wr]
 	if w == nil {
@@ -837,7 +934,7 @@ func (ix *Index) RemoveWorkerRank(wr WorkerRank) {
 }
 
 // addWorker creates the state of a new worker rank. Called with mu held.
-func (ix *Index) addWorker(wr WorkerRank) *worker {
+func (ix *shard) addWorker(wr WorkerRank) *worker {
 	var s uint32
 	if n := len(ix.free); n > 0 {
 		s = ix.free[n-1]
@@ -854,7 +951,7 @@ func (ix *Index) addWorker(wr WorkerRank) *worker {
 
 // holders returns the holders of n, sorted by slot. The slice is n's own
 // until the next change of its holders.
-func (ix *Index) holders(n *node) []holder {
+func (ix *shard) holders(n *node) []holder {
 	switch h := &n.one[0]; {
 	case h.tiers&multi != 0:
 		return ix.hold.list(h.list())
@@ -866,7 +963,7 @@ func (ix *Index) holders(n *node) []holder {
 
 // holderOf returns the holder of slot s in n, inserting an empty one
 // (tiers 0) if there is none. Called with mu held.
-func (ix *Index) holderOf(n *node, s uint32) *holder {
+func (ix *shard) holderOf(n *node, s uint32) *holder {
 	h := &n.one[0]
 	if h.tiers&multi == 0 {
 		switch h.slot {
@@ -900,7 +997,7 @@ func (ix *Index) holderOf(n *node, s uint32) *holder {
 
 // dropHolder deletes the holder of slot s from n, whose ends no longer
 // list it. Called with mu held.
-func (ix *Index) dropHolder(n *node, s uint32) {
+func (ix *shard) dropHolder(n *node, s uint32) {
 	h := &n.one[0]
 	if h.tiers&multi == 0 {
 		*h = holder{slot: noSlot}
@@ -928,7 +1025,7 @@ func (ix *Index) dropHolder(n *node, s uint32) {
 // whose inline holder is h, which has one (hasMore). Indexes below
 // moreInArena are kept in h (Match reads them from the node it has in
 // hand); the others by the holder arena, with the list.
-func (ix *Index) moreIndex(h *holder) uint32 {
+func (ix *shard) moreIndex(h *holder) uint32 {
 	if x := h.kids[2]; x != moreInArena {
 		return uint32(x)
 	}
@@ -937,7 +1034,7 @@ func (ix *Index) moreIndex(h *holder) uint32 {
 
 // moreOf returns the extMore of n, or nil. Called with mu held (the
 // pointer is valid until the next newMore).
-func (ix *Index) moreOf(n *node) *extMore {
+func (ix *shard) moreOf(n *node) *extMore {
 	if h := &n.one[0]; h.tiers&hasMore != 0 {
 		return &ix.mores[ix.moreIndex(h)]
 	}
@@ -946,7 +1043,7 @@ func (ix *Index) moreOf(n *node) *extMore {
 
 // newMore gives the multi node n an empty extMore and returns it. Called
 // with mu held.
-func (ix *Index) newMore(n *node) *extMore {
+func (ix *shard) newMore(n *node) *extMore {
 	var x uint32
 	if k := len(ix.moreFree); k > 0 {
 		x = ix.moreFree[k-1]
@@ -971,7 +1068,7 @@ func (ix *Index) newMore(n *node) *extMore {
 }
 
 // dropMore takes the extMore of the multi node n away. Called with mu held.
-func (ix *Index) dropMore(n *node) {
+func (ix *shard) dropMore(n *node) {
 	h := &n.one[0]
 	ix.freeMore(ix.moreIndex(h))
 	if h.kids[2] == moreInArena {
@@ -983,14 +1080,14 @@ func (ix *Index) dropMore(n *node) {
 }
 
 // freeMore frees entry x of mores. Called with mu held.
-func (ix *Index) freeMore(x uint32) {
+func (ix *shard) freeMore(x uint32) {
 	ix.mores[x] = extMore{}
 	ix.moreFree = append(ix.moreFree, x)
 }
 
 // setEnd records the end classes of slot s in n (0: none). A node with one
 // holder or a few needs no record: its ends are its holders' (see sync).
-func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
+func (ix *shard) setEnd(n *node, s uint32, classes uint8) {
 	e := ix.moreOf(n)
 	if e == nil || !e.listed {
 		return
@@ -1008,7 +1105,7 @@ func (ix *Index) setEnd(n *node, s uint32, classes uint8) {
 
 // link counts n (id) as a child of parent (pid), the node of its parent's
 // key, unless it is already. Called with mu held.
-func (ix *Index) link(n *node, id uint32, parent *node, pid uint32) {
+func (ix *shard) link(n *node, id uint32, parent *node, pid uint32) {
 	if n.linked == pid {
 		return
 	}
@@ -1024,7 +1121,7 @@ func (ix *Index) link(n *node, id uint32, parent *node, pid uint32) {
 // unlink uncounts n from the node it is linked to, if any, and frees that
 // node if it is dead and n was the last node linked to it. Called with mu
 // held.
-func (ix *Index) unlink(n *node) {
+func (ix *shard) unlink(n *node) {
 	if n.linked == 0 {
 		return
 	}
@@ -1040,7 +1137,7 @@ func (ix *Index) unlink(n *node) {
 // in the slab, dead: unlisted, so that a node made anew for its key gets
 // another id. The last of them to go frees it (see reap). Called with mu
 // held.
-func (ix *Index) delete(n *node, id uint32) {
+func (ix *shard) delete(n *node, id uint32) {
 	ix.unlink(n)
 	ix.nodes.unlist(id)
 	if n.kids == 0 && ix.aliases[id] == 0 {
@@ -1053,7 +1150,7 @@ func (ix *Index) delete(n *node, id uint32) {
 
 // resolve returns the node engine ids name by x (see worker) and its id:
 // x itself, or the live node of x's key if x is dead (nil, 0 if none).
-func (ix *Index) resolve(x uint32) (*node, uint32) {
+func (ix *shard) resolve(x uint32) (*node, uint32) {
 	if n := ix.nodes.get(x); n.one[0].tiers != dead {
 		return n, x
 	}
@@ -1062,7 +1159,7 @@ func (ix *Index) resolve(x uint32) (*node, uint32) {
 
 // alias adds d to the count of engine ids naming node id besides one per
 // holder of it (see worker). Called with mu held.
-func (ix *Index) alias(id uint32, d int32) {
+func (ix *shard) alias(id uint32, d int32) {
 	v := ix.aliases[id] + d
 	switch {
 	case v == 0:
@@ -1076,7 +1173,7 @@ func (ix *Index) alias(id uint32, d int32) {
 
 // reap frees node id if it is dead and nothing keeps it: no node linked to
 // it, no engine id naming it. Called with mu held.
-func (ix *Index) reap(id uint32) {
+func (ix *shard) reap(id uint32) {
 	if n := ix.nodes.get(id); n.one[0].tiers == dead && n.kids == 0 && ix.aliases[id] == 0 {
 		ix.nodes.release(id)
 	}
@@ -1086,7 +1183,7 @@ func (ix *Index) reap(id uint32) {
 // rank holds that block by engine id only), to a dead node made for it:
 // a non-root node is always linked, so that its link names its parent's
 // key. Called with mu held.
-func (ix *Index) standIn(n *node, pkey uint64) {
+func (ix *shard) standIn(n *node, pkey uint64) {
 	pid, p := ix.nodes.alloc(pkey)
 	p.one[0] = holder{slot: noSlot, tiers: dead}
 	p.kids = 1
@@ -1095,7 +1192,7 @@ func (ix *Index) standIn(n *node, pkey uint64) {
 
 // parentKey returns the sequence hash of n's parent (key is n's), 0 for a
 // root. Called with mu held.
-func (ix *Index) parentKey(n *node, key uint64) uint64 {
+func (ix *shard) parentKey(n *node, key uint64) uint64 {
 	if key == n.local || n.linked == 0 {
 		return 0
 	}
@@ -1104,7 +1201,7 @@ func (ix *Index) parentKey(n *node, key uint64) uint64 {
 
 // parentOf returns the node of n's parent, nil for a root (key is n's)
 // or when no rank holds the parent. Called with mu held.
-func (ix *Index) parentOf(n *node, key uint64) *node {
+func (ix *shard) parentOf(n *node, key uint64) *node {
 	if key == n.local || n.linked == 0 {
 		return nil
 	}
@@ -1120,7 +1217,7 @@ func (ix *Index) parentOf(n *node, key uint64) *node {
 // h.tiers, either 0 for a holder created or deleted (the holder is still
 // in n): the kids and ends of the rank's holder on the parent node, the
 // slot's holes and open counts, and h's own end. Called with mu held.
-func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, before Tier) {
+func (ix *shard) retier(s uint32, n *node, key uint64, p *node, h *holder, before Tier) {
 	sl := &ix.slots[s]
 	cb, ca := classesOf(before), classesOf(h.tiers)
 	if key != n.local { // not a root: the rank's holder of the parent counts it
@@ -1176,7 +1273,7 @@ func (ix *Index) retier(s uint32, n *node, key uint64, p *node, h *holder, befor
 }
 
 // find returns the holder of slot s in n, or nil (also for a nil n).
-func (ix *Index) find(n *node, s uint32) *holder {
+func (ix *shard) find(n *node, s uint32) *holder {
 	if n == nil {
 		return nil
 	}
@@ -1246,7 +1343,7 @@ func (b *classBits) set(s uint32, t Tier) {
 
 // denseAt returns how many holders make a node keep classBits: enough that
 // the bit sets cost at most a few bytes per holder. Called with mu held.
-func (ix *Index) denseAt() int {
+func (ix *shard) denseAt() int {
 	if ix.denseHolders > 0 {
 		return ix.denseHolders
 	}
@@ -1257,7 +1354,7 @@ func (ix *Index) denseAt() int {
 // changed to tiers t (0: the holder was deleted): a node keeps the list
 // from listAt holders on, the bit sets from denseAt, and drops each below
 // half that. Called with mu held.
-func (ix *Index) sync(n *node, s uint32, t Tier) {
+func (ix *shard) sync(n *node, s uint32, t Tier) {
 	if n.one[0].tiers&multi == 0 {
 		return
 	}
@@ -1307,7 +1404,7 @@ func (ix *Index) sync(n *node, s uint32, t Tier) {
 const listAt = 8
 
 // denseBits returns n's classBits, if it keeps them.
-func (ix *Index) denseBits(n *node) (classBits, bool) {
+func (ix *shard) denseBits(n *node) (classBits, bool) {
 	if m := ix.moreOf(n); m != nil && m.dense {
 		return m.bits, true
 	}
@@ -1318,7 +1415,7 @@ func (ix *Index) denseBits(n *node) (classBits, bool) {
 // Sets of ranks are bit sets over slots; per-class sets are interleaved as
 // in classBits.
 type matcher struct {
-	ix    *Index
+	ix    *shard
 	seq   []uint64
 	cands []uint64 // ranks holding the first block: each gets an Overlap
 	// Per class, the candidates holding every block so far in it: closed
@@ -1340,9 +1437,8 @@ const gallopAfter = 4
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 
-// Match walks the prefix given by seq (the prompt's sequence hashes, see
-// SequenceHashes) and appends to dst one Overlap per worker rank holding at
-// least its first block, in slot order. It returns the extended slice.
+// Match appends to dst the Overlaps of the shard's ranks holding seq's
+// first block (see Index.Match), in slot order.
 //
 // Closed ranks (see slot) are followed by the nodes' ends: where the prompt
 // goes on to a node's only child, the ranks dropping out are those whose
@@ -1353,7 +1449,7 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // exponentially (8, 16, 32, ... blocks ahead) and finds the next drop by
 // bisection: a closed rank holding a block holds all before it. Ranks
 // that are not closed are walked block by block, by bit sets.
-func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
+func (ix *shard) Match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
@@ -1735,26 +1831,17 @@ func (m *matcher) emit(dst []Overlap) []Overlap {
 	return dst
 }
 
-// MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
-// base model) and matches them; see Match.
-func (ix *Index) MatchTokens(tokens []uint32, lora string, dst []Overlap) []Overlap {
-	local := LocalHashes(make([]uint64, 0, len(tokens)/max(ix.blockSize, 1)), tokens, ix.blockSize, LoRASeed(lora), nil)
-	return ix.Match(SequenceHashes(local[:0:0], local), dst)
-}
-
-// BlockCounts returns how many blocks each worker rank holds (on any tier).
-func (ix *Index) BlockCounts() map[WorkerRank]int {
+// blockCounts sets, in out, how many blocks each worker rank holds.
+func (ix *shard) blockCounts(out map[WorkerRank]int) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	out := make(map[WorkerRank]int, len(ix.workers))
 	for wr, w := range ix.workers {
 		out[wr] = w.blocks.len()
 	}
-	return out
 }
 
 // RankBlocks returns how many blocks one worker rank holds (on any tier).
-func (ix *Index) RankBlocks(wr WorkerRank) int {
+func (ix *shard) RankBlocks(wr WorkerRank) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if w := ix.workers[wr]; w != nil {
@@ -1763,15 +1850,8 @@ func (ix *Index) RankBlocks(wr WorkerRank) int {
 	return 0
 }
 
-// Stats describes the size of an index.
-type Stats struct {
-	Workers int // worker ranks with state
-	Nodes   int // distinct block positions
-	Entries int // (block, worker rank) pairs
-}
-
-// Stats returns the index's current size.
-func (ix *Index) Stats() Stats {
+// stats returns the shard's current size.
+func (ix *shard) stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	st := Stats{Workers: len(ix.workers), Nodes: ix.nodes.live}

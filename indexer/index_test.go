@@ -428,6 +428,14 @@ func TestKidsSaturate(t *testing.T) {
 // its kids and open counts, which Match relies on.
 func checkInvariants(t testing.TB, ix *Index) {
 	t.Helper()
+	for _, s := range ix.shards {
+		checkShard(t, s)
+	}
+}
+
+// checkShard checks the invariants of one shard (see checkInvariants).
+func checkShard(t testing.TB, ix *shard) {
+	t.Helper()
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for wr, w := range ix.workers {
@@ -580,7 +588,7 @@ func checkInvariants(t testing.TB, ix *Index) {
 			}
 		}
 	}
-	checkDeadNodes(t, ix)
+	checkShardSlab(t, ix)
 	checkArena(t, &ix.hold, listUsed)
 	if got, want := len(moreUsed), max(0, len(ix.mores)-1-len(ix.moreFree)); got != want {
 		t.Errorf("%d extMores used, %d not free", got, want)
@@ -633,6 +641,14 @@ func checkArena(t testing.TB, a *holderArena, used map[[2]uint32]bool) {
 // dead with as many nodes linked to it as it counts; every link names a
 // node of the linking node's parent key.
 func checkDeadNodes(t testing.TB, ix *Index) {
+	t.Helper()
+	for _, s := range ix.shards {
+		checkShardSlab(t, s)
+	}
+}
+
+// checkShardSlab checks one shard's slab (see checkDeadNodes).
+func checkShardSlab(t testing.TB, ix *shard) {
 	t.Helper()
 	st := &ix.nodes
 	free := make(map[uint32]bool)
@@ -773,12 +789,13 @@ func TestOrphanLinks(t *testing.T) {
 			// Every node's parent key is its key's: the link names it.
 			seq := SequenceHashes(nil, LocalHashes(nil, prompt, 4, BaseSeed, nil))
 			for d := 1; d < len(seq); d++ {
-				ix.mu.RLock()
-				n, _ := ix.lookup(seq[d])
-				if n != nil && ix.parentKey(n, seq[d]) != seq[d-1] {
-					t.Errorf("block %d: parent key %d, want %d", d, ix.parentKey(n, seq[d]), seq[d-1])
+				sh := ix.shards[0]
+				sh.mu.RLock()
+				n, _ := sh.lookup(seq[d])
+				if n != nil && sh.parentKey(n, seq[d]) != seq[d-1] {
+					t.Errorf("block %d: parent key %d, want %d", d, sh.parentKey(n, seq[d]), seq[d-1])
 				}
-				ix.mu.RUnlock()
+				sh.mu.RUnlock()
 			}
 			loaded := NewIndex(4)
 			if _, err := loaded.Load(ix.Dump()); err != nil {
@@ -792,12 +809,13 @@ func TestOrphanLinks(t *testing.T) {
 			ix.RemoveWorker(1)
 			ix.RemoveWorker(2)
 			checkInvariants(t, ix)
+			st := &ix.shards[0].nodes
 			free := 0
-			for id := ix.nodes.free; id != 0; id = ix.nodes.get(id).only {
+			for id := st.free; id != 0; id = st.get(id).only {
 				free++
 			}
-			if ix.nodes.live != 0 || free != int(ix.nodes.next)-1 {
-				t.Fatalf("emptied index: %d live nodes, %d of %d ids free", ix.nodes.live, free, ix.nodes.next-1)
+			if st.live != 0 || free != int(st.next)-1 {
+				t.Fatalf("emptied index: %d live nodes, %d of %d ids free", st.live, free, st.next-1)
 			}
 		})
 	}
@@ -853,7 +871,7 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 			if _, err := ix.Apply(stored(a, TierDevice, nil, mk(0, held))); err != nil {
 				t.Fatal(err)
 			}
-			bt := &ix.workers[a].blocks
+			bt := &ix.shards[0].workers[a].blocks
 			before := *bt
 			if (before.n+1)*blockLoadDen <= len(before.tab)*blockLoadNum {
 				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))

@@ -184,10 +184,18 @@ func tokensOf(id0 uint64, n int) []uint32 {
 // (sequence hash, tiers).
 type snapshot map[WorkerRank]map[uint64]string
 
-func snap(ix *Index) snapshot {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+func snap(x *Index) snapshot {
 	out := snapshot{}
+	for _, ix := range x.shards {
+		ix.mu.RLock()
+		snapShard(ix, out)
+		ix.mu.RUnlock()
+	}
+	return out
+}
+
+// snapShard adds the content of one shard to out, with its lock held.
+func snapShard(ix *shard, out snapshot) {
 	for wr, w := range ix.workers {
 		m := map[uint64]string{}
 		w.blocks.each(func(id uint64, x uint32) {
@@ -199,7 +207,6 @@ func snap(ix *Index) snapshot {
 			out[wr] = m
 		}
 	}
-	return out
 }
 
 func (s snapshot) String() string {
@@ -636,12 +643,13 @@ func TestMooncakeObjects(t *testing.T) {
 		}
 	}
 	tiers := func() Tier { // of block 0x70
-		ix.mu.RLock()
-		defer ix.mu.RUnlock()
-		if w := ix.workers[w]; w != nil {
+		sh := ix.shardFor(w.Worker)
+		sh.mu.RLock()
+		defer sh.mu.RUnlock()
+		if w := sh.workers[w]; w != nil {
 			if x, ok := w.blocks.get(0x70); ok {
-				n, _ := ix.resolve(x)
-				return ix.find(n, w.slot).tiers
+				n, _ := sh.resolve(x)
+				return sh.find(n, w.slot).tiers
 			}
 		}
 		return 0

@@ -203,7 +203,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 	genTier := rapid.SampledFrom([]Tier{TierDevice, TierHost, TierDisk})
 
 	rapid.Check(t, func(t *rapid.T) {
-		ix := NewIndex(4)
+		ix := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "shards"))
 		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
 		layout(t, ix, m)
 		var queries []string
@@ -281,7 +281,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 		checkInvariantsRapid(t, ix)
 
 		// load(dump(x)) answers every query like x.
-		loaded := NewIndex(4)
+		loaded := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "loadedShards"))
 		if skipped, err := loaded.Load(ix.Dump()); err != nil || skipped != 0 {
 			t.Fatalf("load: skipped %d, err %v", skipped, err)
 		}
@@ -298,14 +298,17 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 // holding a block no query starts with), so that the ranks under test sit
 // in the first bit-set word or further on, across word boundaries; and
 // whether the first extMores get indexes too large for a node to keep
-// (see Index.moreIndex), so that the arena keeps them.
+// (see shard.moreIndex), so that the arena keeps them.
 func layout(t *rapid.T, ix *Index, m *refModel) {
-	ix.denseHolders = rapid.IntRange(0, 3).Draw(t, "denseHolders")
-	if rapid.Bool().Draw(t, "arenaMores") {
-		// Free entries 1..moreInArena+3, the largest handed out first.
-		ix.mores = make([]extMore, moreInArena+4)
-		for x := range uint32(moreInArena + 3) {
-			ix.moreFree = append(ix.moreFree, x+1)
+	dense, arena := rapid.IntRange(0, 3).Draw(t, "denseHolders"), rapid.Bool().Draw(t, "arenaMores")
+	for _, sh := range ix.shards {
+		sh.denseHolders = dense
+		if arena {
+			// Free entries 1..moreInArena+3, the largest handed out first.
+			sh.mores = make([]extMore, moreInArena+4)
+			for x := range uint32(moreInArena + 3) {
+				sh.moreFree = append(sh.moreFree, x+1)
+			}
 		}
 	}
 	for i := range rapid.IntRange(0, 130).Draw(t, "padRanks") {
@@ -371,7 +374,7 @@ func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Spri
 func TestDeepMatchesReferenceModel(t *testing.T) {
 	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("01")), 1, 100, -1)
 	rapid.Check(t, func(t *rapid.T) {
-		ix := NewIndex(4)
+		ix := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "shards"))
 		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
 		layout(t, ix, m)
 		var queries []string
@@ -424,7 +427,7 @@ func TestEngineIDCollisions(t *testing.T) {
 	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("012")), 1, 6, -1)
 	genID := rapid.Uint64Range(0, 9) // 0 is kept aside by the tables
 	rapid.Check(t, func(t *rapid.T) {
-		ix := NewIndex(4)
+		ix := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "shards"))
 		var queries []string
 		steps := rapid.IntRange(1, 40).Draw(t, "steps")
 		for step := 0; step < steps; step++ {
@@ -457,7 +460,7 @@ func TestEngineIDCollisions(t *testing.T) {
 			queries = append(queries, path)
 			checkInvariantsRapid(t, ix)
 		}
-		loaded := NewIndex(4)
+		loaded := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "loadedShards"))
 		if _, err := loaded.Load(ix.Dump()); err != nil {
 			t.Fatalf("load: %v", err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -44,6 +45,11 @@ type Options struct {
 	// EventThreads is the number of goroutines applying events, sharded by
 	// worker id so that each worker's events apply in order. Default 4.
 	EventThreads int
+	// IndexShards is how many shards each index is split into (see
+	// Index). With a count that divides EventThreads, each goroutine
+	// applies to one shard only. Default: the largest such count that is
+	// at most GOMAXPROCS.
+	IndexShards int
 	// QueueLen is the number of pending jobs per goroutine before Submit
 	// blocks. Default 1024.
 	QueueLen int
@@ -68,6 +74,7 @@ type job struct {
 type Set struct {
 	mu      sync.RWMutex
 	indexes map[Key]*Index
+	shards  int // of each index
 
 	closeMu sync.RWMutex // held for reading while submitting
 	closed  bool
@@ -86,7 +93,10 @@ func NewSet(opts Options) *Set {
 	if opts.QueueLen <= 0 {
 		opts.QueueLen = 1024
 	}
-	s := &Set{indexes: make(map[Key]*Index), queues: make([]chan job, opts.EventThreads), release: make(chan struct{})}
+	if opts.IndexShards <= 0 {
+		opts.IndexShards = defaultShards(opts.EventThreads, runtime.GOMAXPROCS(0))
+	}
+	s := &Set{indexes: make(map[Key]*Index), shards: opts.IndexShards, queues: make([]chan job, opts.EventThreads), release: make(chan struct{})}
 	if !opts.Hold {
 		s.Release()
 	}
@@ -108,6 +118,16 @@ func NewSet(opts Options) *Set {
 		})
 	}
 	return s
+}
+
+// defaultShards returns the largest divisor of threads that is at most
+// procs: shards that apply in parallel, each fed by goroutines of its own.
+func defaultShards(threads, procs int) int {
+	n := max(min(threads, procs), 1)
+	for threads%n != 0 {
+		n--
+	}
+	return n
 }
 
 // Release lets a Set created with Options.Hold apply what it queued and
@@ -152,7 +172,7 @@ func (s *Set) Index(key Key, blockSize int) (*Index, error) {
 	if ix == nil {
 		s.mu.Lock()
 		if ix = s.indexes[key]; ix == nil {
-			ix = NewIndex(blockSize)
+			ix = NewShardedIndex(blockSize, s.shards)
 			s.indexes[key] = ix
 		}
 		s.mu.Unlock()

@@ -145,11 +145,23 @@ func TestSubmitHonoursContext(t *testing.T) {
 // TestConcurrentApplyAndMatch applies events of many workers through the
 // Set while matches run, then checks the final state equals a sequential
 // application of the same events. Run under -race.
+//
+// With 2 shards each apply goroutine feeds one shard, and shards apply in
+// parallel; with 3, goroutines share shards.
 func TestConcurrentApplyAndMatch(t *testing.T) {
+	for _, shards := range []int{1, 2, 3} {
+		t.Run(fmt.Sprint(shards, " shards"), func(t *testing.T) { concurrentApplyAndMatch(t, shards) })
+	}
+}
+
+func concurrentApplyAndMatch(t *testing.T, shards int) {
 	const workers, rounds = 16, 60
-	s := NewSet(Options{EventThreads: 4, QueueLen: 8})
+	s := NewSet(Options{EventThreads: 4, IndexShards: shards, QueueLen: 8})
 	defer s.Close()
 	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
+	if ix.Shards() != shards {
+		t.Fatalf("index of %d shards, want %d", ix.Shards(), shards)
+	}
 	seq := NewIndex(4)
 
 	// Each worker stores and evicts chains over a shared vocabulary, so
@@ -234,7 +246,46 @@ func TestConcurrentApplyAndMatch(t *testing.T) {
 	if got, want := ix.BlockCounts(), seq.BlockCounts(); !mapsEqual(got, want) {
 		t.Errorf("block counts %v, sequential %v", got, want)
 	}
+	if got, want := ix.Stats(), seq.Stats(); got.Workers != want.Workers || got.Entries != want.Entries || got.Nodes < want.Nodes {
+		t.Errorf("stats %+v, sequential %+v", got, want)
+	}
+	for w := range uint64(workers) {
+		r := wr(w, uint32(w%2))
+		if got, want := ix.RankBlocks(r), seq.RankBlocks(r); got != want {
+			t.Errorf("%s: %d blocks, sequential %d", r, got, want)
+		}
+	}
 	checkInvariants(t, ix)
+}
+
+func TestDefaultShards(t *testing.T) {
+	for _, c := range []struct{ threads, procs, want int }{
+		{4, 2, 2}, {4, 3, 2}, {4, 8, 4}, {4, 1, 1}, {6, 4, 3}, {1, 16, 1}, {7, 4, 1}, {8, 8, 8},
+	} {
+		if got := defaultShards(c.threads, c.procs); got != c.want {
+			t.Errorf("defaultShards(%d threads, %d procs) = %d, want %d", c.threads, c.procs, got, c.want)
+		}
+	}
+}
+
+// TestShardsFollowThreads checks what defaultShards relies on: with a shard
+// count that divides the goroutine count, all the workers of one apply
+// goroutine are in one shard, so goroutines of different shards never wait
+// for each other's lock.
+func TestShardsFollowThreads(t *testing.T) {
+	for _, c := range []struct{ threads, shards int }{{4, 2}, {4, 4}, {6, 3}, {8, 2}, {4, 1}} {
+		shardOfThread := make(map[int]int)
+		for w := range uint64(10000) {
+			th, sh := shardOf(w, c.threads), shardOf(w, c.shards)
+			if got, ok := shardOfThread[th]; ok && got != sh {
+				t.Fatalf("%d threads, %d shards: goroutine %d feeds shards %d and %d", c.threads, c.shards, th, got, sh)
+			}
+			shardOfThread[th] = sh
+		}
+		if len(shardOfThread) != c.threads {
+			t.Errorf("%d threads: %d used", c.threads, len(shardOfThread))
+		}
+	}
 }
 
 // TestSetHold checks Options.Hold: submitted events queue, in order, until

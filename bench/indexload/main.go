@@ -41,6 +41,7 @@ type config struct {
 	split        int // sub-blocks per trace block (512 tokens / split tokens each)
 	capacity     int // blocks per worker cache
 	eventThreads int
+	indexShards  int
 	queriers     int
 	idleRounds   int
 	seed         uint64
@@ -54,6 +55,7 @@ func main() {
 	flag.IntVar(&cfg.split, "split", 32, "sub-blocks per 512-token trace block (32 = vLLM's block size 16)")
 	flag.IntVar(&cfg.capacity, "capacity", 16384, "KV cache capacity per worker, in blocks")
 	flag.IntVar(&cfg.eventThreads, "event-threads", 4, "indexer apply goroutines")
+	flag.IntVar(&cfg.indexShards, "index-shards", 0, "shards of the index (0: the Set's default, see indexer.Options)")
 	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts back to back while events apply (the stress phase)")
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
@@ -66,8 +68,8 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 {
-		return errors.New("workers, split, capacity, event-threads and idle-rounds must be >= 1, queriers >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 0 || cfg.queriers < 0 || cfg.idleRounds < 1 {
+		return errors.New("workers, split, capacity, event-threads and idle-rounds must be >= 1, index-shards and queriers >= 0")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -118,7 +120,7 @@ func run(cfg config, out io.Writer) error {
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	stats := ix.Stats()
+	stats, shards := ix.Stats(), ix.Shards()
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 
 	// Matches on the final, quiescent index.
@@ -155,7 +157,7 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
-	fmt.Fprintf(out, "| final index | %d worker ranks, %d nodes, %d (block, worker) entries |\n", stats.Workers, stats.Nodes, stats.Entries)
+	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
 	fmt.Fprintf(out, "\nIdle matches by how many distinct device prefix lengths the matched ranks have:\n\n")
 	fmt.Fprintf(out, "| distinct lengths | matches | median ranks | median prompt blocks | p50 | p99 |\n|---|---|---|---|---|---|\n")
@@ -357,7 +359,7 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 // i) (when given) before submitting event i and, with i = len(events),
 // after the last.
 func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int)) (*indexer.Set, *indexer.Index, time.Duration, error) {
-	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, QueueLen: 4096})
+	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, IndexShards: cfg.indexShards, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
 		return nil, nil, 0, err
