@@ -164,7 +164,7 @@ func addServeFlags(fs *pflag.FlagSet) {
 	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
 	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server")
 	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker")
-	fs.Int("index-shards", 0, "shards of each KV index, each with its own lock, so that events of different workers apply in parallel; 0: min(event-threads, GOMAXPROCS)")
+	fs.Int("index-shards", 1, "shards of each KV index, split by worker, each with its own lock: events of workers in different shards apply in parallel, and every match walks all shards")
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.String("log-format", "text", "log format: text or json")
 	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")
@@ -308,8 +308,8 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if cfg.IndexShards, err = getInt(v, "index-shards"); err != nil {
 		return cfg, bad("index-shards", v.Get("index-shards"), err.Error())
 	}
-	if cfg.IndexShards < 0 {
-		return cfg, bad("index-shards", cfg.IndexShards, "must be >= 0 (0: automatic)")
+	if cfg.IndexShards < 1 {
+		return cfg, bad("index-shards", cfg.IndexShards, "must be >= 1")
 	}
 
 	if cfg.LogLevel, err = getString(v, "log-level"); err != nil {

@@ -98,7 +98,7 @@ func TestLoadServeConfig(t *testing.T) {
 	empty := file("empty.yaml", "")
 	reuseFile := file("reuse.yaml", "reuse-weight: 32\n")
 
-	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
+	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, IndexShards: 1, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
 		ExtProcAddr: ":9002", WorkerEndpoints: map[uint64]string{}, RoutingPolicy: "kv",
 		Discovery: "static", PoolAPIVersion: "auto", KVEventsTemplate: "tcp://{podIP}:{5557+rank}", OverlapWeight: 1,
@@ -125,7 +125,7 @@ func TestLoadServeConfig(t *testing.T) {
 			name: "file only",
 			args: []string{"--config", full},
 			want: with(func(c *serveConfig) {
-				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
+				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, IndexShards: 1, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
 					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight,
@@ -166,7 +166,7 @@ func TestLoadServeConfig(t *testing.T) {
 			args: []string{"--config", full},
 			env:  map[string]string{"KVGATE_CONFIG": typo},
 			want: with(func(c *serveConfig) {
-				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
+				*c = serveConfig{ConfigFile: full, AdminAddr: ":9000", EventThreads: 8, IndexShards: 1, LogLevel: "debug", LogFormat: "json", ShutdownTimeout: 3 * time.Second,
 					ModelName: c.ModelName, TenantID: c.TenantID, BlockSize: c.BlockSize, MaxBody: c.MaxBody, PeerTimeout: c.PeerTimeout,
 					ExtProcAddr: c.ExtProcAddr, WorkerEndpoints: c.WorkerEndpoints, RoutingPolicy: c.RoutingPolicy,
 					Discovery: c.Discovery, PoolAPIVersion: c.PoolAPIVersion, KVEventsTemplate: c.KVEventsTemplate, OverlapWeight: c.OverlapWeight,
@@ -179,7 +179,7 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "missing file from env", env: map[string]string{"KVGATE_CONFIG": filepath.Join(dir, "nope.yaml")}, wantErr: "nope.yaml: not found"},
 		{name: "malformed file", args: []string{"--config", malformed}, wantErr: "malformed.yaml"},
 		{name: "event-threads 0", args: []string{"--event-threads", "0"}, wantErr: "invalid event-threads 0 (from flag --event-threads): must be >= 1"},
-		{name: "index-shards negative", args: []string{"--index-shards", "-1"}, wantErr: "invalid index-shards -1 (from flag --index-shards): must be >= 0 (0: automatic)"},
+		{name: "index-shards 0", args: []string{"--index-shards", "0"}, wantErr: "invalid index-shards 0 (from flag --index-shards): must be >= 1"},
 		{name: "index-shards not a number", env: map[string]string{"KVGATE_INDEX_SHARDS": "two"}, wantErr: `invalid index-shards "two" (from env KVGATE_INDEX_SHARDS): want an integer`},
 		{name: "event-threads not a number", env: map[string]string{"KVGATE_EVENT_THREADS": "four"}, wantErr: `invalid event-threads "four" (from env KVGATE_EVENT_THREADS): want an integer`},
 		{name: "log level in file", args: []string{"--config", badLevel}, wantErr: `invalid log-level "verbose" (from config file ` + badLevel},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -46,9 +45,9 @@ type Options struct {
 	// worker id so that each worker's events apply in order. Default 4.
 	EventThreads int
 	// IndexShards is how many shards each index is split into (see
-	// Index). With a count that divides EventThreads, each goroutine
-	// applies to one shard only. Default: the largest such count that is
-	// at most GOMAXPROCS.
+	// Index): more apply events in parallel and make every match walk
+	// each. With a count that divides EventThreads, each goroutine applies
+	// to one shard only. Default 1.
 	IndexShards int
 	// QueueLen is the number of pending jobs per goroutine before Submit
 	// blocks. Default 1024.
@@ -94,7 +93,7 @@ func NewSet(opts Options) *Set {
 		opts.QueueLen = 1024
 	}
 	if opts.IndexShards <= 0 {
-		opts.IndexShards = defaultShards(opts.EventThreads, runtime.GOMAXPROCS(0))
+		opts.IndexShards = 1
 	}
 	s := &Set{indexes: make(map[Key]*Index), shards: opts.IndexShards, queues: make([]chan job, opts.EventThreads), release: make(chan struct{})}
 	if !opts.Hold {
@@ -118,16 +117,6 @@ func NewSet(opts Options) *Set {
 		})
 	}
 	return s
-}
-
-// defaultShards returns the largest divisor of threads that is at most
-// procs: shards that apply in parallel, each fed by goroutines of its own.
-func defaultShards(threads, procs int) int {
-	n := max(min(threads, procs), 1)
-	for threads%n != 0 {
-		n--
-	}
-	return n
 }
 
 // Release lets a Set created with Options.Hold apply what it queued and

@@ -258,20 +258,10 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 	checkInvariants(t, ix)
 }
 
-func TestDefaultShards(t *testing.T) {
-	for _, c := range []struct{ threads, procs, want int }{
-		{4, 2, 2}, {4, 3, 2}, {4, 8, 4}, {4, 1, 1}, {6, 4, 3}, {1, 16, 1}, {7, 4, 1}, {8, 8, 8},
-	} {
-		if got := defaultShards(c.threads, c.procs); got != c.want {
-			t.Errorf("defaultShards(%d threads, %d procs) = %d, want %d", c.threads, c.procs, got, c.want)
-		}
-	}
-}
-
-// TestShardsFollowThreads checks what defaultShards relies on: with a shard
-// count that divides the goroutine count, all the workers of one apply
-// goroutine are in one shard, so goroutines of different shards never wait
-// for each other's lock.
+// TestShardsFollowThreads checks what Options.IndexShards promises: with a
+// shard count that divides the goroutine count, all the workers of one
+// apply goroutine are in one shard, so goroutines of different shards
+// never wait for each other's lock.
 func TestShardsFollowThreads(t *testing.T) {
 	for _, c := range []struct{ threads, shards int }{{4, 2}, {4, 4}, {6, 3}, {8, 2}, {4, 1}} {
 		shardOfThread := make(map[int]int)

@@ -55,7 +55,7 @@ func main() {
 	flag.IntVar(&cfg.split, "split", 32, "sub-blocks per 512-token trace block (32 = vLLM's block size 16)")
 	flag.IntVar(&cfg.capacity, "capacity", 16384, "KV cache capacity per worker, in blocks")
 	flag.IntVar(&cfg.eventThreads, "event-threads", 4, "indexer apply goroutines")
-	flag.IntVar(&cfg.indexShards, "index-shards", 0, "shards of the index (0: the Set's default, see indexer.Options)")
+	flag.IntVar(&cfg.indexShards, "index-shards", 1, "shards of the index (see indexer.Options)")
 	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts back to back while events apply (the stress phase)")
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
@@ -68,8 +68,8 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 0 || cfg.queriers < 0 || cfg.idleRounds < 1 {
-		return errors.New("workers, split, capacity, event-threads and idle-rounds must be >= 1, index-shards and queriers >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 {
+		return errors.New("workers, split, capacity, event-threads, index-shards and idle-rounds must be >= 1, queriers >= 0")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -102,13 +103,18 @@ func TestRunOnASmallTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, queriers: 1, idleRounds: 2, seed: 1}
-	if err := run(cfg, &out); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, indexShards: 1, queriers: 1, idleRounds: 2, seed: 1}
+	for _, shards := range []int{1, 2} {
+		out.Reset()
+		cfg.indexShards = shards
+		if err := run(cfg, &out); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry",
+			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("output lacks %q:\n%s", want, out.String())
+			}
 		}
 	}
 	if err := os.WriteFile(trace, []byte("{not json\n"), 0o600); err != nil {
