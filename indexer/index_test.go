@@ -588,7 +588,7 @@ func checkShard(t testing.TB, ix *shard) {
 			}
 		}
 	}
-	checkShardSlab(t, ix)
+	checkDeadNodes(t, ix)
 	checkArena(t, &ix.hold, listUsed)
 	if got, want := len(moreUsed), max(0, len(ix.mores)-1-len(ix.moreFree)); got != want {
 		t.Errorf("%d extMores used, %d not free", got, want)
@@ -640,15 +640,7 @@ func checkArena(t testing.TB, a *holderArena, used map[[2]uint32]bool) {
 // checkDeadNodes checks the slab: every id handed out is live, free, or
 // dead with as many nodes linked to it as it counts; every link names a
 // node of the linking node's parent key.
-func checkDeadNodes(t testing.TB, ix *Index) {
-	t.Helper()
-	for _, s := range ix.shards {
-		checkShardSlab(t, s)
-	}
-}
-
-// checkShardSlab checks one shard's slab (see checkDeadNodes).
-func checkShardSlab(t testing.TB, ix *shard) {
+func checkDeadNodes(t testing.TB, ix *shard) {
 	t.Helper()
 	st := &ix.nodes
 	free := make(map[uint32]bool)
