@@ -6,18 +6,20 @@ import "math/bits"
 // collector never scans it: nodes live by value in fixed-size chunks of a
 // slab and are named by uint32 ids; the map from sequence hash to node id
 // and each rank's map from engine id to node id are open-addressing
-// tables of plain words, probed linearly and emptied by backward shifting
-// (no tombstones). Tables map a hash to its home slot by multiplication (no
-// power-of-two sizes): node tables grow by a quarter when 4/5 full,
-// engine id tables (Robin Hood) by half when 9/10 full. The node table is
-// split in nodeTables tables that grow one at a time, so that no growth
-// stalls matches for long.
+// tables of plain words, probed linearly in Robin Hood order (an entry
+// further from its home slot than the one in a slot takes the slot and
+// moves that one on, so that a miss stops early even when the table is
+// nearly full) and emptied by backward shifting (no tombstones). Tables
+// map a hash to its home slot by multiplication (no power-of-two sizes):
+// node tables grow by a quarter when 9/10 full, engine id tables by half.
+// The node table is split in nodeTables tables that grow one at a time, so
+// that no growth stalls matches for long.
 
 // nodeChunk is how many nodes a slab chunk holds.
 const nodeChunk = 1 << 12
 
 // maxLoadNum/maxLoadDen is the load factor past which a node table grows.
-const maxLoadNum, maxLoadDen = 4, 5
+const maxLoadNum, maxLoadDen = 9, 10
 
 // nodeTables is how many tables the node table is split into, by the top
 // byte of a key's tag: a growth rehashes 1/256 of the nodes under the
@@ -29,8 +31,8 @@ func grown(size int) int { return max(16, size+size/2) }
 
 // nodeTableGrown returns the size of a node table after growth from size.
 // A quarter, not a half: the tables fill at the same pace and grow at
-// about the same time, so their load swings together, between 0.64 and
-// 0.8 instead of 0.53 and 0.8. They rehash more often; bench/indexload's
+// about the same time, so their load swings together, between 0.72 and
+// 0.9 instead of 0.6 and 0.9. They rehash more often; bench/indexload's
 // apply rate did not show it (each holds 1/nodeTables of a shard's nodes).
 func nodeTableGrown(size int) int { return max(16, size+size/4) }
 
@@ -73,10 +75,10 @@ func (s *nodeStore) find(key uint64) uint32 {
 	if size == 0 {
 		return 0
 	}
-	for i := home(tag, size); ; {
+	for i, d := home(tag, size), 0; ; d++ {
 		e := tab[i]
-		if e == 0 {
-			return 0
+		if e == 0 || tagDist(e, i, size) < d {
+			return 0 // key would have taken this slot
 		}
 		if uint32(e>>32) == tag {
 			if id := uint32(e); s.get(id).key == key {
@@ -87,6 +89,16 @@ func (s *nodeStore) find(key uint64) uint32 {
 			i = 0
 		}
 	}
+}
+
+// tagDist returns how far slot i is from the home of table value e, in a
+// table of size slots.
+func tagDist(e uint64, i, size int) int {
+	d := i - home(uint32(e>>32), size)
+	if d < 0 {
+		d += size
+	}
+	return d
 }
 
 // add creates a node with key, which must not be live, and returns its id
@@ -126,16 +138,23 @@ func (s *nodeStore) alloc(key uint64) (uint32, *node) {
 	return id, n
 }
 
-// placeTag puts table value e in its probe sequence's first empty slot.
+// placeTag inserts table value e, whose node is not in tab, which has an
+// empty slot: Robin Hood, as in blockTable.
 func placeTag(tab []uint64, e uint64) {
 	size := len(tab)
-	i := home(uint32(e>>32), size)
-	for tab[i] != 0 {
+	for i, d := home(uint32(e>>32), size), 0; ; d++ {
+		cur := tab[i]
+		if cur == 0 {
+			tab[i] = e
+			return
+		}
+		if cd := tagDist(cur, i, size); cd < d {
+			tab[i], e, d = e, cur, cd
+		}
 		if i++; i == size {
 			i = 0
 		}
 	}
-	tab[i] = e
 }
 
 func (s *nodeStore) rehash(sh uint32, size int) {
@@ -168,7 +187,19 @@ func (s *nodeStore) unlist(id uint32) {
 			i = 0
 		}
 	}
-	backShift(tab, i, func(e uint64) int { return home(uint32(e>>32), size) })
+	// Shift the rest of the run back by one, up to an entry at its home.
+	for {
+		j := i + 1
+		if j == size {
+			j = 0
+		}
+		if e := tab[j]; e == 0 || tagDist(e, j, size) == 0 {
+			break
+		}
+		tab[i] = tab[j]
+		i = j
+	}
+	tab[i] = 0
 	s.counts[sh]--
 	s.live--
 }
@@ -177,35 +208,6 @@ func (s *nodeStore) unlist(id uint32) {
 func (s *nodeStore) release(id uint32) {
 	*s.get(id) = node{only: s.free}
 	s.free = id
-}
-
-// backShift empties slot i of a linear-probing table whose empty value is
-// the zero value, moving later entries of the probe run back so that every
-// entry stays reachable from its home slot (Knuth's algorithm R).
-func backShift[E comparable](tab []E, i int, homeOf func(E) int) {
-	var zero E
-	size := len(tab)
-	j := i
-	for {
-		if j++; j == size {
-			j = 0
-		}
-		if tab[j] == zero {
-			break
-		}
-		k := homeOf(tab[j])
-		// Move tab[j] to i unless its home lies cyclically in (i, j].
-		if i <= j {
-			if i < k && k <= j {
-				continue
-			}
-		} else if i < k || k <= j {
-			continue
-		}
-		tab[i] = tab[j]
-		i = j
-	}
-	tab[i] = zero
 }
 
 // blockEntry maps an engine block id to the id of the node of the block

@@ -7,56 +7,6 @@ import (
 	"pgregory.net/rapid"
 )
 
-func TestBackShift(t *testing.T) {
-	// Values are their own home slots; 0 is empty. Each case deletes slot
-	// del and lists the table after.
-	cases := []struct {
-		name      string
-		tab       []int
-		del       int
-		want      []int
-		wantFound []int // every value left must be found from its home
-	}{
-		{"alone", []int{0, 1, 0, 0}, 1, []int{0, 0, 0, 0}, nil},
-		{"run shifts back", []int{0, 1, 1, 1}, 1, []int{0, 1, 1, 0}, []int{1}},
-		{"home in between stays", []int{0, 1, 2, 0}, 1, []int{0, 0, 2, 0}, []int{2}},
-		{"wraps around", []int{3, 3, 0, 3}, 3, []int{3, 0, 0, 3}, []int{3}},
-		{"wrapped home stays", []int{3, 0, 2, 3}, 2, []int{3, 0, 0, 3}, []int{3}},
-		{"wrapped entry moves past end", []int{3, 0, 2, 2}, 2, []int{0, 0, 2, 3}, []int{2, 3}},
-		{"mixed run", []int{0, 1, 2, 1, 0}, 1, []int{0, 1, 2, 0, 0}, []int{1, 2}},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			tab := slices.Clone(c.tab)
-			backShift(tab, c.del, func(v int) int { return v })
-			if !slices.Equal(tab, c.want) {
-				t.Fatalf("after deleting slot %d of %v: %v, want %v", c.del, c.tab, tab, c.want)
-			}
-			for _, v := range c.wantFound {
-				if i := probe(tab, v); i < 0 {
-					t.Errorf("value %d lost in %v", v, tab)
-				}
-			}
-		})
-	}
-}
-
-// probe finds v in a table whose values are their own homes, or -1.
-func probe(tab []int, v int) int {
-	for i, n := v, 0; n < len(tab); n++ {
-		if tab[i] == v {
-			return i
-		}
-		if tab[i] == 0 {
-			return -1
-		}
-		if i++; i == len(tab) {
-			i = 0
-		}
-	}
-	return -1
-}
-
 func TestBlockTable(t *testing.T) {
 	var bt blockTable
 	steps := []struct {
@@ -290,6 +240,7 @@ func TestNodeStoreMatchesMap(t *testing.T) {
 				if int(s.counts[sh])*maxLoadDen > len(tab)*maxLoadNum {
 					t.Fatalf("%d nodes overload the %d slots of table %d", s.counts[sh], len(tab), sh)
 				}
+				checkRobinHood(t, tab, sh)
 			}
 			if total != s.live {
 				t.Fatalf("tables count %d nodes, %d live", total, s.live)
@@ -553,4 +504,21 @@ func TestHolderArenaMatchesSlices(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkRobinHood fails t unless node table sh is in Robin Hood order: an
+// entry is never further from its home than the one after it, less one,
+// within a run (so a find can stop at the first entry closer to its home
+// than the key would be).
+func checkRobinHood(t interface{ Fatalf(string, ...any) }, tab []uint64, sh int) {
+	size := len(tab)
+	for i, e := range tab {
+		j := (i + 1) % size
+		if e == 0 || tab[j] == 0 {
+			continue
+		}
+		if d, dn := tagDist(e, i, size), tagDist(tab[j], j, size); dn > d+1 {
+			t.Fatalf("table %d: slot %d is %d from its home, slot %d %d", sh, i, d, j, dn)
+		}
+	}
 }
