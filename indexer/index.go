@@ -374,7 +374,7 @@ func (ix *Index) shardFor(worker uint64) *shard {
 
 // Apply applies one event. On error the index is unchanged.
 func (ix *Index) Apply(ev Event) (ApplyResult, error) {
-	return ix.shardFor(ev.Worker.Worker).Apply(ev)
+	return ix.shardFor(ev.Worker.Worker).apply(ev)
 }
 
 // Match walks the prefix given by seq (the prompt's sequence hashes, see
@@ -382,7 +382,7 @@ func (ix *Index) Apply(ev Event) (ApplyResult, error) {
 // least its first block, shard by shard. It returns the extended slice.
 func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	for _, s := range ix.shards {
-		dst = s.Match(seq, dst)
+		dst = s.match(seq, dst)
 	}
 	return dst
 }
@@ -395,11 +395,11 @@ func (ix *Index) MatchTokens(tokens []uint32, lora string, dst []Overlap) []Over
 }
 
 // RemoveWorker drops every block of every rank of worker.
-func (ix *Index) RemoveWorker(worker uint64) { ix.shardFor(worker).RemoveWorker(worker) }
+func (ix *Index) RemoveWorker(worker uint64) { ix.shardFor(worker).removeWorker(worker) }
 
 // RemoveWorkerRank drops every block of one worker rank. Matches never see
 // the rank half-removed.
-func (ix *Index) RemoveWorkerRank(wr WorkerRank) { ix.shardFor(wr.Worker).RemoveWorkerRank(wr) }
+func (ix *Index) RemoveWorkerRank(wr WorkerRank) { ix.shardFor(wr.Worker).removeWorkerRank(wr) }
 
 // BlockCounts returns how many blocks each worker rank holds (on any tier).
 func (ix *Index) BlockCounts() map[WorkerRank]int {
@@ -411,7 +411,7 @@ func (ix *Index) BlockCounts() map[WorkerRank]int {
 }
 
 // RankBlocks returns how many blocks one worker rank holds (on any tier).
-func (ix *Index) RankBlocks(wr WorkerRank) int { return ix.shardFor(wr.Worker).RankBlocks(wr) }
+func (ix *Index) RankBlocks(wr WorkerRank) int { return ix.shardFor(wr.Worker).rankBlocks(wr) }
 
 // Stats describes the size of an index.
 type Stats struct {
@@ -469,8 +469,8 @@ func newShard() *shard {
 	}
 }
 
-// Apply applies one event. On error the shard is unchanged.
-func (ix *shard) Apply(ev Event) (ApplyResult, error) {
+// apply applies one event. On error the shard is unchanged.
+func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	switch ev.Kind {
 	case Stored:
 		if !ev.Tier.single() {
@@ -901,8 +901,8 @@ func (ix *shard) detachAll(w *worker, tiers Tier, current func() bool) (removed 
 	return removed
 }
 
-// RemoveWorker drops every block of every rank of worker.
-func (ix *shard) RemoveWorker(worker uint64) {
+// removeWorker drops every block of every rank of worker.
+func (ix *shard) removeWorker(worker uint64) {
 	ix.mu.RLock()
 	var ranks []WorkerRank
 	for wr := range ix.workers {
@@ -912,13 +912,13 @@ func (ix *shard) RemoveWorker(worker uint64) {
 	}
 	ix.mu.RUnlock()
 	for _, wr := range ranks {
-		ix.RemoveWorkerRank(wr)
+		ix.removeWorkerRank(wr)
 	}
 }
 
-// RemoveWorkerRank drops every block of one worker rank. Matches never see
+// removeWorkerRank drops every block of one worker rank. Matches never see
 // the rank half-removed: its slot is retired first.
-func (ix *shard) RemoveWorkerRank(wr WorkerRank) {
+func (ix *shard) removeWorkerRank(wr WorkerRank) {
 	ix.mu.Lock()
 	w := ix.workers[wr]
 	if w == nil {
@@ -1437,7 +1437,7 @@ const gallopAfter = 4
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 
-// Match appends to dst the Overlaps of the shard's ranks holding seq's
+// match appends to dst the Overlaps of the shard's ranks holding seq's
 // first block (see Index.Match), in slot order.
 //
 // Closed ranks (see slot) are followed by the nodes' ends: where the prompt
@@ -1449,7 +1449,7 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // exponentially (8, 16, 32, ... blocks ahead) and finds the next drop by
 // bisection: a closed rank holding a block holds all before it. Ranks
 // that are not closed are walked block by block, by bit sets.
-func (ix *shard) Match(seq []uint64, dst []Overlap) []Overlap {
+func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
@@ -1840,8 +1840,8 @@ func (ix *shard) blockCounts(out map[WorkerRank]int) {
 	}
 }
 
-// RankBlocks returns how many blocks one worker rank holds (on any tier).
-func (ix *shard) RankBlocks(wr WorkerRank) int {
+// rankBlocks returns how many blocks one worker rank holds (on any tier).
+func (ix *shard) rankBlocks(wr WorkerRank) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	if w := ix.workers[wr]; w != nil {
