@@ -506,19 +506,24 @@ func TestHolderArenaMatchesSlices(t *testing.T) {
 	})
 }
 
-// checkRobinHood fails t unless node table sh is in Robin Hood order: an
-// entry is never further from its home than the one after it, less one,
-// within a run (so a find can stop at the first entry closer to its home
-// than the key would be).
+// checkRobinHood fails t unless node table sh is in Robin Hood order (so
+// that a find can stop at the first entry closer to its home than the key
+// would be): along the table, no entry is further from its home than the
+// one before it by more than a slot, and none is displaced behind an
+// empty slot.
 func checkRobinHood(t interface{ Fatalf(string, ...any) }, tab []uint64, sh int) {
 	size := len(tab)
 	for i, e := range tab {
-		j := (i + 1) % size
-		if e == 0 || tab[j] == 0 {
+		if e == 0 {
 			continue
 		}
-		if d, dn := tagDist(e, i, size), tagDist(tab[j], j, size); dn > d+1 {
-			t.Fatalf("table %d: slot %d is %d from its home, slot %d %d", sh, i, d, j, dn)
+		d := tagDist(e, i, size)
+		if d > 0 && tab[(i+size-1)%size] == 0 {
+			t.Fatalf("table %d: slot %d is displaced behind an empty slot", sh, i)
+		}
+		j := (i + 1) % size
+		if tab[j] != 0 && tagDist(tab[j], j, size) > d+1 {
+			t.Fatalf("table %d: slot %d is %d from its home, slot %d %d", sh, j, tagDist(tab[j], j, size), i, d)
 		}
 	}
 }
