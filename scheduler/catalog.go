@@ -218,12 +218,6 @@ func (c *Catalog) unlock() {
 // Loads returns the active-load accounting of the catalog's workers.
 func (c *Catalog) Loads() *Loads { return c.loads }
 
-// schedulable returns the ids of the schedulable workers (see Schedulable)
-// of every (model, tenant). The maps are shared: do not modify them.
-func (c *Catalog) schedulable() map[indexer.Key]map[uint64]bool {
-	return c.schedView().set
-}
-
 // Target is a schedulable worker as a gateway sees it.
 type Target struct {
 	ID uint64
