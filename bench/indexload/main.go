@@ -43,6 +43,7 @@ type config struct {
 	eventThreads int
 	indexShards  int
 	queriers     int
+	backlog      int
 	idleRounds   int
 	seed         uint64
 	cpuProfile   string
@@ -57,6 +58,7 @@ func main() {
 	flag.IntVar(&cfg.eventThreads, "event-threads", 4, "indexer apply goroutines")
 	flag.IntVar(&cfg.indexShards, "index-shards", 1, "shards of the index (see indexer.Options)")
 	flag.IntVar(&cfg.queriers, "queriers", 1, "goroutines matching prompts back to back while events apply (the stress phase)")
+	flag.IntVar(&cfg.backlog, "backlog", 256, "events submitted and not yet applied, at most: the replay's matches see the index this far behind the trace")
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
@@ -68,8 +70,8 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 {
-		return errors.New("workers, split, capacity, event-threads, index-shards and idle-rounds must be >= 1, queriers >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 {
+		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1, queriers >= 0")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -354,7 +356,10 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 }
 
 // apply submits events to a fresh Set and waits until all are applied,
-// calling ready (when given) once the Set and its empty index are made,
+// keeping at most cfg.backlog submitted and not yet applied (so that a
+// match by before sees the index at most that far behind the trace, as
+// where events are applied as fast as they come), calling ready (when
+// given) once the Set and its empty index are made,
 // running during(ix, stop) concurrently when given, and calling before(ix,
 // i) (when given) before submitting event i and, with i = len(events),
 // after the last.
@@ -372,15 +377,27 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	if during != nil {
 		bg.Go(func() { during(ix, stop) })
 	}
-	var failed atomic.Int64
+	var failed, applied atomic.Int64
+	room := make(chan struct{}, 1) // a token after each event applied
 	done := func(_ indexer.ApplyResult, err error) {
 		if err != nil {
 			failed.Add(1)
 		}
+		applied.Add(1)
+		select {
+		case room <- struct{}{}:
+		default:
+		}
 	}
 	ctx := context.Background()
 	start := time.Now()
+	pace := func(i int) { // until fewer than backlog of events[:i] are left
+		for int64(i)-applied.Load() >= int64(cfg.backlog) {
+			<-room
+		}
+	}
 	for i, ev := range events {
+		pace(i)
 		if before != nil {
 			before(ix, i)
 		}
@@ -389,6 +406,7 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		}
 	}
 	if before != nil {
+		pace(len(events))
 		before(ix, len(events))
 	}
 	for w := range cfg.workers {

@@ -103,7 +103,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, indexShards: 1, queriers: 1, idleRounds: 2, seed: 1}
+	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, indexShards: 1, queriers: 1, idleRounds: 2, backlog: 2, seed: 1}
 	for _, shards := range []int{1, 2} {
 		out.Reset()
 		cfg.indexShards = shards
@@ -125,5 +125,33 @@ func TestRunOnASmallTrace(t *testing.T) {
 	}
 	if err := run(config{trace: trace}, &out); err == nil {
 		t.Fatal("zero workers accepted")
+	}
+}
+
+// TestApplyKeepsTheBacklog checks that apply submits an event only once
+// all but backlog of the earlier ones are applied: with a backlog of b,
+// the index holds at least i-b+1 of the events before event i is
+// submitted. Each event stores one new block of its own worker.
+func TestApplyKeepsTheBacklog(t *testing.T) {
+	const n = 200
+	var events []indexer.Event
+	for i := range n {
+		events = append(events, indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: uint64(i % 7)}, Tier: indexer.TierDevice,
+			Blocks: []indexer.Block{{Hash: uint64(i + 1), Local: uint64(i + 1)}}})
+	}
+	for _, backlog := range []int{1, 3} {
+		cfg := config{workers: 7, eventThreads: 4, indexShards: 1, backlog: backlog}
+		var low []string
+		before := func(ix *indexer.Index, i int) {
+			if got := ix.Stats().Entries; got < i-backlog+1 {
+				low = append(low, fmt.Sprintf("event %d: %d applied", i, got))
+			}
+		}
+		if _, _, _, err := apply(cfg, events, nil, nil, before); err != nil {
+			t.Fatal(err)
+		}
+		if len(low) > 0 {
+			t.Errorf("backlog %d: submitted too early: %v", backlog, low)
+		}
 	}
 }
