@@ -295,21 +295,28 @@ func (s *slot) closed() bool { return s.holes == 0 && s.open == 0 }
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
 
-// yieldChunk is how many blocks a writer processes per lock hold while a
-// match waits for the lock. Smaller cuts match latency under load and
-// costs apply throughput: with bench/indexload's trace, 16 gave matches
-// during apply p50 8-9 µs, p99 38 µs at 1.2 M blocks/s; 32 about 15 µs,
-// 41 µs at 1.6 M/s; 64 30 µs, 70 µs at 1.9 M/s.
+// yieldChunk is how many blocks writers apply, at least, between two
+// yields of the lock to waiting matches, so that matches back to back do
+// not starve them: a match that waits gets the lock at the writer's next
+// block once writers have applied yieldChunk blocks since the last yield.
+// Where matches come now and then, as a router's do, that is the next
+// block; where they come back to back, every yieldChunk blocks. Smaller
+// cuts the latency of matches back to back and costs apply throughput
+// under them.
 const yieldChunk = 32
 
 // relax is called by a writer holding mu before each block of an
 // operation, with held counting the blocks it applied since it took mu.
-// Once that is writeChunk, or yieldChunk while a match waits, relax
-// releases mu and takes it again, resets held and reports true: what the
-// writer knew may have changed. A match that comes while the writer is
-// past yieldChunk gets the lock at the next block.
+// Once that is writeChunk, or a match waits and writers have applied
+// yieldChunk blocks since they last yielded to one (see yieldChunk),
+// relax releases mu and takes it again, resets held and reports true:
+// what the writer knew may have changed.
 func (ix *shard) relax(held *int) bool {
-	if *held >= writeChunk || *held >= yieldChunk && ix.waiting.Load() != 0 {
+	ix.sinceYield++
+	if *held >= writeChunk || ix.sinceYield > yieldChunk && ix.waiting.Load() != 0 {
+		if ix.waiting.Load() != 0 {
+			ix.sinceYield = 1
+		}
 		ix.mu.Unlock()
 		ix.mu.Lock()
 		*held = 1
@@ -441,7 +448,10 @@ type shard struct {
 	// waiting counts matches blocked on mu: a writer holding it gives it
 	// up early (see relax).
 	waiting atomic.Int32
-	nodes   nodeStore
+	// sinceYield counts the blocks writers applied, under mu, since one
+	// last released it for a waiting match (see relax).
+	sinceYield int
+	nodes      nodeStore
 	// hold keeps the holders of nodes with several, sorted by slot.
 	hold holderArena
 	// mores are the extMores of nodes with many holders, by the index

@@ -886,3 +886,43 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 		})
 	}
 }
+
+// TestRelaxYields checks when a writer gives up the lock: every
+// writeChunk blocks, and for a waiting match at the next block once
+// writers have applied yieldChunk blocks since they last yielded to one.
+func TestRelaxYields(t *testing.T) {
+	ix := newShard()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	// relax returns the blocks (1-based calls) at which it yielded over n calls.
+	relax := func(held *int, n int) []int {
+		var at []int
+		for i := 1; i <= n; i++ {
+			if ix.relax(held) {
+				at = append(at, i)
+			}
+		}
+		return at
+	}
+	held := 0
+	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk + 1, 2*writeChunk + 1}; !slices.Equal(got, want) {
+		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
+	}
+	// A match waits: long past the last yield, the next block yields, then
+	// every yieldChunk blocks while it keeps waiting.
+	ix.waiting.Store(1)
+	held = 0 // a new operation
+	if got, want := relax(&held, 2*yieldChunk+1), []int{1, yieldChunk + 1, 2*yieldChunk + 1}; !slices.Equal(got, want) {
+		t.Fatalf("match waiting: yields at %v, want %v", got, want)
+	}
+	// It got the lock; another comes within yieldChunk blocks of the last
+	// yield: the writer goes on until yieldChunk blocks are applied since
+	// (the yielding call's block, yieldChunk/2 more, yieldChunk/2-1 more).
+	ix.waiting.Store(0)
+	held = 0
+	relax(&held, yieldChunk/2)
+	ix.waiting.Store(1)
+	if got, want := relax(&held, yieldChunk), []int{yieldChunk / 2}; !slices.Equal(got, want) {
+		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
+	}
+}
