@@ -45,7 +45,11 @@
 // a shard, matches share the lock with each other and with writers
 // looking up the first chunk of an event (keys hashed, table slots and
 // nodes loaded into cache). A writer holds it exclusively for at most
-// writeChunk blocks, and for yieldChunk blocks once a match waits.
+// writeChunk blocks, and yields it to a waiting match at the next block
+// unless writers yielded within the last yieldChunk blocks. A writer
+// resizes its rank's table of engine ids without the lock: only the
+// goroutine applying the rank's events changes it, and matches never
+// read it.
 //
 // # The event path
 //

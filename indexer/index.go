@@ -339,7 +339,11 @@ func (ix *shard) rlock() {
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
-// one worker rank must be applied in order by one goroutine at a time.
+// one worker rank must be applied in order, and the calls that change a
+// worker's blocks (Apply of an event of any of its ranks, RemoveWorker,
+// RemoveWorkerRank) made one at a time, not concurrently with each other,
+// as a Set does: a writer resizes a rank's table of engine ids without
+// the index's lock.
 //
 // An index is split by worker id into shards, each a whole prefix tree
 // behind its own lock, so that events of workers in different shards apply
@@ -441,8 +445,8 @@ func (ix *Index) Stats() Stats {
 
 // shard is the index of the worker ranks of some workers (see Index): all
 // of its state sits behind one RWMutex. Matches run concurrently with each
-// other and with event application. Events of one worker rank must be
-// applied in order by one goroutine at a time.
+// other and with event application; the calls that change one worker's
+// blocks are made one at a time (see Index).
 type shard struct {
 	mu sync.RWMutex
 	// waiting counts matches blocked on mu: a writer holding it gives it
@@ -520,11 +524,12 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	hasPrev := ev.HasParent
 
 	// Look the first chunk up while sharing the lock (see prefetchStore),
-	// and grow the rank's table for the event if it must.
+	// then grow the rank's table for the event, if it must, without it.
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
 	var grown tableResize
+	growTo := 0
 	wasW := ix.workers[ev.Worker]
 	if wasW != nil {
 		bt = &wasW.blocks
@@ -545,10 +550,11 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 			}
 		}
 		if fresh > 0 {
-			grown = prepareResize(bt, bt.reserveSize((fresh*len(blocks)+len(first)-1)/len(first)))
+			growTo = bt.reserveSize((fresh*len(blocks) + len(first) - 1) / len(first))
 		}
 	}
 	ix.mu.RUnlock()
+	grown = prepareResize(bt, growTo)
 
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]
@@ -781,14 +787,9 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	}
 	w.sink += sink
 	if size := w.blocks.trimSize(); size > 0 {
-		// Build the smaller table while sharing the lock.
+		// Build the smaller table without the lock (see tableResize).
 		ix.mu.Unlock()
-		ix.mu.RLock()
-		var r tableResize
-		if ix.workers[wr] == w {
-			r = prepareResize(&w.blocks, size)
-		}
-		ix.mu.RUnlock()
+		r := prepareResize(&w.blocks, size)
 		ix.mu.Lock()
 		if ix.workers[wr] == w {
 			r.apply(&w.blocks)
@@ -797,17 +798,21 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	return res
 }
 
-// tableResize is a resized copy of a rank's engine-id table, built while
-// the index's lock is shared (by the rank's apply goroutine, the only one
-// that changes the table but for RemoveWorkerRank) and put in place with
-// the lock held exclusively if the table has not changed meanwhile.
+// tableResize is a resized copy of a rank's engine-id table, built
+// without the index's lock by the goroutine applying the rank's events,
+// and put in place with the lock held exclusively. That goroutine is the
+// only one that changes the table (see Index), and matches never read
+// it, so building it holds up no one; other readers, such as Dump, only
+// read it too. The copy is put in place only if the table has not changed
+// meanwhile, which a caller breaking Index's rule would show.
 type tableResize struct {
 	tab []blockEntry
 	gen uint32 // that of the table it was built from
 }
 
 // prepareResize builds t's entries in a table of size slots (none for 0).
-// Called with mu held, for reading or writing.
+// Called by the goroutine that applies the events of t's rank, with or
+// without mu (see tableResize).
 func prepareResize(t *blockTable, size int) tableResize {
 	if size == 0 {
 		return tableResize{}
