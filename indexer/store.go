@@ -22,9 +22,15 @@ const nodeChunk = 1 << 12
 const maxLoadNum, maxLoadDen = 9, 10
 
 // nodeTables is how many tables the node table is split into, by the top
-// byte of a key's tag: a growth rehashes 1/256 of the nodes under the
-// write lock, not all of them (a 3 M-node table took 50 ms).
-const nodeTables = 256
+// tableBits bits of a key's tag: a growth rehashes 1/1024 of the nodes
+// under the write lock, not all of them (a 3 M-node table took 50 ms).
+// With 256 tables, growths of ~12 000-node tables held matches back for
+// tens of µs: bench/indexload's replay p99.9 was ~200 µs, ~115 µs with
+// 1024 (tenth session); 4096 cost idle matches more than they gained.
+const (
+	tableBits  = 10
+	nodeTables = 1 << tableBits
+)
 
 // grown returns the size of an engine id table after growth from size.
 func grown(size int) int { return max(16, size+size/2) }
@@ -42,9 +48,9 @@ type nodeStore struct {
 	chunks [][]node // each of nodeChunk nodes, never moved
 	next   uint32   // ids below next were handed out
 	free   uint32   // head of the free list, linked through node.only
-	// tabs are the tables of live nodes, by the top byte of the tag: slot
-	// value tag<<32 | id, 0 empty, where tag is the top half of the key's
-	// mix; its other bytes pick the home slot.
+	// tabs are the tables of live nodes, by the top tableBits bits of
+	// the tag: slot value tag<<32 | id, 0 empty, where tag is the top half
+	// of the key's mix; its other bits pick the home slot.
 	tabs   [nodeTables][]uint64
 	counts [nodeTables]int32 // live nodes per table
 	live   int
@@ -62,7 +68,7 @@ func mix(k uint64) uint64 {
 func tagOf(key uint64) uint32 { return uint32(mix(key) >> 32) }
 
 // home returns the slot a tag starts probing at in its table of size slots.
-func home(tag uint32, size int) int { return int(uint64(tag<<8) * uint64(size) >> 32) }
+func home(tag uint32, size int) int { return int(uint64(tag<<tableBits) * uint64(size) >> 32) }
 
 // get returns node id (which must have been handed out).
 func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nodeChunk] }
@@ -70,7 +76,7 @@ func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nod
 // find returns the id of the live node with key, or 0.
 func (s *nodeStore) find(key uint64) uint32 {
 	tag := tagOf(key)
-	tab := s.tabs[tag>>24]
+	tab := s.tabs[tag>>(32-tableBits)]
 	size := len(tab)
 	if size == 0 {
 		return 0
@@ -105,7 +111,7 @@ func tagDist(e uint64, i, size int) int {
 // and the node, zeroed but for key.
 func (s *nodeStore) add(key uint64) (uint32, *node) {
 	tag := tagOf(key)
-	sh := tag >> 24
+	sh := tag >> (32 - tableBits)
 	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
 		s.rehash(sh, nodeTableGrown(len(s.tabs[sh])))
 	}
@@ -178,7 +184,7 @@ func (s *nodeStore) del(id uint32) {
 // but the node stays where it is, with its id, until released.
 func (s *nodeStore) unlist(id uint32) {
 	tag := tagOf(s.get(id).key)
-	sh := tag >> 24
+	sh := tag >> (32 - tableBits)
 	tab := s.tabs[sh]
 	size := len(tab)
 	i := home(tag, size)
@@ -479,7 +485,7 @@ func (s *nodeStore) each(f func(id uint32, n *node)) {
 // first, and their cache misses overlap.
 func (s *nodeStore) touch(key uint64) uint64 {
 	tag := tagOf(key)
-	tab := s.tabs[tag>>24]
+	tab := s.tabs[tag>>(32-tableBits)]
 	if len(tab) == 0 {
 		return 0
 	}

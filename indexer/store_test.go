@@ -199,7 +199,7 @@ func TestNodeStoreMatchesMap(t *testing.T) {
 	// Keys of one table (shard 0), so that it grows and its runs wrap.
 	var oneTable []uint64
 	for k := uint64(0); len(oneTable) < 300; k++ {
-		if tagOf(k)>>24 == 0 {
+		if tagOf(k)>>(32-tableBits) == 0 {
 			oneTable = append(oneTable, k)
 		}
 	}
