@@ -25,7 +25,7 @@ const maxLoadNum, maxLoadDen = 9, 10
 // tableBits bits of a key's tag: a growth rehashes 1/1024 of the nodes
 // under the write lock, not all of them (a 3 M-node table took 50 ms).
 // With 256 tables, growths of ~12 000-node tables held matches back for
-// tens of µs: bench/indexload's replay p99.9 was ~200 µs, ~115 µs with
+// tens of µs: bench/indexload's replay p99.9 was ~200 µs, ~110 µs with
 // 1024 (tenth session); 4096 cost idle matches more than they gained.
 const (
 	tableBits  = 10
