@@ -528,7 +528,6 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
-	var grown tableResize
 	growTo := 0
 	wasW := ix.workers[ev.Worker]
 	if wasW != nil {
@@ -554,7 +553,7 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 		}
 	}
 	ix.mu.RUnlock()
-	grown = prepareResize(bt, growTo)
+	grown := prepareResize(bt, growTo)
 
 	ix.mu.Lock()
 	w := ix.workers[ev.Worker]

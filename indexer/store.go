@@ -378,9 +378,8 @@ func (t *blockTable) trimSize() int {
 }
 
 // resized returns the table's entries in a new table of size slots. It
-// only reads t: a writer builds it while sharing the index's lock with
-// matches, and takes the lock exclusively only to put it in place (see
-// tableResize).
+// only reads t: a writer builds it without the index's lock and takes the
+// lock only to put it in place (see tableResize).
 func (t *blockTable) resized(size int) []blockEntry {
 	tab := make([]blockEntry, size)
 	for _, e := range t.tab {

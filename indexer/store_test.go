@@ -300,8 +300,8 @@ func TestNodeIDsAcrossChunks(t *testing.T) {
 	}
 }
 
-// TestTableResize: a table resized while the lock was shared is put in
-// place only if the rank's table did not change meanwhile.
+// TestTableResize: a table resized without the lock is put in place only
+// if the rank's table did not change meanwhile.
 func TestTableResize(t *testing.T) {
 	cases := []struct {
 		name      string
