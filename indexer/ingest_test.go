@@ -341,10 +341,13 @@ func TestIngestGapWithoutReplay(t *testing.T) {
 
 func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3})
+	// Batches 0-3 are published before anyone listens. They are kept for
+	// replay but not sent: the PUB socket sends from a queue, and a batch
+	// still queued when the listener subscribes would reach it after all.
+	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3,
+		Drop: func(seq uint64) bool { return seq < 4 }})
 	w := WorkerRank{1, 0}
-	// Published before anyone listens: 0 and 1 fall out of the 3-batch
-	// buffer, 2 and 3 are replayed.
+	// 0 and 1 fall out of the 3-batch buffer, 2 and 3 are replayed.
 	evs := []engine.BlockStored{root(10, 1), root(20, 1), root(30, 1), root(40, 1), root(50, 1)}
 	for _, ev := range evs[:4] {
 		publish(t, p, ev)
@@ -386,7 +389,10 @@ func TestIngestPublisherRestart(t *testing.T) {
 
 func TestIngestWatermarkSurvivesReregister(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}, 1)
+	// Batches 1 and 2 go out while nobody listens: kept for replay, not
+	// sent (a queued send could reach the next listener; see
+	// TestIngestLateJoinReplaysFromZero).
+	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Drop: func(seq uint64) bool { return seq == 1 || seq == 2 }}, 1)
 	w := WorkerRank{1, 0}
 	publish(t, p, root(10, 1))
 	r.waitApplied(1, 0, 0)
