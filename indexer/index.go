@@ -184,6 +184,11 @@ const multi Tier = 1 << 7
 // node has an extMore (see shard.moreIndex).
 const hasMore Tier = 1 << 5
 
+// offDevice, in the tiers of a multi node's inline holder, says that some
+// holder does not hold the node on the device tier, so that the node's
+// holders in the tier classes differ (see shard.holdCounts).
+const offDevice Tier = 1 << 4
+
 // list returns the block and length of the holder list that the inline
 // holder h of a multi node names: its slot is the block, its first two
 // kids the length (its last, kids[2], names its extMore: see
@@ -288,6 +293,12 @@ type slot struct {
 // closed reports whether Match may follow the rank by node ends and jump
 // over its blocks.
 func (s *slot) closed() bool { return s.holes == 0 && s.open == 0 }
+
+// plain reports whether the rank is closed and not being removed: every
+// rank holding a block on the prompt's path then holds the path up to it,
+// so Match may count a node's holders instead of comparing them (see
+// shard.notPlain).
+func (s *slot) plain() bool { return s.closed() && !s.retired }
 
 // writeChunk is how many blocks a writer processes per lock hold, so a long
 // event or a worker removal never stalls matches for long. Readers may
@@ -471,9 +482,24 @@ type shard struct {
 	slots   []slot
 	free    []uint32 // reusable slots
 
+	// notPlain counts the slots that are not plain (see slot.plain).
+	notPlain int
+
 	// denseHolders, if positive, overrides denseAt (tests use it to give
 	// every node with several holders classBits).
 	denseHolders int
+}
+
+// recount accounts in notPlain for a change of slot sl, which was plain
+// before it if was. Called with mu held.
+func (ix *shard) recount(sl *slot, was bool) {
+	if now := sl.plain(); now != was {
+		if now {
+			ix.notPlain--
+		} else {
+			ix.notPlain++
+		}
+	}
 }
 
 // newShard returns an empty shard.
@@ -863,7 +889,9 @@ func (ix *shard) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 		w.blocks.del(h)
 		sl := &ix.slots[w.slot]
 		if sl.blocks = int32(w.blocks.len()); sl.blocks == 0 {
+			was := sl.plain()
 			sl.holes, sl.open = 0, 0
+			ix.recount(sl, was)
 		}
 		if !dropped || x != id { // else one id and one holder less: even
 			if dropped {
@@ -940,9 +968,14 @@ func (ix *shard) removeWorkerRank(wr WorkerRank) {
 		return
 	}
 	delete(ix.workers, wr)
-	ix.slots[w.slot].retired = true
+	sl := &ix.slots[w.slot]
+	was := sl.plain()
+	sl.retired = true
+	ix.recount(sl, was)
 	ix.detachAll(w, AllTiers, func() bool { return true })
+	sl = &ix.slots[w.slot] // the slots may have grown meanwhile
 	ix.slots[w.slot] = slot{}
+	ix.recount(sl, false)
 	ix.free = append(ix.free, w.slot)
 	ix.mu.Unlock()
 }
@@ -1233,6 +1266,7 @@ func (ix *shard) parentOf(n *node, key uint64) *node {
 // slot's holes and open counts, and h's own end. Called with mu held.
 func (ix *shard) retier(s uint32, n *node, key uint64, p *node, h *holder, before Tier) {
 	sl := &ix.slots[s]
+	was := sl.plain()
 	cb, ca := classesOf(before), classesOf(h.tiers)
 	if key != n.local { // not a root: the rank's holder of the parent counts it
 		switch ph := ix.find(p, s); {
@@ -1284,6 +1318,7 @@ func (ix *shard) retier(s uint32, n *node, key uint64, p *node, h *holder, befor
 		}
 	}
 	ix.setEnd(n, s, h.ends())
+	ix.recount(sl, was)
 }
 
 // find returns the holder of slot s in n, or nil (also for a nil n).
@@ -1373,6 +1408,7 @@ func (ix *shard) sync(n *node, s uint32, t Tier) {
 		return
 	}
 	holders := ix.holders(n)
+	markOffDevice(n, holders, t)
 	nh, m := len(holders), ix.moreOf(n)
 	if m == nil {
 		if nh < min(listAt, ix.denseAt()) {
@@ -1413,6 +1449,46 @@ func (ix *shard) sync(n *node, s uint32, t Tier) {
 	}
 }
 
+// markOffDevice keeps the offDevice flag of the multi node n, whose
+// holders are hs, in step after a holder changed to tiers t (0: the holder
+// was deleted). It looks at the holders only when a holder held on another
+// tier changes or the node has just become multi.
+func markOffDevice(n *node, hs []holder, t Tier) {
+	h := &n.one[0]
+	switch {
+	case t != 0 && t&TierDevice == 0:
+		h.tiers |= offDevice
+	case h.tiers&offDevice != 0 || len(hs) == 2:
+		h.tiers &^= offDevice
+		for _, x := range hs {
+			if x.tiers&TierDevice == 0 {
+				h.tiers |= offDevice
+				break
+			}
+		}
+	}
+}
+
+// holdCounts returns how many ranks hold n in each tier class.
+func (ix *shard) holdCounts(n *node) [nClasses]int {
+	var c [nClasses]int
+	h := &n.one[0]
+	if h.tiers&multi != 0 && h.tiers&offDevice == 0 {
+		_, nh := h.list()
+		for i := range c {
+			c[i] = nh
+		}
+		return c
+	}
+	for _, x := range ix.holders(n) {
+		cl := classesOf(x.tiers)
+		for i := range c {
+			c[i] += int(cl >> i & 1)
+		}
+	}
+	return c
+}
+
 // listAt is how many holders make a node keep the list of its ends, so
 // that Match need not look at every holder (denseHolders overrides it).
 const listAt = 8
@@ -1443,6 +1519,10 @@ type matcher struct {
 	node             []uint64          // a sparse node's holders as classBits (see bitsOf)
 	reach            [nClasses][]int32 // per slot and class: blocks matched
 	sink             uint64            // what prefetches loaded (see gallop)
+	// counted says that gallop compares live, the closed ranks per class,
+	// with a node's holder counts instead of its holders (see allHold).
+	counted bool
+	live    [nClasses]int
 }
 
 // gallopAfter is how many blocks in a row must drop no closed rank before
@@ -1674,9 +1754,18 @@ func (m *matcher) drop(e end, d int32) bool {
 
 // holdsAll reports whether every closed rank holds node n (nil: no rank
 // does) in each class it is live in.
+//
+// Where every rank of the shard is plain (see slot.plain), anyone holding
+// a node further down the prompt's path holds the path up to it, so is a
+// closed rank still live there: every closed rank holds n in a class when
+// as many ranks hold it there as are live. Counting needs only the node,
+// which keeps its holder count, where comparing needs its holders.
 func (m *matcher) holdsAll(n *node) bool {
 	if n == nil {
 		return false
+	}
+	if m.counted {
+		return m.ix.holdCounts(n) == m.live
 	}
 	b := m.bitsOf(n, m.lo, m.hi)
 	for i := nClasses * m.lo; i < nClasses*m.hi; i++ {
@@ -1694,6 +1783,12 @@ func (m *matcher) holdsAll(n *node) bool {
 func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 	last := len(m.seq) - 1
 	st := &m.ix.nodes
+	if m.counted = m.ix.notPlain == 0; m.counted {
+		m.live = [nClasses]int{}
+		for i := nClasses * m.lo; i < nClasses*m.hi; i++ {
+			m.live[i%nClasses] += bits.OnesCount64(m.closed[i])
+		}
+	}
 	// The blocks the exponential search may look at are known: look them
 	// all up at once, so that their cache misses overlap.
 	var at [48]int32

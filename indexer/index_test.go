@@ -443,6 +443,15 @@ func checkShard(t testing.TB, ix *shard) {
 			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
 		}
 	}
+	notPlain := 0
+	for i := range ix.slots {
+		if !ix.slots[i].plain() {
+			notPlain++
+		}
+	}
+	if notPlain != ix.notPlain {
+		t.Errorf("%d slots are not plain, notPlain says %d", notPlain, ix.notPlain)
+	}
 	nodes := make(map[uint64]*node) // by key
 	refs := make(map[uint64]uint32) // key -> id
 	ix.nodes.each(func(id uint32, n *node) {
@@ -484,6 +493,13 @@ func checkShard(t testing.TB, ix *shard) {
 				continue
 			}
 			listUsed[[2]uint32{c, at}] = true
+			off := false
+			for _, x := range holders {
+				off = off || x.tiers&TierDevice == 0
+			}
+			if off != (h.tiers&offDevice != 0) {
+				t.Errorf("node %d: a holder off the device tier: %v, flag %b", key, off, h.tiers)
+			}
 			x := ix.hold.more(at, nh) // kept by the arena
 			if h.kids[2] != moreInArena {
 				if x != 0 {
