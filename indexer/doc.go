@@ -42,14 +42,18 @@
 // IndexShards), each a whole tree with its own RWMutex, so that the apply
 // goroutines of different shards never wait for each other; a match walks
 // every shard, and a block held in several shards has a node in each. In
-// a shard, matches share the lock with each other and with writers
-// looking up the first chunk of an event (keys hashed, table slots and
-// nodes loaded into cache). A writer holds it exclusively for at most
+// a shard, writers take turns for a whole operation on a mutex of their
+// own, so at most one writer waits for the lock and a match never queues
+// behind several. Matches share the lock with each other and with the
+// writer looking up the first chunk of an event (keys hashed, table slots
+// and nodes loaded into cache). A writer holds it exclusively for at most
 // writeChunk blocks, and yields it to a waiting match at the next block
 // unless writers yielded within the last yieldChunk blocks. A writer
 // resizes its rank's table of engine ids without the lock: only the
 // goroutine applying the rank's events changes it, and matches never
-// read it.
+// read it. Where every rank of a shard is closed, a match looking ahead
+// counts a node's holders per tier class instead of comparing them with
+// the ranks still matching (see matcher.holdsAll).
 //
 // # The event path
 //

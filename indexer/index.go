@@ -459,7 +459,13 @@ func (ix *Index) Stats() Stats {
 // other and with event application; the calls that change one worker's
 // blocks are made one at a time (see Index).
 type shard struct {
-	mu sync.RWMutex
+	// write is held by a writer for a whole operation (an event, a rank's
+	// removal), before it takes mu: writers take turns on it, so that at
+	// most one of them waits for mu. Go's RWMutex makes new readers wait
+	// behind a waiting writer; with several, a match would queue behind
+	// each in turn, and behind the goroutine switches between them.
+	write sync.Mutex
+	mu    sync.RWMutex
 	// waiting counts matches blocked on mu: a writer holding it gives it
 	// up early (see relax).
 	waiting atomic.Int32
@@ -511,6 +517,8 @@ func newShard() *shard {
 
 // apply applies one event. On error the shard is unchanged.
 func (ix *shard) apply(ev Event) (ApplyResult, error) {
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	switch ev.Kind {
 	case Stored:
 		if !ev.Tier.single() {
@@ -961,6 +969,8 @@ func (ix *shard) removeWorker(worker uint64) {
 // removeWorkerRank drops every block of one worker rank. Matches never see
 // the rank half-removed: its slot is retired first.
 func (ix *shard) removeWorkerRank(wr WorkerRank) {
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	ix.mu.Lock()
 	w := ix.workers[wr]
 	if w == nil {

@@ -3,6 +3,7 @@ package indexer
 import (
 	"errors"
 	"math/bits"
+	"runtime"
 	"slices"
 	"testing"
 )
@@ -940,5 +941,43 @@ func TestRelaxYields(t *testing.T) {
 	ix.waiting.Store(1)
 	if got, want := relax(&held, yieldChunk), []int{yieldChunk / 2}; !slices.Equal(got, want) {
 		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
+	}
+}
+
+// TestWritersTakeTurnsOffTheLock checks that a writer waiting for another
+// writer's operation to end waits on the shard's write mutex, not on mu,
+// where it would hold up new matches (Go's RWMutex queues new readers
+// behind a waiting writer).
+func TestWritersTakeTurnsOffTheLock(t *testing.T) {
+	ix := NewIndex(4)
+	sh := ix.shards[0]
+	sh.write.Lock() // another writer's operation, between two holds of mu
+	started, done := make(chan struct{}), make(chan struct{})
+	w := WorkerRank{Worker: 1}
+	go func() {
+		close(started)
+		if _, err := ix.Apply(stored(w, TierDevice, nil, blocksOf("", "01"))); err != nil {
+			t.Error(err)
+		}
+		close(done)
+	}()
+	<-started
+	for range 1000 {
+		if !sh.mu.TryRLock() {
+			sh.write.Unlock()
+			t.Fatal("a writer waiting for its turn holds up matches")
+		}
+		sh.mu.RUnlock()
+		runtime.Gosched()
+	}
+	select {
+	case <-done:
+		t.Fatal("an event applied during another writer's operation")
+	default:
+	}
+	sh.write.Unlock()
+	<-done
+	if got := ix.Match(seqOf("01"), nil); len(got) != 1 || got[0].Device != 2 {
+		t.Fatalf("match after the turn = %+v", got)
 	}
 }
