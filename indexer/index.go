@@ -571,7 +571,8 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 		}
 	}
 	keysFrom := prev
-	sink := ix.prefetchStore(bt, first, prev, hasPrev, &keys)
+	var gs []tableGrowth // node tables the next chunk grows
+	sink, gs := ix.prefetchStore(bt, first, prev, hasPrev, &keys, gs)
 	if bt != nil && bt.reserveSize(len(blocks)) > 0 {
 		// Room for as many new engine ids as the first chunk suggests:
 		// none for a copy of held blocks to another tier. (Counted only
@@ -588,8 +589,10 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	}
 	ix.mu.RUnlock()
 	grown := prepareResize(bt, growTo)
+	ix.nodes.build(gs)
 
 	ix.mu.Lock()
+	ix.nodes.grow(gs)
 	w := ix.workers[ev.Worker]
 	if w != nil && w == wasW {
 		grown.apply(&w.blocks)
@@ -615,16 +618,26 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	var pid uint32
 	held := 0
 	for i, b := range blocks {
-		if ix.relax(&held) {
+		relaxed := ix.relax(&held)
+		if i > 0 && i%writeChunk == 0 {
+			var s uint64
+			s, gs = ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys, gs)
+			sink += s
+			if len(gs) > 0 { // grow them without the lock
+				ix.mu.Unlock()
+				ix.nodes.build(gs)
+				ix.mu.Lock()
+				ix.nodes.grow(gs)
+				relaxed = true
+			}
+		}
+		if relaxed {
 			if ix.workers[ev.Worker] != w {
 				// The worker was removed meanwhile: the rest has no parent.
 				ix.mu.Unlock()
 				return res, nil
 			}
 			parent, pid = nil, 0
-		}
-		if i > 0 && i%writeChunk == 0 {
-			sink += ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys)
 		}
 		key := keys[i%writeChunk]
 		if hasPrev && parent == nil {
@@ -702,11 +715,12 @@ func sequenceKeys(blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]u
 // blocks will look up (in bt, nil for a new rank, and the node store), so
 // that the cache misses of a whole chunk overlap instead of coming one by
 // one. Called with mu held: for reading for an event's first chunk, in
-// parallel with matches and other writers, which then applies it with mu
-// held mostly from cache; for writing for the following chunks (releasing
-// mu for each did not pay). It returns what it loaded, for the caller to
-// keep so that the loads are not optimized away.
-func (ix *shard) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64) uint64 {
+// parallel with matches, which then applies it with mu held mostly from
+// cache; for writing for the following chunks (releasing mu for each did
+// not pay). It returns what it loaded, for the caller to keep so that the
+// loads are not optimized away, and in gs the node tables that the
+// chunk's new nodes will grow (see nodeStore.growths).
+func (ix *shard) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasPrev bool, keys *[writeChunk]uint64, gs []tableGrowth) (uint64, []tableGrowth) {
 	sequenceKeys(blocks, prev, hasPrev, keys)
 	var sink uint64
 	for k, b := range blocks {
@@ -715,12 +729,17 @@ func (ix *shard) prefetchStore(bt *blockTable, blocks []Block, prev uint64, hasP
 			sink += bt.touch(b.Hash)
 		}
 	}
+	var fresh [writeChunk]uint64
+	nf := 0
 	for _, key := range keys[:len(blocks)] {
 		if id := ix.nodes.find(key); id != 0 {
 			sink += ix.nodes.get(id).local
+		} else {
+			fresh[nf] = key
+			nf++
 		}
 	}
-	return sink
+	return sink, ix.nodes.growths(fresh[:nf], gs)
 }
 
 // prefetchRemove loads, level by level, what removing the blocks of w with

@@ -54,6 +54,9 @@ type nodeStore struct {
 	tabs   [nodeTables][]uint64
 	counts [nodeTables]int32 // live nodes per table
 	live   int
+	// rehashes counts the growths made by add, under the shard's lock:
+	// none while the writer grows the tables ahead (see growths).
+	rehashes int
 }
 
 // mix spreads a key's bits; its top 32 bits are a node's tag.
@@ -113,7 +116,10 @@ func (s *nodeStore) add(key uint64) (uint32, *node) {
 	tag := tagOf(key)
 	sh := tag >> (32 - tableBits)
 	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
-		s.rehash(sh, nodeTableGrown(len(s.tabs[sh])))
+		tab := make([]uint64, nodeTableGrown(len(s.tabs[sh])))
+		refill(tab, s.tabs[sh])
+		s.tabs[sh] = tab
+		s.rehashes++
 	}
 	id, n := s.alloc(key)
 	placeTag(s.tabs[sh], uint64(tag)<<32|uint64(id))
@@ -163,15 +169,64 @@ func placeTag(tab []uint64, e uint64) {
 	}
 }
 
-func (s *nodeStore) rehash(sh uint32, size int) {
-	old := s.tabs[sh]
-	tab := make([]uint64, size)
-	for _, e := range old {
+// refill places the entries of the table src in the empty table dst.
+func refill(dst, src []uint64) {
+	for _, e := range src {
 		if e != 0 {
-			placeTag(tab, e)
+			placeTag(dst, e)
 		}
 	}
-	s.tabs[sh] = tab
+}
+
+// tableGrowth is a node table grown ahead of the nodes that will fill it:
+// table sh, to tab.
+type tableGrowth struct {
+	sh  uint32
+	tab []uint64
+}
+
+// growths returns in dst the tables that adding nodes for fresh, keys
+// that have none, would make grow, with their sizes: the shard's writer
+// builds them (build) without the shard's lock and puts them in place
+// (grow) with it, so that matches do not wait for a rehash. Called by the
+// writer (see shard.write), with mu held or not: it only reads.
+func (s *nodeStore) growths(fresh []uint64, dst []tableGrowth) []tableGrowth {
+	dst = dst[:0]
+	var pend [nodeTables]uint8 // fresh keys per table; at most writeChunk
+	for _, key := range fresh {
+		pend[tagOf(key)>>(32-tableBits)]++
+	}
+	for _, key := range fresh {
+		sh := tagOf(key) >> (32 - tableBits)
+		n := int(s.counts[sh]) + int(pend[sh])
+		if pend[sh] == 0 || n*maxLoadDen <= len(s.tabs[sh])*maxLoadNum {
+			continue
+		}
+		pend[sh] = 0
+		size := len(s.tabs[sh])
+		for n*maxLoadDen > size*maxLoadNum {
+			size = nodeTableGrown(size)
+		}
+		dst = append(dst, tableGrowth{sh: sh, tab: make([]uint64, size)})
+	}
+	return dst
+}
+
+// build fills the tables of gs with the entries of the tables they grow.
+// Called by the shard's writer, with mu held or not.
+func (s *nodeStore) build(gs []tableGrowth) {
+	for _, g := range gs {
+		refill(g.tab, s.tabs[g.sh])
+	}
+}
+
+// grow puts the tables of gs in place of those they were built from,
+// which must not have changed since: only the shard's writer changes
+// them. Called with mu held.
+func (s *nodeStore) grow(gs []tableGrowth) {
+	for _, g := range gs {
+		s.tabs[g.sh] = g.tab
+	}
 }
 
 // del takes the live node id out of the table and frees it.

@@ -527,3 +527,33 @@ func checkRobinHood(t interface{ Fatalf(string, ...any) }, tab []uint64, sh int)
 		}
 	}
 }
+
+// TestNodeTablesGrowAhead checks that storing grows the node tables
+// before taking the lock for a chunk of new blocks, so that add never
+// rehashes a table under it, and that the grown tables hold every node.
+func TestNodeTablesGrowAhead(t *testing.T) {
+	ix := NewIndex(4)
+	sh := ix.shards[0]
+	const events, chain = 40, 1000 // 40 000 nodes, ~40 per table
+	for e := range events {
+		blocks := make([]Block, chain)
+		for i := range blocks {
+			blocks[i] = Block{Hash: uint64(e*chain + i + 1), Local: uint64(e)<<32 | uint64(i)}
+		}
+		if _, err := ix.Apply(stored(WorkerRank{Worker: uint64(e % 3)}, TierDevice, nil, blocks)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sh.nodes.live != events*chain {
+		t.Fatalf("%d nodes, want %d", sh.nodes.live, events*chain)
+	}
+	if sh.nodes.rehashes != 0 {
+		t.Errorf("%d tables grew under the lock", sh.nodes.rehashes)
+	}
+	for i, tab := range sh.nodes.tabs {
+		if int(sh.nodes.counts[i])*maxLoadDen > len(tab)*maxLoadNum {
+			t.Fatalf("table %d holds %d nodes in %d slots", i, sh.nodes.counts[i], len(tab))
+		}
+	}
+	checkInvariants(t, ix)
+}
