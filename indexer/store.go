@@ -22,8 +22,10 @@ const nodeChunk = 1 << 12
 const maxLoadNum, maxLoadDen = 9, 10
 
 // nodeTables is how many tables the node table is split into, by the top
-// tableBits bits of a key's tag: a growth rehashes 1/1024 of the nodes
-// under the write lock, not all of them (a 3 M-node table took 50 ms).
+// tableBits bits of a key's tag: a growth rehashes 1/1024 of the nodes,
+// not all of them (a 3 M-node table took 50 ms). The writer now builds
+// growths without the lock (see nodeStore.growths); add rehashes under it
+// only where that estimate fell short.
 // With 256 tables, growths of ~12 000-node tables held matches back for
 // tens of µs: bench/indexload's replay p99.9 was ~200 µs, ~110 µs with
 // 1024 (tenth session); 4096 cost idle matches more than they gained.
