@@ -571,8 +571,7 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 		}
 	}
 	keysFrom := prev
-	var gs []tableGrowth // node tables the next chunk grows
-	sink, gs := ix.prefetchStore(bt, first, prev, hasPrev, &keys, gs)
+	sink, gs := ix.prefetchStore(bt, first, prev, hasPrev, &keys, nil) // gs: node tables the chunk grows
 	if bt != nil && bt.reserveSize(len(blocks)) > 0 {
 		// Room for as many new engine ids as the first chunk suggests:
 		// none for a copy of held blocks to another tier. (Counted only
@@ -1480,8 +1479,8 @@ func (ix *shard) sync(n *node, s uint32, t Tier) {
 
 // markOffDevice keeps the offDevice flag of the multi node n, whose
 // holders are hs, in step after a holder changed to tiers t (0: the holder
-// was deleted). It looks at the holders only when a holder held on another
-// tier changes or the node has just become multi.
+// was deleted). It looks at the holders only when the flag is set and may
+// no longer hold, or the node has two (it may have just become multi).
 func markOffDevice(n *node, hs []holder, t Tier) {
 	h := &n.one[0]
 	switch {
