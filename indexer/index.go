@@ -350,11 +350,11 @@ func (ix *shard) rlock() {
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
-// one worker rank must be applied in order, and the calls that change a
-// worker's blocks (Apply of an event of any of its ranks, RemoveWorker,
-// RemoveWorkerRank) made one at a time, not concurrently with each other,
-// as a Set does: a writer resizes a rank's table of engine ids without
-// the index's lock.
+// one worker rank must be applied in order, as a Set does. The index
+// itself makes the calls that change a shard (Apply, RemoveWorker,
+// RemoveWorkerRank) take turns (see shard.write), so a writer may resize
+// a rank's table of engine ids or grow node tables without the shard's
+// lock.
 //
 // An index is split by worker id into shards, each a whole prefix tree
 // behind its own lock, so that events of workers in different shards apply
@@ -456,8 +456,8 @@ func (ix *Index) Stats() Stats {
 
 // shard is the index of the worker ranks of some workers (see Index): all
 // of its state sits behind one RWMutex. Matches run concurrently with each
-// other and with event application; the calls that change one worker's
-// blocks are made one at a time (see Index).
+// other and with event application; the calls that change it take turns
+// on write.
 type shard struct {
 	// write is held by a writer for a whole operation (an event, a rank's
 	// removal), before it takes mu: writers take turns on it, so that at
@@ -558,7 +558,8 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	hasPrev := ev.HasParent
 
 	// Look the first chunk up while sharing the lock (see prefetchStore),
-	// then grow the rank's table for the event, if it must, without it.
+	// then grow the rank's table for the event, if it must, and the node
+	// tables the chunk fills, without it.
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
@@ -851,11 +852,11 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 
 // tableResize is a resized copy of a rank's engine-id table, built
 // without the index's lock by the goroutine applying the rank's events,
-// and put in place with the lock held exclusively. That goroutine is the
-// only one that changes the table (see Index), and matches never read
-// it, so building it holds up no one; other readers, such as Dump, only
-// read it too. The copy is put in place only if the table has not changed
-// meanwhile, which a caller breaking Index's rule would show.
+// and put in place with the lock held exclusively. That goroutine, holding
+// the shard's write mutex, is the only one that changes the table, and
+// matches never read it, so building it holds up no one; other readers,
+// such as Dump, only read it too. The copy is put in place only if the
+// table has not changed meanwhile, which the write mutex now rules out.
 type tableResize struct {
 	tab []blockEntry
 	gen uint32 // that of the table it was built from
@@ -1001,8 +1002,7 @@ func (ix *shard) removeWorkerRank(wr WorkerRank) {
 	sl.retired = true
 	ix.recount(sl, was)
 	ix.detachAll(w, AllTiers, func() bool { return true })
-	sl = &ix.slots[w.slot] // the slots may have grown meanwhile
-	ix.slots[w.slot] = slot{}
+	ix.slots[w.slot] = slot{} // sl still points at it: only writers add slots
 	ix.recount(sl, false)
 	ix.free = append(ix.free, w.slot)
 	ix.mu.Unlock()
