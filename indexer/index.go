@@ -306,27 +306,36 @@ func (s *slot) plain() bool { return s.closed() && !s.retired }
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
 
-// yieldChunk is how many blocks writers apply, at least, between two
-// yields of the lock to waiting matches, so that matches back to back do
-// not starve them: a match that waits gets the lock at the writer's next
-// block once writers have applied yieldChunk blocks since the last yield.
-// Where matches come now and then, as a router's do, that is the next
-// block; where they come back to back, every yieldChunk blocks. Smaller
-// cuts the latency of matches back to back and costs apply throughput
-// under them.
-const yieldChunk = 32
+// yieldChunk bounds how many blocks writers apply, at least, between two
+// yields of the lock to waiting matches (see shard.yieldAfter), so that
+// matches back to back do not starve them. Smaller cuts the latency of
+// matches back to back and costs apply throughput under them.
+const yieldChunk = 1 << maxYieldShift
+
+// maxYieldShift is the largest shard.yieldShift.
+const maxYieldShift = 5
 
 // relax is called by a writer holding mu before each block of an
 // operation, with held counting the blocks it applied since it took mu.
 // Once that is writeChunk, or a match waits and writers have applied
-// yieldChunk blocks since they last yielded to one (see yieldChunk),
-// relax releases mu and takes it again, resets held and reports true:
-// what the writer knew may have changed.
+// yieldAfter blocks since they last yielded to one, relax releases mu and
+// takes it again, resets held and reports true: what the writer knew may
+// have changed.
 func (ix *shard) relax(held *int) bool {
 	ix.sinceYield++
-	if *held >= writeChunk || ix.sinceYield > yieldChunk && ix.waiting.Load() != 0 {
-		if ix.waiting.Load() != 0 {
-			ix.sinceYield = 1
+	waiting := ix.waiting.Load() != 0
+	if waiting && ix.arrived == 0 {
+		ix.arrived = ix.sinceYield
+	}
+	if *held >= writeChunk || waiting && ix.sinceYield > ix.yieldAfter() {
+		if waiting {
+			switch {
+			case ix.arrived > yieldChunk && ix.yieldShift > 0:
+				ix.yieldShift--
+			case ix.arrived <= yieldChunk && ix.yieldShift < maxYieldShift:
+				ix.yieldShift++
+			}
+			ix.sinceYield, ix.arrived = 1, 0
 		}
 		ix.mu.Unlock()
 		ix.mu.Lock()
@@ -336,6 +345,14 @@ func (ix *shard) relax(held *int) bool {
 	*held++
 	return false
 }
+
+// yieldAfter is how many blocks writers apply, at least, between two
+// yields of mu to waiting matches: 1 while matches come now and then, as
+// a router's do, so that one waits for the writer's current block only;
+// doubling, up to yieldChunk, with each match that comes within
+// yieldChunk blocks of the last yield (matches back to back), and halving
+// with each that comes later.
+func (ix *shard) yieldAfter() int { return 1 << ix.yieldShift }
 
 // rlock takes mu for reading, telling writers when it has to wait.
 func (ix *shard) rlock() {
@@ -470,8 +487,12 @@ type shard struct {
 	// up early (see relax).
 	waiting atomic.Int32
 	// sinceYield counts the blocks writers applied, under mu, since one
-	// last released it for a waiting match (see relax).
+	// last released it for a waiting match (see relax); arrived is what
+	// it was when a writer first saw a match waiting since (0: none yet),
+	// and yieldShift sets yieldAfter from how soon matches came.
 	sinceYield int
+	arrived    int
+	yieldShift uint8
 	nodes      nodeStore
 	// hold keeps the holders of nodes with several, sorted by slot.
 	hold holderArena

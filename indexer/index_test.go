@@ -906,7 +906,9 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 
 // TestRelaxYields checks when a writer gives up the lock: every
 // writeChunk blocks, and for a waiting match at the next block once
-// writers have applied yieldChunk blocks since they last yielded to one.
+// writers have applied yieldAfter blocks since they last yielded to one,
+// which doubles while matches come back to back and halves while they
+// come now and then.
 func TestRelaxYields(t *testing.T) {
 	ix := newShard()
 	ix.mu.Lock()
@@ -925,21 +927,38 @@ func TestRelaxYields(t *testing.T) {
 	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk + 1, 2*writeChunk + 1}; !slices.Equal(got, want) {
 		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
 	}
-	// A match waits: long past the last yield, the next block yields, then
-	// every yieldChunk blocks while it keeps waiting.
+	// A match waits, long past the last yield: the next block yields.
+	// While matches keep waiting, each comes right after a yield, and the
+	// gap between yields doubles up to yieldChunk.
 	ix.waiting.Store(1)
 	held = 0 // a new operation
-	if got, want := relax(&held, 2*yieldChunk+1), []int{1, yieldChunk + 1, 2*yieldChunk + 1}; !slices.Equal(got, want) {
-		t.Fatalf("match waiting: yields at %v, want %v", got, want)
+	want := []int{1, 2, 4, 8, 16, 32, 32 + yieldChunk, 32 + 2*yieldChunk}
+	if got := relax(&held, 32+2*yieldChunk); !slices.Equal(got, want) {
+		t.Fatalf("matches back to back: yields at %v, want %v", got, want)
 	}
-	// It got the lock; another comes within yieldChunk blocks of the last
-	// yield: the writer goes on until yieldChunk blocks are applied since
-	// (the yielding call's block, yieldChunk/2 more, yieldChunk/2-1 more).
+	if got := ix.yieldAfter(); got != yieldChunk {
+		t.Fatalf("after matches back to back: yieldAfter %d, want %d", got, yieldChunk)
+	}
+	// Matches now and then: each yields at the next block and halves the
+	// gap (three times here: 32 -> 4).
+	for range 3 {
+		ix.waiting.Store(0)
+		held = 0
+		relax(&held, yieldChunk+1)
+		ix.waiting.Store(1)
+		if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
+			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
+		}
+	}
+	// Another comes 1 block after that yield: the writer goes on until it
+	// has applied yieldAfter (4) blocks since (the yielding call's block,
+	// 1 more, then 2 before it yields at the third call); as matches keep
+	// waiting, the gaps double again (8, 16).
 	ix.waiting.Store(0)
 	held = 0
-	relax(&held, yieldChunk/2)
+	relax(&held, 1)
 	ix.waiting.Store(1)
-	if got, want := relax(&held, yieldChunk), []int{yieldChunk / 2}; !slices.Equal(got, want) {
+	if got, want := relax(&held, yieldChunk), []int{3, 3 + 8, 3 + 8 + 16}; !slices.Equal(got, want) {
 		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
 	}
 }
