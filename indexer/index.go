@@ -319,8 +319,9 @@ const maxYieldShift = 5
 // operation, with held counting the blocks it applied since it took mu.
 // Once that is writeChunk, or a match waits and writers have applied
 // yieldAfter blocks since they last yielded to one, relax releases mu and
-// takes it again, resets held and reports true: what the writer knew may
-// have changed.
+// takes it again, resets held and reports true. Only matches and other
+// readers run meanwhile (writers take turns on shard.write), so what the
+// writer knew still holds.
 func (ix *shard) relax(held *int) bool {
 	ix.sinceYield++
 	waiting := ix.waiting.Load() != 0
@@ -580,19 +581,27 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 
 	// Look the first chunk up while sharing the lock (see prefetchStore),
 	// then grow the rank's table for the event, if it must, and the node
-	// tables the chunk fills, without it.
+	// tables the chunk fills, without it. Only readers run while this
+	// writer does not hold mu (see shard.write): what it saw stays so.
 	ix.mu.RLock()
 	var prev uint64
 	var bt *blockTable
 	growTo := 0
-	wasW := ix.workers[ev.Worker]
-	if wasW != nil {
-		bt = &wasW.blocks
-		if x, ok := bt.get(ev.Parent); hasPrev && ok {
-			prev = ix.nodes.get(x).key
-		}
+	w := ix.workers[ev.Worker]
+	if w != nil {
+		bt = &w.blocks
 	}
-	keysFrom := prev
+	if hasPrev {
+		x, ok := uint32(0), false
+		if bt != nil {
+			x, ok = bt.get(ev.Parent)
+		}
+		if !ok {
+			ix.mu.RUnlock()
+			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
+		}
+		prev = ix.nodes.get(x).key
+	}
 	sink, gs := ix.prefetchStore(bt, first, prev, hasPrev, &keys, nil) // gs: node tables the chunk grows
 	if bt != nil && bt.reserveSize(len(blocks)) > 0 {
 		// Room for as many new engine ids as the first chunk suggests:
@@ -614,32 +623,16 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 
 	ix.mu.Lock()
 	ix.nodes.grow(gs)
-	w := ix.workers[ev.Worker]
-	if w != nil && w == wasW {
-		grown.apply(&w.blocks)
-	}
-	if hasPrev {
-		var x uint32
-		var ok bool
-		if w != nil {
-			x, ok = w.blocks.get(ev.Parent)
-		}
-		if !ok {
-			ix.mu.Unlock()
-			return res, fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
-		}
-		if prev = ix.nodes.get(x).key; prev != keysFrom { // changed meanwhile
-			sequenceKeys(first, prev, hasPrev, &keys)
-		}
-	}
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
+	} else {
+		grown.apply(&w.blocks)
 	}
 	var parent *node // node of the previous block, once known
 	var pid uint32
 	held := 0
 	for i, b := range blocks {
-		relaxed := ix.relax(&held)
+		ix.relax(&held)
 		if i > 0 && i%writeChunk == 0 {
 			var s uint64
 			s, gs = ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys, gs)
@@ -649,16 +642,7 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 				ix.nodes.build(gs)
 				ix.mu.Lock()
 				ix.nodes.grow(gs)
-				relaxed = true
 			}
-		}
-		if relaxed {
-			if ix.workers[ev.Worker] != w {
-				// The worker was removed meanwhile: the rest has no parent.
-				ix.mu.Unlock()
-				return res, nil
-			}
-			parent, pid = nil, 0
 		}
 		key := keys[i%writeChunk]
 		if hasPrev && parent == nil {
@@ -794,9 +778,7 @@ func (ix *shard) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 	w := ix.workers[wr]
 	held := 0
 	for _, h := range hashes {
-		if ix.relax(&held) {
-			w = ix.workers[wr]
-		}
+		ix.relax(&held)
 		var hd *holder
 		var n *node
 		if w != nil {
@@ -821,30 +803,23 @@ func (ix *shard) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResul
 
 func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
-	var sink uint64
-	prefetch := func(i int) { // with mu held
-		if w := ix.workers[wr]; w != nil {
-			sink += ix.prefetchRemove(w, hashes[i:min(i+writeChunk, len(hashes))])
-		}
-	}
 	ix.mu.RLock()
-	prefetch(0)
+	w := ix.workers[wr]
+	if w == nil {
+		ix.mu.RUnlock()
+		return ApplyResult{Unknown: len(hashes)}
+	}
+	sink := ix.prefetchRemove(w, hashes[:min(writeChunk, len(hashes))])
 	ix.mu.RUnlock()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	w := ix.workers[wr]
 	held := 0
 	for i, h := range hashes {
-		if ix.relax(&held) {
-			w = ix.workers[wr]
-		}
+		ix.relax(&held)
 		if i > 0 && i%writeChunk == 0 {
-			prefetch(i)
+			sink += ix.prefetchRemove(w, hashes[i:min(i+writeChunk, len(hashes))])
 		}
-		x, ok := uint32(0), false
-		if w != nil {
-			x, ok = w.blocks.get(h)
-		}
+		x, ok := w.blocks.get(h)
 		if !ok {
 			res.Unknown++
 			continue
@@ -855,18 +830,13 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 			res.Removed++
 		}
 	}
-	if w == nil {
-		return res
-	}
 	w.sink += sink
 	if size := w.blocks.trimSize(); size > 0 {
 		// Build the smaller table without the lock (see tableResize).
 		ix.mu.Unlock()
 		r := prepareResize(&w.blocks, size)
 		ix.mu.Lock()
-		if ix.workers[wr] == w {
-			r.apply(&w.blocks)
-		}
+		r.apply(&w.blocks)
 	}
 	return res
 }
@@ -964,23 +934,18 @@ func (ix *shard) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	if w == nil {
 		return ApplyResult{}
 	}
-	removed := ix.detachAll(w, tiers, func() bool { return ix.workers[wr] == w })
-	if ix.workers[wr] == w {
-		w.blocks.trim()
-	}
+	removed := ix.detachAll(w, tiers)
+	w.blocks.trim()
 	return ApplyResult{Removed: removed}
 }
 
-// detachAll drops tiers from every block of w, releasing the lock every
-// writeChunk blocks; after each release it goes on only while current()
-// holds. Called with mu held, it returns with mu held.
-func (ix *shard) detachAll(w *worker, tiers Tier, current func() bool) (removed int) {
+// detachAll drops tiers from every block of w, yielding the lock as
+// relax does. Called with mu held, it returns with mu held.
+func (ix *shard) detachAll(w *worker, tiers Tier) (removed int) {
 	ids := w.blocks.ids(nil)
 	held := 0
 	for i, h := range ids {
-		if ix.relax(&held) && !current() {
-			break
-		}
+		ix.relax(&held)
 		if i%writeChunk == 0 {
 			w.sink += ix.prefetchRemove(w, ids[i:min(i+writeChunk, len(ids))])
 		}
@@ -1022,7 +987,7 @@ func (ix *shard) removeWorkerRank(wr WorkerRank) {
 	was := sl.plain()
 	sl.retired = true
 	ix.recount(sl, was)
-	ix.detachAll(w, AllTiers, func() bool { return true })
+	ix.detachAll(w, AllTiers)
 	ix.slots[w.slot] = slot{} // sl still points at it: only writers add slots
 	ix.recount(sl, false)
 	ix.free = append(ix.free, w.slot)
