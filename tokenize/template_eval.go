@@ -100,8 +100,6 @@ type jCallable struct {
 	// bound method (an attribute read without a call)
 	recv   jv
 	method string
-	// a recursive loop's loop() callable
-	loop *jLoopCtx
 }
 
 type jLoopCtx struct {
