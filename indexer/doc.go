@@ -47,13 +47,17 @@
 // behind several. Matches share the lock with each other and with the
 // writer looking up the first chunk of an event (keys hashed, table slots
 // and nodes loaded into cache). A writer holds it exclusively for at most
-// writeChunk blocks, and yields it to a waiting match at its next block
-// once writers have applied yieldAfter blocks since they last yielded to
-// one: 1 while matches come now and then, up to yieldChunk while they
-// come back to back. A writer resizes its rank's table of engine ids
-// without the lock: only the goroutine applying the rank's events changes
-// it, and matches never read it. Where every rank of a shard is closed, a match looking ahead
-// counts a node's holders per tier class instead of comparing them with
+// writeChunk blocks, then releases it and, where the shards are at least
+// as many as the cores Go uses, gives up its core for a moment
+// (runtime.Gosched), so that writers busy on every core do not keep a
+// match of another shard, or a request, waiting for one. It yields the
+// lock to a waiting match at its next block once writers have applied
+// yieldAfter blocks since they last yielded to one: 1 while matches come
+// now and then, up to yieldChunk while they come back to back. A writer
+// resizes its rank's table of engine ids without the lock: only the
+// goroutine applying the rank's events changes it, and matches never read
+// it. Where every rank of a shard is closed, a match looking ahead counts
+// a node's holders per tier class instead of comparing them with
 // the ranks still matching (see matcher.holdsAll).
 //
 // # The event path

@@ -963,6 +963,55 @@ func TestRelaxYields(t *testing.T) {
 	}
 }
 
+// TestWritersGiveUpTheCPU checks that where the shards are as many as
+// the cores, a writer applying a long event lets a goroutine waiting for
+// a core run before the event ends: with one P and one shard, a goroutine
+// started as the event begins sees it part-applied.
+func TestWritersGiveUpTheCPU(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := NewIndex(4)
+	w := WorkerRank{Worker: 1}
+	const n = 4 * writeChunk
+	blocks := make([]Block, n)
+	for i := range blocks {
+		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
+	}
+	seen := make(chan int, 1)
+	go func() { seen <- ix.RankBlocks(w) }() // runnable, but this goroutine has the only P
+	if _, err := ix.Apply(stored(w, TierDevice, nil, blocks)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-seen; got == 0 || got >= n {
+		t.Fatalf("the other goroutine saw %d of the event's %d blocks, want some but not all", got, n)
+	}
+}
+
+// TestYieldCPUWhereShardsFillTheCores checks which indexes' writers give
+// up their core now and then: those with as many shards as Go uses cores,
+// or more.
+func TestYieldCPUWhereShardsFillTheCores(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	cases := []struct {
+		procs, shards int
+		want          bool
+	}{
+		{1, 1, true},
+		{2, 1, false},
+		{2, 2, true},
+		{2, 4, true},
+		{8, 4, false},
+	}
+	for _, c := range cases {
+		runtime.GOMAXPROCS(c.procs)
+		ix := NewShardedIndex(4, c.shards)
+		for i, sh := range ix.shards {
+			if sh.yieldCPU != c.want {
+				t.Errorf("GOMAXPROCS %d, %d shards: shard %d yieldCPU %v, want %v", c.procs, c.shards, i, sh.yieldCPU, c.want)
+			}
+		}
+	}
+}
+
 // TestWritersTakeTurnsOffTheLock checks that a writer waiting for another
 // writer's operation to end waits on the shard's write mutex, not on mu,
 // where it would hold up new matches (Go's RWMutex queues new readers
