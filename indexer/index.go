@@ -328,7 +328,10 @@ const maxYieldShift = 5
 func (ix *shard) relax(held *int) bool {
 	ix.sinceYield++
 	waiting := ix.waiting.Load() != 0
-	if waiting && ix.arrived == 0 {
+	switch {
+	case !waiting:
+		ix.arrived = 0 // a match seen waiting got mu as the writer let it go
+	case ix.arrived == 0:
 		ix.arrived = ix.sinceYield
 	}
 	if *held >= writeChunk || waiting && ix.sinceYield > ix.yieldAfter() {
@@ -499,8 +502,8 @@ type shard struct {
 	waiting atomic.Int32
 	// sinceYield counts the blocks writers applied, under mu, since one
 	// last released it for a waiting match (see relax); arrived is what
-	// it was when a writer first saw a match waiting since (0: none yet),
-	// and yieldShift sets yieldAfter from how soon matches came.
+	// it was when a writer first saw a match waiting since (0: none is
+	// waiting), and yieldShift sets yieldAfter from how soon matches came.
 	sinceYield int
 	arrived    int
 	yieldShift uint8

@@ -961,6 +961,19 @@ func TestRelaxYields(t *testing.T) {
 	if got, want := relax(&held, yieldChunk), []int{3, 3 + 8, 3 + 8 + 16}; !slices.Equal(got, want) {
 		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
 	}
+	// The last match seen (soon after that yield) got the lock otherwise
+	// (at the end of the writer's operation): it does not count when the
+	// next comes, long after, which halves the gap.
+	ix.waiting.Store(0)
+	held = 0
+	relax(&held, yieldChunk+1)
+	ix.waiting.Store(1)
+	if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
+		t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
+	}
+	if got := ix.yieldAfter(); got != yieldChunk/2 {
+		t.Fatalf("after a match long after the last: yieldAfter %d, want %d", got, yieldChunk/2)
+	}
 }
 
 // TestWritersGiveUpTheCPU checks that where the shards are as many as
