@@ -512,8 +512,7 @@ type shard struct {
 	// then keep every core busy, and Go takes a core from a running
 	// goroutine only after 10 ms, so a match of another shard, or a
 	// request, would wait for a writer's whole event. With fewer, a core
-	// stays free for them, and giving it up cost about 5-10 % of the
-	// apply rate of one shard on two cores (bench/indexload).
+	// stays free for them, and giving it up only lowers the apply rate.
 	yieldCPU bool
 	nodes    nodeStore
 	// hold keeps the holders of nodes with several, sorted by slot.

@@ -924,6 +924,18 @@ func TestRelaxYields(t *testing.T) {
 		return at
 	}
 	held := 0
+	// lateMatch has a match come after a quiet stretch (the writer's
+	// next operation): it gets the lock at the first block.
+	lateMatch := func() {
+		t.Helper()
+		ix.waiting.Store(0)
+		held = 0
+		relax(&held, yieldChunk+1)
+		ix.waiting.Store(1)
+		if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
+			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
+		}
+	}
 	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk + 1, 2*writeChunk + 1}; !slices.Equal(got, want) {
 		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
 	}
@@ -942,13 +954,7 @@ func TestRelaxYields(t *testing.T) {
 	// Matches now and then: each yields at the next block and halves the
 	// gap (three times here: 32 -> 4).
 	for range 3 {
-		ix.waiting.Store(0)
-		held = 0
-		relax(&held, yieldChunk+1)
-		ix.waiting.Store(1)
-		if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
-			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
-		}
+		lateMatch()
 	}
 	// Another comes 1 block after that yield: the writer goes on until it
 	// has applied yieldAfter (4) blocks since (the yielding call's block,
@@ -964,13 +970,7 @@ func TestRelaxYields(t *testing.T) {
 	// The last match seen (soon after that yield) got the lock otherwise
 	// (at the end of the writer's operation): it does not count when the
 	// next comes, long after, which halves the gap.
-	ix.waiting.Store(0)
-	held = 0
-	relax(&held, yieldChunk+1)
-	ix.waiting.Store(1)
-	if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
-		t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
-	}
+	lateMatch()
 	if got := ix.yieldAfter(); got != yieldChunk/2 {
 		t.Fatalf("after a match long after the last: yieldAfter %d, want %d", got, yieldChunk/2)
 	}
