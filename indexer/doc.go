@@ -56,9 +56,10 @@
 // now and then, up to yieldChunk while they come back to back. A writer
 // resizes its rank's table of engine ids without the lock: only the
 // goroutine applying the rank's events changes it, and matches never read
-// it. Where every rank of a shard is closed, a match looking ahead counts
-// a node's holders per tier class instead of comparing them with
-// the ranks still matching (see matcher.holdsAll).
+// it. Matches write only the hints of where they found a stretch's end,
+// atomically (see runHints). Where every rank of a shard is closed, a
+// match looking ahead counts a node's holders per tier class instead of
+// comparing them with the ranks still matching (see matcher.holdsAll).
 //
 // # The event path
 //

@@ -514,7 +514,10 @@ type shard struct {
 	// request, would wait for a writer's whole event. With fewer, a core
 	// stays free for them, and giving it up only lowers the apply rate.
 	yieldCPU bool
-	nodes    nodeStore
+	// hints guide matches looking ahead (see runHints); made by the
+	// first that does.
+	hints atomic.Pointer[runHints]
+	nodes nodeStore
 	// hold keeps the holders of nodes with several, sorted by slot.
 	hold holderArena
 	// mores are the extMores of nodes with many holders, by the index
@@ -1553,6 +1556,7 @@ type matcher struct {
 	node             []uint64          // a sparse node's holders as classBits (see bitsOf)
 	reach            [nClasses][]int32 // per slot and class: blocks matched
 	sink             uint64            // what prefetches loaded (see gallop)
+	probes           int               // blocks gallop looked up in this match
 	// counted says that gallop compares live, the closed ranks per class,
 	// with a node's holder counts instead of its holders (see allHold).
 	counted bool
@@ -1573,10 +1577,12 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // prefix ends at the node, so a block costs a lookup and a look at the
 // ranks ending there. Where the node has other children, the ranks still
 // matching, a bit set, are intersected with the child's holders a word at
-// a time. Over a stretch where no closed rank drops out, Match searches
-// exponentially (8, 16, 32, ... blocks ahead) and finds the next drop by
-// bisection: a closed rank holding a block holds all before it. Ranks
-// that are not closed are walked block by block, by bit sets.
+// a time. Over a stretch where no closed rank drops out, Match looks
+// first where the last match through the stretch's first block found the
+// next drop (see runHints), then searches exponentially (8, 16, 32, ...
+// blocks ahead) and finds the next drop by bisection: a closed rank
+// holding a block holds all before it. Ranks that are not closed are
+// walked block by block, by bit sets.
 func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
@@ -1605,6 +1611,7 @@ func words(s []uint64, n int) []uint64 {
 // the classes they do not hold it in. It returns the first block's node
 // and its id, or nil if no rank holds it.
 func (m *matcher) start() (*node, uint32) {
+	m.probes = 0
 	n, id := m.ix.lookup(m.seq[0])
 	if n == nil {
 		return nil, 0
@@ -1811,18 +1818,58 @@ func (m *matcher) holdsAll(n *node) bool {
 }
 
 // gallop moves the closed ranks (there are no exact ones) from depth (node
-// n) as far as they all hold the prompt: exponentially far ahead, then by
-// bisection. It returns the new depth, its node and the node's id; from
-// there the next block drops a rank, or it is the last.
+// n) as far as they all hold the prompt. It returns the new depth, its node
+// and the node's id; from there the next block drops a rank, or it is the
+// last. It first tries where an earlier match found the next drop from n
+// (see runHints), then searches exponentially far ahead and bisects.
 func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 	last := len(m.seq) - 1
-	st := &m.ix.nodes
 	if m.counted = m.ix.notPlain == 0; m.counted {
 		m.live = [nClasses]int{}
 		for i := nClasses * m.lo; i < nClasses*m.hi; i++ {
 			m.live[i%nClasses] += bits.OnesCount64(m.closed[i])
 		}
 	}
+	from, fromID := depth, id
+	hints := m.ix.runHints()
+	k, had := hints.get(id)
+	if had && depth+k <= last {
+		to := depth + k
+		if to < last {
+			m.sink += m.ix.nodes.touch(m.seq[to+1])
+		}
+		nt, tid := n, id
+		if k > 0 {
+			m.probes++
+			nt, tid = m.ix.lookup(m.seq[to])
+			if !m.holdsAll(nt) { // the drop came nearer
+				depth, n, id = m.bisect(depth, to, n, id)
+				hints.put(fromID, depth-from)
+				return depth, n, id
+			}
+		}
+		if to == last {
+			return to, nt, tid
+		}
+		m.probes++
+		nu, uid := m.ix.lookup(m.seq[to+1])
+		if !m.holdsAll(nu) {
+			return to, nt, tid
+		}
+		depth, n, id = to+1, nu, uid // the drop went further
+	}
+	depth, n, id = m.ahead(depth, n, id)
+	if !had || depth-from != k {
+		hints.put(fromID, depth-from)
+	}
+	return depth, n, id
+}
+
+// ahead is gallop's search: exponentially far ahead of depth (node n, id),
+// then by bisection.
+func (m *matcher) ahead(depth int, n *node, id uint32) (int, *node, uint32) {
+	last := len(m.seq) - 1
+	st := &m.ix.nodes
 	// The blocks the exponential search may look at are known: look them
 	// all up at once, so that their cache misses overlap.
 	var at [48]int32
@@ -1839,6 +1886,7 @@ func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 	for i := range k {
 		ids[i] = st.find(m.seq[at[i]])
 	}
+	m.probes += k
 	for i := range k { // at[k-1] is the last block: 8<<47 blocks are more than any prompt
 		to, tid := int(at[i]), ids[i]
 		var nt *node
@@ -1846,23 +1894,30 @@ func (m *matcher) gallop(depth int, n *node, id uint32) (int, *node, uint32) {
 			nt = st.get(tid)
 		}
 		if !m.holdsAll(nt) {
-			lo, hi := depth, to // all hold lo, not hi
-			for hi-lo > 1 {
-				mid := (lo + hi) / 2
-				if hi-lo > 3 { // the next step probes one of these
-					m.sink += st.touch(m.seq[(lo+mid)/2]) + st.touch(m.seq[(mid+hi)/2])
-				}
-				if nm, mi := m.ix.lookup(m.seq[mid]); m.holdsAll(nm) {
-					lo, n, id = mid, nm, mi
-				} else {
-					hi = mid
-				}
-			}
-			return lo, n, id
+			return m.bisect(depth, to, n, id)
 		}
 		depth, n, id = to, nt, tid
 	}
 	return depth, n, id
+}
+
+// bisect finds, between depth lo (node n, id), which every closed rank
+// holds, and hi, which one does not, the last block they all hold.
+func (m *matcher) bisect(lo, hi int, n *node, id uint32) (int, *node, uint32) {
+	st := &m.ix.nodes
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		if hi-lo > 3 { // the next step probes one of these
+			m.sink += st.touch(m.seq[(lo+mid)/2]) + st.touch(m.seq[(mid+hi)/2])
+		}
+		m.probes++
+		if nm, mi := m.ix.lookup(m.seq[mid]); m.holdsAll(nm) {
+			lo, n, id = mid, nm, mi
+		} else {
+			hi = mid
+		}
+	}
+	return lo, n, id
 }
 
 // bitsOf returns n's holders as classBits valid over words [lo, hi)
@@ -2002,4 +2057,49 @@ func (ix *shard) stats() Stats {
 		st.Entries += w.blocks.len()
 	}
 	return st
+}
+
+// hintBits sets the size of a shard's runHints: 1<<hintBits words.
+const hintBits = 15
+
+// runHints remembers, per node where a match started looking ahead (see
+// matcher.gallop), how many blocks further on it found the last block
+// that every closed rank still matching held. The ranks holding a node
+// are those still matching there, whatever the prompt, so the next match
+// through the node finds the next drop where the last one did, unless an
+// event has moved it since: it probes there first, then searches. An
+// entry is only a guess, checked like any probe ahead, so a stale one, or
+// one of a deleted node whose id was reused, costs a probe and is never
+// wrong. Entries are words that matches, which share mu, write and read
+// atomically; one node's entry may overwrite another's.
+type runHints []atomic.Uint64
+
+// runHints returns the shard's runHints, making them on first use.
+func (ix *shard) runHints() runHints {
+	if h := ix.hints.Load(); h != nil {
+		return *h
+	}
+	h := make(runHints, 1<<hintBits)
+	if !ix.hints.CompareAndSwap(nil, &h) {
+		return *ix.hints.Load()
+	}
+	return h
+}
+
+// hintSlot is node id's entry (Fibonacci hashing: ids are dense).
+func hintSlot(id uint32) uint32 { return (id * 0x9E3779B1) >> (32 - hintBits) }
+
+// get returns the distance remembered for node id, if any (no node has
+// id 0, so an entry never written names none).
+func (h runHints) get(id uint32) (int, bool) {
+	e := h[hintSlot(id)].Load()
+	if uint32(e>>32) != id {
+		return 0, false
+	}
+	return int(uint32(e)), true
+}
+
+// put remembers distance k for node id.
+func (h runHints) put(id uint32, k int) {
+	h[hintSlot(id)].Store(uint64(id)<<32 | uint64(uint32(k)))
 }

@@ -2,9 +2,11 @@ package indexer
 
 import (
 	"errors"
+	"fmt"
 	"math/bits"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -1061,4 +1063,74 @@ func TestWritersTakeTurnsOffTheLock(t *testing.T) {
 	if got := ix.Match(seqOf("01"), nil); len(got) != 1 || got[0].Device != 2 {
 		t.Fatalf("match after the turn = %+v", got)
 	}
+}
+
+// walk matches seq on sh as Match does and returns the blocks that the
+// look-ahead looked up.
+func walk(sh *shard, seq []uint64) int {
+	m := &matcher{ix: sh, seq: seq}
+	sh.rlock()
+	defer sh.mu.RUnlock()
+	if n, id := m.start(); n != nil {
+		m.run(n, id)
+	}
+	return m.probes
+}
+
+// TestRunHints checks that a match looking ahead remembers where it found
+// the next drop, that the next match through the node probes there first
+// and looks up fewer blocks, and that a hint the events have made stale, or
+// one forged to be wrong, gives the right answer and is corrected.
+func TestRunHints(t *testing.T) {
+	path := strings.Repeat("0110100110010110", 7)[:100]
+	seq := seqOf(path)
+	a, b := WorkerRank{Worker: 1}, WorkerRank{Worker: 2}
+	ix := NewIndex(4)
+	sh := ix.shards[0]
+	mustApply := func(ev Event) {
+		t.Helper()
+		if _, err := ix.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustApply(stored(a, TierDevice, nil, blocksOf("", path)))
+	mustApply(stored(b, TierDevice, nil, blocksOf("", path[:40])))
+	// Every rank holds the first gallopAfter+1 blocks without a drop, so the
+	// look-ahead starts at block gallopAfter (depth gallopAfter).
+	fromID := sh.nodes.find(seq[gallopAfter])
+	if fromID == 0 {
+		t.Fatal("no node for the look-ahead's first block")
+	}
+	check := func(when string, bHolds int) {
+		t.Helper()
+		want := []Overlap{{Worker: a, Device: 100, Host: 100, Disk: 100}, {Worker: b, Device: bHolds, Host: bHolds, Disk: bHolds}}
+		got := matchSorted(ix, path)
+		for i := range got {
+			got[i].Blocks = 0
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: match = %v, want %v", when, got, want)
+		}
+		// b's last block is the last one every rank holds.
+		if k, ok := sh.runHints().get(fromID); !ok || k != bHolds-1-gallopAfter {
+			t.Fatalf("%s: hint %d, %v, want %d", when, k, ok, bHolds-1-gallopAfter)
+		}
+	}
+	cold := walk(sh, seq)
+	check("first match", 40)
+	if warm := walk(sh, seq); warm >= cold {
+		t.Errorf("with hints the look-ahead looked up %d blocks, without %d", warm, cold)
+	}
+	for _, k := range []int{1, 10, 35, 36, 80, 95, 200} {
+		sh.runHints().put(fromID, k)
+		check(fmt.Sprintf("hint forged to %d", k), 40)
+	}
+	mustApply(stored(b, TierDevice, ptr(pathID(path[:40])), blocksOf(path[:40], path[40:70])))
+	check("b's prefix grew to 70", 70)
+	var tail []uint64
+	for l := 70; l > 20; l-- {
+		tail = append(tail, pathID(path[:l]))
+	}
+	mustApply(removed(b, TierDevice, tail...))
+	check("b's prefix shrank to 20", 20)
 }

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -366,7 +367,8 @@ type recorder struct {
 func (r *recorder) Helper()                   {}
 func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(f, a...)) }
 
-// TestDeepMatchesReferenceModel drives the jump-and-bisect path of Match:
+// TestDeepMatchesReferenceModel drives the jump-and-bisect path of Match,
+// with the hints it leaves (see runHints) or forged ones:
 // long device-only paths over a 2-symbol alphabet (so ranks share long
 // prefixes and diverge anywhere), evicted tail-first as engines do, mixed
 // with occasional out-of-order removals and other tiers that force the
@@ -409,11 +411,26 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 				m.clear(w, AllTiers)
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
+			if rapid.Bool().Draw(t, "forgeHints") {
+				forgeHints(ix, rapid.Uint64().Draw(t, "hintSeed"))
+			}
 			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
 			checkInvariantsRapid(t, ix)
 		}
 		checkInvariantsRapid(t, ix)
 	})
+}
+
+// forgeHints gives every node of ix a look-ahead hint (see runHints) of a
+// random distance: matches must answer as if it had none.
+func forgeHints(ix *Index, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0))
+	for _, sh := range ix.shards {
+		h := sh.runHints()
+		for id := uint32(1); id < sh.nodes.next; id++ {
+			h.put(id, rng.IntN(120))
+		}
+	}
 }
 
 // TestEngineIDCollisions applies random events whose engine ids come from
