@@ -1623,6 +1623,30 @@ func (m *matcher) start() (*node, uint32) {
 	for c := range m.reach {
 		m.reach[c] = slices.Grow(m.reach[c][:0], len(slots))[:len(slots)]
 	}
+	m.lo, m.hi, m.elo, m.ehi, m.nClosed = nw, 0, nw, 0, 0
+	if b, ok := m.ix.denseBits(n); ok && m.ix.notPlain == 0 {
+		// Every rank is plain (none open, none retired): the candidates
+		// are the first block's holders, all closed, each live in the
+		// classes it holds the block in.
+		for w := range nw {
+			l := b.at(nClasses*w + classAny)
+			if l == 0 {
+				continue
+			}
+			m.cands[w] = l
+			m.lo, m.hi = min(m.lo, w), w+1
+			m.nClosed += bits.OnesCount64(l)
+			for c := range nClasses {
+				held := b.at(nClasses*w + c)
+				m.closed[nClasses*w+c] = held
+				m.settle(c, w, l&^held, 0)
+			}
+		}
+		if m.nClosed == 0 {
+			return nil, 0
+		}
+		return n, id
+	}
 	miss := m.node // per class, the candidates not holding the first block in it
 	lo, hi := nw, 0
 	for _, h := range m.ix.holders(n) {
@@ -1645,7 +1669,6 @@ func (m *matcher) start() (*node, uint32) {
 			}
 		}
 	}
-	m.lo, m.hi, m.elo, m.ehi, m.nClosed = nw, 0, nw, 0, 0
 	for w := lo; w < hi; w++ {
 		for c := range nClasses {
 			l := m.cands[w] &^ miss[nClasses*w+c]
