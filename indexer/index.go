@@ -1558,7 +1558,7 @@ type matcher struct {
 	sink             uint64            // what prefetches loaded (see gallop)
 	probes           int               // blocks gallop looked up in this match
 	// counted says that gallop compares live, the closed ranks per class,
-	// with a node's holder counts instead of its holders (see allHold).
+	// with a node's holder counts instead of its holders (see holdsAll).
 	counted bool
 	live    [nClasses]int
 }
@@ -2082,40 +2082,53 @@ func (ix *shard) stats() Stats {
 	return st
 }
 
-// hintBits sets the size of a shard's runHints: 1<<hintBits words.
-const hintBits = 15
+// maxHintBits bounds a shard's runHints: at most 1<<maxHintBits words
+// (256 KB).
+const maxHintBits = 15
+
+// minHints is the fewest words a shard's runHints has (8 KB).
+const minHints = 1 << 10
 
 // runHints remembers, per node where a match started looking ahead (see
 // matcher.gallop), how many blocks further on it found the last block
-// that every closed rank still matching held. The ranks holding a node
-// are those still matching there, whatever the prompt, so the next match
-// through the node finds the next drop where the last one did, unless an
-// event has moved it since: it probes there first, then searches. An
-// entry is only a guess, checked like any probe ahead, so a stale one, or
-// one of a deleted node whose id was reused, costs a probe and is never
-// wrong. Entries are words that matches, which share mu, write and read
-// atomically; one node's entry may overwrite another's.
+// that every closed rank still matching held. Where every rank is closed,
+// the ranks still matching at a node are those holding it, whatever the
+// prompt, so the next match through the node finds the next drop where
+// the last one did, unless an event has moved it since: it probes there
+// first, then searches. An entry is only a guess, checked like any probe
+// ahead, so a stale one, or one of a deleted node whose id was reused,
+// costs a probe and is never wrong. Entries are words that matches, which
+// share mu, write and read atomically; one node's entry may overwrite
+// another's. The table has a word per 16 nodes the shard has had, a power
+// of two from minHints to 1<<maxHintBits, so that the many small indexes
+// of a fleet with many tenants stay small.
 type runHints []atomic.Uint64
 
-// runHints returns the shard's runHints, making them on first use.
+// runHints returns the shard's runHints, made (again, empty) where there
+// are none yet or the shard has outgrown them. Called with mu held for
+// reading.
 func (ix *shard) runHints() runHints {
-	if h := ix.hints.Load(); h != nil {
-		return *h
+	want := min(max(1<<bits.Len32(ix.nodes.next/16), minHints), 1<<maxHintBits)
+	p := ix.hints.Load()
+	if p != nil && len(*p) >= want {
+		return *p
 	}
-	h := make(runHints, 1<<hintBits)
-	if !ix.hints.CompareAndSwap(nil, &h) {
+	h := make(runHints, want)
+	if !ix.hints.CompareAndSwap(p, &h) {
 		return *ix.hints.Load()
 	}
 	return h
 }
 
-// hintSlot is node id's entry (Fibonacci hashing: ids are dense).
-func hintSlot(id uint32) uint32 { return (id * 0x9E3779B1) >> (32 - hintBits) }
+// slot is node id's entry (Fibonacci hashing: ids are dense).
+func (h runHints) slot(id uint32) *atomic.Uint64 {
+	return &h[(id*0x9E3779B1)>>(32-bits.TrailingZeros(uint(len(h))))]
+}
 
 // get returns the distance remembered for node id, if any (no node has
 // id 0, so an entry never written names none).
 func (h runHints) get(id uint32) (int, bool) {
-	e := h[hintSlot(id)].Load()
+	e := h.slot(id).Load()
 	if uint32(e>>32) != id {
 		return 0, false
 	}
@@ -2124,5 +2137,5 @@ func (h runHints) get(id uint32) (int, bool) {
 
 // put remembers distance k for node id.
 func (h runHints) put(id uint32, k int) {
-	h[hintSlot(id)].Store(uint64(id)<<32 | uint64(uint32(k)))
+	h.slot(id).Store(uint64(id)<<32 | uint64(uint32(k)))
 }

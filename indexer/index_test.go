@@ -1134,3 +1134,32 @@ func TestRunHints(t *testing.T) {
 	mustApply(removed(b, TierDevice, tail...))
 	check("b's prefix shrank to 20", 20)
 }
+
+// TestRunHintsSize checks that a shard's hint table has more words than
+// one per 16 nodes it has had, a power of two between minHints and
+// 1<<maxHintBits, and is made again, larger, as the shard grows; never
+// smaller.
+func TestRunHintsSize(t *testing.T) {
+	sh := newShard()
+	for _, tc := range []struct {
+		next uint32 // ids handed out
+		want int
+	}{
+		{0, minHints},
+		{16*minHints - 1, minHints},
+		{16 * minHints, 2 * minHints},
+		{20000, 2048},
+		{1 << 20, 1 << maxHintBits},
+		{0, 1 << maxHintBits}, // not made again smaller
+	} {
+		sh.nodes.next = tc.next
+		h := sh.runHints()
+		if len(h) != tc.want {
+			t.Errorf("after %d nodes: %d words, want %d", tc.next, len(h), tc.want)
+		}
+		h.put(7, 3)
+		if k, ok := sh.runHints().get(7); !ok || k != 3 {
+			t.Errorf("after %d nodes: the table was made again without growing (%d, %v)", tc.next, k, ok)
+		}
+	}
+}
