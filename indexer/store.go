@@ -22,13 +22,11 @@ const nodeChunk = 1 << 12
 const maxLoadNum, maxLoadDen = 9, 10
 
 // nodeTables is how many tables the node table is split into, by the top
-// tableBits bits of a key's tag: a growth rehashes 1/1024 of the nodes,
-// not all of them (a 3 M-node table took 50 ms). The writer now builds
-// growths without the lock (see nodeStore.growths); add rehashes under it
-// only where that estimate fell short.
-// With 256 tables, growths of ~12 000-node tables held matches back for
-// tens of µs: bench/indexload's replay p99.9 was ~200 µs, ~110 µs with
-// 1024 (tenth session); 4096 cost idle matches more than they gained.
+// tableBits bits of a key's tag (see tableOf), so that a growth rehashes
+// 1/nodeTables of the nodes, not all of them. The writer builds growths
+// without the lock (see nodeStore.growths); add rehashes under it only
+// where that estimate fell short. Why 1024, not 256 or 4096: BENCHMARKS.md,
+// tenth session.
 const (
 	tableBits  = 10
 	nodeTables = 1 << tableBits
@@ -72,6 +70,9 @@ func mix(k uint64) uint64 {
 // tagOf returns the tag of key.
 func tagOf(key uint64) uint32 { return uint32(mix(key) >> 32) }
 
+// tableOf returns the node table of a tag.
+func tableOf(tag uint32) uint32 { return tag >> (32 - tableBits) }
+
 // home returns the slot a tag starts probing at in its table of size slots.
 func home(tag uint32, size int) int { return int(uint64(tag<<tableBits) * uint64(size) >> 32) }
 
@@ -81,7 +82,7 @@ func (s *nodeStore) get(id uint32) *node { return &s.chunks[id/nodeChunk][id%nod
 // find returns the id of the live node with key, or 0.
 func (s *nodeStore) find(key uint64) uint32 {
 	tag := tagOf(key)
-	tab := s.tabs[tag>>(32-tableBits)]
+	tab := s.tabs[tableOf(tag)]
 	size := len(tab)
 	if size == 0 {
 		return 0
@@ -116,7 +117,7 @@ func tagDist(e uint64, i, size int) int {
 // and the node, zeroed but for key.
 func (s *nodeStore) add(key uint64) (uint32, *node) {
 	tag := tagOf(key)
-	sh := tag >> (32 - tableBits)
+	sh := tableOf(tag)
 	if int(s.counts[sh]+1)*maxLoadDen > len(s.tabs[sh])*maxLoadNum {
 		tab := make([]uint64, nodeTableGrown(len(s.tabs[sh])))
 		refill(tab, s.tabs[sh])
@@ -196,10 +197,10 @@ func (s *nodeStore) growths(fresh []uint64, dst []tableGrowth) []tableGrowth {
 	dst = dst[:0]
 	var pend [nodeTables]uint8 // fresh keys per table; at most writeChunk
 	for _, key := range fresh {
-		pend[tagOf(key)>>(32-tableBits)]++
+		pend[tableOf(tagOf(key))]++
 	}
 	for _, key := range fresh {
-		sh := tagOf(key) >> (32 - tableBits)
+		sh := tableOf(tagOf(key))
 		n := int(s.counts[sh]) + int(pend[sh])
 		if pend[sh] == 0 || n*maxLoadDen <= len(s.tabs[sh])*maxLoadNum {
 			continue
@@ -241,7 +242,7 @@ func (s *nodeStore) del(id uint32) {
 // but the node stays where it is, with its id, until released.
 func (s *nodeStore) unlist(id uint32) {
 	tag := tagOf(s.get(id).key)
-	sh := tag >> (32 - tableBits)
+	sh := tableOf(tag)
 	tab := s.tabs[sh]
 	size := len(tab)
 	i := home(tag, size)
@@ -541,7 +542,7 @@ func (s *nodeStore) each(f func(id uint32, n *node)) {
 // first, and their cache misses overlap.
 func (s *nodeStore) touch(key uint64) uint64 {
 	tag := tagOf(key)
-	tab := s.tabs[tag>>(32-tableBits)]
+	tab := s.tabs[tableOf(tag)]
 	if len(tab) == 0 {
 		return 0
 	}

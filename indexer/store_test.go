@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -166,19 +167,12 @@ func TestBlockTableMatchesMap(t *testing.T) {
 				t.Fatalf("get(%d) = %d, %v, want %d", id, key, ok, want)
 			}
 		}
-		// Robin Hood order: along the table, no entry is further from its
-		// home than the one after it by more than a slot.
-		size := len(bt.tab)
-		for i := range bt.tab {
-			j := (i + 1) % size
-			id, next := bt.tab[i].engineID(), bt.tab[j].engineID()
-			if id != 0 && next != 0 && dist(next, j, size) > dist(id, i, size)+1 {
-				t.Fatalf("slot %d at distance %d follows slot %d at distance %d", j, dist(next, j, size), i, dist(id, i, size))
+		checkRobinHood(t, "engine-id table", len(bt.tab), func(i int) int {
+			if id := bt.tab[i].engineID(); id != 0 {
+				return dist(id, i, len(bt.tab))
 			}
-			if id != 0 && dist(id, i, size) > 0 && bt.tab[(i+size-1)%size].engineID() == 0 {
-				t.Fatalf("slot %d is displaced behind an empty slot", i)
-			}
-		}
+			return -1
+		})
 		got := map[uint64]uint32{}
 		bt.each(func(id uint64, node uint32) { got[id] = node })
 		if len(got) != len(ref) || len(bt.ids(nil)) != len(ref) {
@@ -199,7 +193,7 @@ func TestNodeStoreMatchesMap(t *testing.T) {
 	// Keys of one table (shard 0), so that it grows and its runs wrap.
 	var oneTable []uint64
 	for k := uint64(0); len(oneTable) < 300; k++ {
-		if tagOf(k)>>(32-tableBits) == 0 {
+		if tableOf(tagOf(k)) == 0 {
 			oneTable = append(oneTable, k)
 		}
 	}
@@ -240,7 +234,12 @@ func TestNodeStoreMatchesMap(t *testing.T) {
 				if int(s.counts[sh])*maxLoadDen > len(tab)*maxLoadNum {
 					t.Fatalf("%d nodes overload the %d slots of table %d", s.counts[sh], len(tab), sh)
 				}
-				checkRobinHood(t, tab, sh)
+				checkRobinHood(t, fmt.Sprintf("node table %d", sh), len(tab), func(i int) int {
+					if tab[i] != 0 {
+						return tagDist(tab[i], i, len(tab))
+					}
+					return -1
+				})
 			}
 			if total != s.live {
 				t.Fatalf("tables count %d nodes, %d live", total, s.live)
@@ -506,24 +505,24 @@ func TestHolderArenaMatchesSlices(t *testing.T) {
 	})
 }
 
-// checkRobinHood fails t unless node table sh is in Robin Hood order (so
-// that a find can stop at the first entry closer to its home than the key
-// would be): along the table, no entry is further from its home than the
-// one before it by more than a slot, and none is displaced behind an
+// checkRobinHood fails t unless the table of size slots whose slot i is
+// distOf(i) from its entry's home (-1: empty) is in Robin Hood order, so
+// that a lookup can stop at the first entry closer to its home than the
+// key would be: along the table, no entry is further from its home than
+// the one before it by more than a slot, and none is displaced behind an
 // empty slot.
-func checkRobinHood(t interface{ Fatalf(string, ...any) }, tab []uint64, sh int) {
-	size := len(tab)
-	for i, e := range tab {
-		if e == 0 {
+func checkRobinHood(t interface{ Fatalf(string, ...any) }, name string, size int, distOf func(i int) int) {
+	for i := range size {
+		d := distOf(i)
+		if d < 0 {
 			continue
 		}
-		d := tagDist(e, i, size)
-		if d > 0 && tab[(i+size-1)%size] == 0 {
-			t.Fatalf("table %d: slot %d is displaced behind an empty slot", sh, i)
+		if d > 0 && distOf((i+size-1)%size) < 0 {
+			t.Fatalf("%s: slot %d is displaced behind an empty slot", name, i)
 		}
 		j := (i + 1) % size
-		if tab[j] != 0 && tagDist(tab[j], j, size) > d+1 {
-			t.Fatalf("table %d: slot %d is %d from its home, slot %d %d", sh, j, tagDist(tab[j], j, size), i, d)
+		if next := distOf(j); next > d+1 {
+			t.Fatalf("%s: slot %d is %d from its home, slot %d %d", name, j, next, i, d)
 		}
 	}
 }
