@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -440,6 +441,38 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 	return dst
 }
 
+// MatchPhases is how long one match of one shard of an index spent in
+// each of its phases (see Index.ObservePhases).
+type MatchPhases struct {
+	Wait  time.Duration // for the shard's lock, held by a writer (near 0 when it was free)
+	Start time.Duration // finding the first block and its holders, the candidates
+	Walk  time.Duration // following the candidates along the prompt
+	Emit  time.Duration // appending their Overlaps
+	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
+}
+
+// The phases, as indexes of phaseClock's laps.
+const (
+	phaseWait = iota
+	phaseStart
+	phaseWalk
+	phaseEmit
+	nPhases
+)
+
+// ObservePhases makes every later match call f with its phases, once per
+// shard, on the matching goroutine, while the shard's lock is no longer
+// held (nil: stop). It is a measuring instrument for benchmarks: only a
+// binary built with -tags matchphases times matches; others ignore f and
+// ObservePhases reports false.
+func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
+	ok := false
+	for _, s := range ix.shards {
+		ok = s.phases.set(f)
+	}
+	return ok
+}
+
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
 // base model) and matches them; see Match.
 func (ix *Index) MatchTokens(tokens []uint32, lora string, dst []Overlap) []Overlap {
@@ -514,6 +547,8 @@ type shard struct {
 	// request, would wait for a writer's whole event. With fewer, a core
 	// stays free for them, and giving it up only lowers the apply rate.
 	yieldCPU bool
+	// phases times matches (see Index.ObservePhases).
+	phases phaseHook
 	// hints guide matches looking ahead (see runHints); made by the
 	// first that does.
 	hints atomic.Pointer[runHints]
@@ -1589,14 +1624,23 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	}
 	m := matcherPool.Get().(*matcher)
 	m.ix, m.seq = ix, seq
+	at := len(dst)
+	clock := ix.phases.begin()
 	ix.rlock()
+	clock.lap(phaseWait)
 	if n, id := m.start(); n != nil {
+		clock.lap(phaseStart)
 		m.run(n, id)
+		clock.lap(phaseWalk)
 		dst = m.emit(dst)
+		clock.lap(phaseEmit)
+	} else {
+		clock.lap(phaseStart)
 	}
 	ix.mu.RUnlock()
 	m.ix, m.seq = nil, nil
 	matcherPool.Put(m)
+	clock.done(len(dst) - at)
 	return dst
 }
 

@@ -1163,3 +1163,52 @@ func TestRunHintsSize(t *testing.T) {
 		}
 	}
 }
+
+// TestObservePhases: a binary built with -tags matchphases calls the
+// observer once per shard per match, with the Overlaps each appended, and
+// stops when it is removed; others never call it. make test runs both.
+func TestObservePhases(t *testing.T) {
+	ix := NewShardedIndex(4, 2)
+	a, b := wr(1, 0), wr(2, 0)
+	for _, w := range []WorkerRank{a, b} {
+		if _, err := ix.Apply(stored(w, TierDevice, nil, chain(10, prompt...))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []MatchPhases
+	timed := ix.ObservePhases(func(p MatchPhases) { got = append(got, p) })
+	held := ix.MatchTokens(prompt, "", nil)
+	none := ix.MatchTokens([]uint32{9, 9, 9, 9}, "", nil)
+	if len(held) != 2 || len(none) != 0 {
+		t.Fatalf("matches %v, %v", held, none)
+	}
+	if !timed {
+		if len(got) != 0 {
+			t.Fatalf("a binary without -tags matchphases observed %v", got)
+		}
+		return
+	}
+	if len(got) != 2*ix.Shards() {
+		t.Fatalf("%d observations of 2 matches on %d shards: %+v", len(got), ix.Shards(), got)
+	}
+	ranks := 0
+	for _, p := range got[:ix.Shards()] {
+		ranks += p.Ranks
+		if p.Wait < 0 || p.Start < 0 || p.Walk < 0 || p.Emit < 0 {
+			t.Errorf("negative phase %+v", p)
+		}
+	}
+	if ranks != len(held) {
+		t.Errorf("first match: ranks %d, want %d", ranks, len(held))
+	}
+	for _, p := range got[ix.Shards():] {
+		if p.Ranks != 0 || p.Walk != 0 || p.Emit != 0 {
+			t.Errorf("match without candidates: %+v", p)
+		}
+	}
+	ix.ObservePhases(nil)
+	ix.MatchTokens(prompt, "", nil)
+	if len(got) != 2*ix.Shards() {
+		t.Errorf("observed after ObservePhases(nil): %+v", got[2*ix.Shards():])
+	}
+}

@@ -7,10 +7,14 @@
 //
 // It reports sustained blocks applied per second (alone, while the trace's
 // requests are matched as they come, and under matches run back to back),
-// match latency percentiles, and heap bytes per (block, worker) entry. It owns nothing but its own measurement; it uses
-// only the indexer package's public API.
+// match latency percentiles, and heap bytes per (block, worker) entry.
+// Built with -tags matchphases, it also reports how long the replay's and
+// the idle matches spent in each phase: waiting for the lock, starting,
+// walking, emitting (see indexer.Index.ObservePhases). It owns nothing
+// but its own measurement; it uses only the indexer package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
+//	go run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 package main
 
 import (
@@ -126,7 +130,10 @@ func run(cfg config, out io.Writer) error {
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 
 	// Matches on the final, quiescent index.
-	idle, shapes := measureIdle(ix, queries, cfg.idleRounds)
+	var idlePhases phaseLog
+	idlePhases.timed = ix.ObservePhases(idlePhases.observe)
+	idle, shapes := measureIdle(ix, queries, cfg.idleRounds, &idlePhases)
+	ix.ObservePhases(nil)
 	set.Close()
 	runtime.KeepAlive(ix)
 
@@ -141,6 +148,8 @@ func run(cfg config, out io.Writer) error {
 	}
 	replay = r.lat
 	slices.Sort(replay)
+	r.phases.sort()
+	idlePhases.sort()
 
 	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
@@ -166,7 +175,66 @@ func run(cfg config, out io.Writer) error {
 	for _, g := range groupShapes(shapes) {
 		fmt.Fprintf(out, "| %s | %d | %d | %d | %s | %s |\n", g.name, len(g.lat), g.ranks, g.blocks, g.lat.pct(50), g.lat.pct(99))
 	}
+	if r.phases.timed {
+		fmt.Fprintf(out, "\nPhases of the matches (built with -tags matchphases; the shards' summed per match, over the %d replay and %d idle matches with candidates; timing them adds about 5 clock reads to each):\n\n", r.phases.all.n(), idlePhases.all.n())
+		fmt.Fprintf(out, "| phase | replay p50 | replay p99 | idle p50 | idle p99 |\n|---|---|---|---|---|\n")
+		for _, ph := range []struct {
+			name   string
+			replay latencies
+			idle   latencies
+		}{
+			{"wait for the lock", r.phases.wait, idlePhases.wait},
+			{"start (first block, candidates)", r.phases.start, idlePhases.start},
+			{"walk", r.phases.walk, idlePhases.walk},
+			{"emit (Overlaps)", r.phases.emit, idlePhases.emit},
+			{"all but the wait", r.phases.busy, idlePhases.busy},
+			{"all", r.phases.all, idlePhases.all},
+		} {
+			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
+		}
+		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
+	}
 	return nil
+}
+
+// phaseLog collects the phases of matches made one at a time, by one
+// goroutine (see indexer.Index.ObservePhases): observe sums the shards'
+// phases of the current match, end files them.
+type phaseLog struct {
+	timed                   bool // the binary times phases
+	cur                     indexer.MatchPhases
+	wait, start, walk, emit latencies
+	busy, all               latencies // all but the wait; all
+	waited                  int       // matches that waited more than 1µs
+}
+
+func (l *phaseLog) observe(p indexer.MatchPhases) {
+	l.cur.Wait += p.Wait
+	l.cur.Start += p.Start
+	l.cur.Walk += p.Walk
+	l.cur.Emit += p.Emit
+	l.cur.Ranks += p.Ranks
+}
+
+// end files the current match's phases if it had candidates.
+func (l *phaseLog) end() {
+	c := l.cur
+	l.cur = indexer.MatchPhases{}
+	if !l.timed || c.Ranks == 0 {
+		return
+	}
+	busy := c.Start + c.Walk + c.Emit
+	l.wait, l.start, l.walk, l.emit = append(l.wait, c.Wait), append(l.start, c.Start), append(l.walk, c.Walk), append(l.emit, c.Emit)
+	l.busy, l.all = append(l.busy, busy), append(l.all, busy+c.Wait)
+	if c.Wait > time.Microsecond {
+		l.waited++
+	}
+}
+
+func (l *phaseLog) sort() {
+	for _, x := range []latencies{l.wait, l.start, l.walk, l.emit, l.busy, l.all} {
+		slices.Sort(x)
+	}
 }
 
 // shape is one idle match: its duration, and what made it long.
@@ -343,15 +411,21 @@ type replayer struct {
 	next    int   // the next prompt to match
 	buf     []indexer.Overlap
 	lat     latencies
+	phases  phaseLog
+	hooked  bool // phases observes the replay's index
 }
 
 // before matches, on ix, every prompt not yet matched whose events start
 // at or before event i (len(events): all that are left).
 func (r *replayer) before(ix *indexer.Index, i int) {
+	if !r.hooked {
+		r.phases.timed, r.hooked = ix.ObservePhases(r.phases.observe), true
+	}
 	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
 		t0 := time.Now()
 		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
 		r.lat = append(r.lat, time.Since(t0))
+		r.phases.end()
 	}
 }
 
@@ -476,8 +550,9 @@ func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struc
 }
 
 // measureIdle matches every query rounds times on ix and returns the
-// durations, sorted, and the shape of each match.
-func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) (latencies, []shape) {
+// durations, sorted, and the shape of each match, ending each match in
+// phases.
+func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int, phases *phaseLog) (latencies, []shape) {
 	buf := make([]indexer.Overlap, 0, 256)
 	l := make(latencies, 0, rounds*len(queries))
 	shapes := make([]shape, 0, rounds*len(queries))
@@ -487,6 +562,7 @@ func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) (latencies, 
 			t0 := time.Now()
 			buf = ix.Match(q, buf[:0])
 			d := time.Since(t0)
+			phases.end()
 			l = append(l, d)
 			clear(lengths)
 			for _, o := range buf {

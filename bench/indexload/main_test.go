@@ -67,6 +67,40 @@ func TestGroupShapes(t *testing.T) {
 	}
 }
 
+// TestPhaseLog: the shards' phases of one match are summed; matches
+// without candidates are left out; a wait over 1µs counts as waited.
+func TestPhaseLog(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	l := phaseLog{timed: true}
+	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(1), Walk: us(3), Emit: us(1), Ranks: 4})
+	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(1), Ranks: 0})
+	l.end()
+	l.observe(indexer.MatchPhases{Start: us(1)}) // no candidates
+	l.end()
+	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(2), Walk: us(2), Emit: us(2), Ranks: 1})
+	l.end()
+	l.sort()
+	want := map[string]latencies{
+		"wait": {us(1), us(3)}, "start": {us(2), us(2)}, "walk": {us(2), us(3)}, "emit": {us(1), us(2)},
+		"busy": {us(6), us(6)}, "all": {us(7), us(9)},
+	}
+	got := map[string]latencies{"wait": l.wait, "start": l.start, "walk": l.walk, "emit": l.emit, "busy": l.busy, "all": l.all}
+	for k, w := range want {
+		if !slices.Equal(got[k], w) {
+			t.Errorf("%s = %v, want %v", k, got[k], w)
+		}
+	}
+	if l.waited != 1 {
+		t.Errorf("waited = %d, want 1 (the wait of 3µs; 1µs is not over)", l.waited)
+	}
+	untimed := phaseLog{}
+	untimed.observe(indexer.MatchPhases{Wait: us(2), Ranks: 1})
+	untimed.end()
+	if untimed.all.n() != 0 {
+		t.Errorf("an untimed log filed %v", untimed.all)
+	}
+}
+
 func describe(ev indexer.Event) string {
 	var b strings.Builder
 	b.WriteString(ev.Kind.String())
@@ -109,6 +143,10 @@ func TestRunOnASmallTrace(t *testing.T) {
 		cfg.indexShards = shards
 		if err := run(cfg, &out); err != nil {
 			t.Fatal(err)
+		}
+		timed := indexer.NewIndex(16).ObservePhases(func(indexer.MatchPhases) {})
+		if got := strings.Contains(out.String(), "| wait for the lock |"); got != timed {
+			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
 		}
 		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry",
 			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
