@@ -1628,14 +1628,13 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	clock := ix.phases.begin()
 	ix.rlock()
 	clock.lap(phaseWait)
-	if n, id := m.start(); n != nil {
-		clock.lap(phaseStart)
+	n, id := m.start()
+	clock.lap(phaseStart)
+	if n != nil {
 		m.run(n, id)
 		clock.lap(phaseWalk)
 		dst = m.emit(dst)
 		clock.lap(phaseEmit)
-	} else {
-		clock.lap(phaseStart)
 	}
 	ix.mu.RUnlock()
 	m.ix, m.seq = nil, nil
