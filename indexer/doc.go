@@ -1,9 +1,9 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go) with its pointer-free storage
-// (store.go), its dump and recovery format
-// (dump.go), the set of indexes with the goroutines that apply events to
-// them in per-worker order (set.go), and the event path that feeds it from
+// (store.go), how its writers and matches share a lock (lock.go), its dump
+// and recovery format (dump.go), the set of indexes with the goroutines
+// that apply events to them in per-worker order (set.go), and the event path that feeds it from
 // engines: decoding of vLLM, SGLang and Mooncake KV event batches (wire.go,
 // on a small allocation-free msgpack reader in msgpack.go) and the ZMQ
 // listeners with gap detection and replay (ingest.go, metrics.go); and the
@@ -50,16 +50,21 @@
 // writeChunk blocks, then releases it and, where the shards are at least
 // as many as the cores Go uses, gives up its core for a moment
 // (runtime.Gosched), so that writers busy on every core do not keep a
-// match of another shard, or a request, waiting for one. It yields the
-// lock to a waiting match at its next block once writers have applied
-// yieldAfter blocks since they last yielded to one: 1 while matches come
-// now and then, up to yieldChunk while they come back to back. A writer
-// resizes its rank's table of engine ids without the lock: only the
-// goroutine applying the rank's events changes it, and matches never read
-// it. Matches write only the hints of where they found a stretch's end,
-// atomically (see runHints). Where every rank of a shard is closed, a
-// match looking ahead counts a node's holders per tier class instead of
-// comparing them with the ranks still matching (see matcher.holdsAll).
+// match of another shard, or a request, waiting for one. Where the shards
+// are fewer, so that a core is spare, a match finding the lock held by a
+// writer hands itself to the writer and spins, and the writer runs it
+// before its next block, at most once every serveAfter blocks; writers
+// there take the lock by spinning for a while, rather than by sleeping
+// (see lock.go). Other matches waiting for the lock have the writer yield
+// it at its next block once writers have applied yieldAfter blocks since
+// they last yielded to one: 1 while matches come now and then, up to
+// yieldChunk while they come back to back. A writer resizes its rank's
+// table of engine ids without the lock: only the goroutine applying the
+// rank's events changes it, and matches never read it. Matches write only
+// the hints of where they found a stretch's end, atomically (see
+// runHints). Where every rank of a shard is closed, a match looking ahead
+// counts a node's holders per tier class instead of comparing them with
+// the ranks still matching (see matcher.holdsAll).
 //
 // # The event path
 //

@@ -308,73 +308,6 @@ func (s *slot) plain() bool { return s.closed() && !s.retired }
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
 
-// yieldChunk bounds how many blocks writers apply, at least, between two
-// yields of the lock to waiting matches (see shard.yieldAfter), so that
-// matches back to back do not starve them. Smaller cuts the latency of
-// matches back to back and costs apply throughput under them.
-const yieldChunk = 1 << maxYieldShift
-
-// maxYieldShift is the largest shard.yieldShift.
-const maxYieldShift = 5
-
-// relax is called by a writer holding mu before each block of an
-// operation, with held counting the blocks it applied since it took mu.
-// Once that is writeChunk, or a match waits and writers have applied
-// yieldAfter blocks since they last yielded to one, relax releases mu and
-// takes it again, resets held and reports true. Only matches and other
-// readers run meanwhile (writers take turns on shard.write), so what the
-// writer knew still holds. Where no match waits and the shard's
-// yieldCPU is set, it also gives up its core in between (runtime.Gosched)
-// to any goroutine waiting for one.
-func (ix *shard) relax(held *int) bool {
-	ix.sinceYield++
-	waiting := ix.waiting.Load() != 0
-	switch {
-	case !waiting:
-		ix.arrived = 0 // a match seen waiting got mu as the writer let it go
-	case ix.arrived == 0:
-		ix.arrived = ix.sinceYield
-	}
-	if *held >= writeChunk || waiting && ix.sinceYield > ix.yieldAfter() {
-		if waiting {
-			switch {
-			case ix.arrived > yieldChunk && ix.yieldShift > 0:
-				ix.yieldShift--
-			case ix.arrived <= yieldChunk && ix.yieldShift < maxYieldShift:
-				ix.yieldShift++
-			}
-			ix.sinceYield, ix.arrived = 1, 0
-		}
-		ix.mu.Unlock()
-		if !waiting && ix.yieldCPU {
-			runtime.Gosched()
-		}
-		ix.mu.Lock()
-		*held = 1
-		return true
-	}
-	*held++
-	return false
-}
-
-// yieldAfter is how many blocks writers apply, at least, between two
-// yields of mu to waiting matches: 1 while matches come now and then, as
-// a router's do, so that one waits for the writer's current block only;
-// doubling, up to yieldChunk, with each match that comes within
-// yieldChunk blocks of the last yield (matches back to back), and halving
-// with each that comes later.
-func (ix *shard) yieldAfter() int { return 1 << ix.yieldShift }
-
-// rlock takes mu for reading, telling writers when it has to wait.
-func (ix *shard) rlock() {
-	if ix.mu.TryRLock() {
-		return
-	}
-	ix.waiting.Add(1)
-	ix.mu.RLock()
-	ix.waiting.Add(-1)
-}
-
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
@@ -400,14 +333,14 @@ func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 
 // NewShardedIndex returns an empty index of n shards (at least one) for
 // blocks of blockSize tokens. With as many shards as Go uses cores
-// (GOMAXPROCS, now) or more, writers give up their core now and then
-// (see shard.relax).
+// (GOMAXPROCS, now) or more, writers give up their core now and then;
+// with fewer, matches may be handed to writers (see shard.spare).
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
-	yieldCPU := len(ix.shards) >= runtime.GOMAXPROCS(0)
+	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
 	for i := range ix.shards {
 		ix.shards[i] = newShard()
-		ix.shards[i].yieldCPU = yieldCPU
+		ix.shards[i].spare = spare
 	}
 	return ix
 }
@@ -444,7 +377,7 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 // MatchPhases is how long one match of one shard of an index spent in
 // each of its phases (see Index.ObservePhases).
 type MatchPhases struct {
-	Wait  time.Duration // for the shard's lock, held by a writer (near 0 when it was free)
+	Wait  time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
 	Start time.Duration // finding the first block and its holders, the candidates
 	Walk  time.Duration // following the candidates along the prompt
 	Emit  time.Duration // appending their Overlaps
@@ -504,9 +437,13 @@ type Stats struct {
 	Workers int // worker ranks with state
 	Nodes   int // block positions, counted once per shard that has them
 	Entries int // (block, worker rank) pairs
+	// Handed counts the matches that found a shard's lock held by a
+	// writer and were run by it, since the index was made (see lock.go).
+	Handed int64
 }
 
-// Stats returns the index's current size.
+// Stats returns the index's current size, and how many matches its
+// writers ran.
 func (ix *Index) Stats() Stats {
 	var st Stats
 	for _, s := range ix.shards {
@@ -514,6 +451,7 @@ func (ix *Index) Stats() Stats {
 		st.Workers += t.Workers
 		st.Nodes += t.Nodes
 		st.Entries += t.Entries
+		st.Handed += t.Handed
 	}
 	return st
 }
@@ -540,13 +478,25 @@ type shard struct {
 	sinceYield int
 	arrived    int
 	yieldShift uint8
-	// yieldCPU is set where the index has as many shards as Go uses
-	// cores, or more: with events coming, the writers of all shards can
-	// then keep every core busy, and Go takes a core from a running
-	// goroutine only after 10 ms, so a match of another shard, or a
-	// request, would wait for a writer's whole event. With fewer, a core
-	// stays free for them, and giving it up only lowers the apply rate.
-	yieldCPU bool
+	// spare is set where the index has fewer shards than Go uses cores,
+	// so that a core stays free for matches and requests while the
+	// writers of every shard run: a match finding mu held by a writer
+	// then hands itself to the writer, and writers spin for mu instead of
+	// sleeping (see lock.go). Where it is not set, the writers of all
+	// shards can keep every core busy, and Go takes a core from a running
+	// goroutine only after 10 ms: writers then give up their core now and
+	// then (see relax), so that a match of another shard, or a request,
+	// does not wait for a writer's whole event, and nothing spins, which
+	// could keep the goroutine it waits for off the cores.
+	spare bool
+	// handed is the match handed to the writer holding mu, if any;
+	// sinceServe counts the blocks writers applied since they last ran
+	// one, handedRuns the handed matches writers ran; handWait bounds how
+	// long a handed match waits for a writer to run it.
+	handed     atomic.Pointer[matcher]
+	handedRuns atomic.Int64
+	sinceServe int
+	handWait   time.Duration
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	// hints guide matches looking ahead (see runHints); made by the
@@ -591,7 +541,8 @@ func (ix *shard) recount(sl *slot, was bool) {
 // newShard returns an empty shard.
 func newShard() *shard {
 	return &shard{
-		workers: make(map[WorkerRank]*worker),
+		workers:  make(map[WorkerRank]*worker),
+		handWait: handWait,
 	}
 }
 
@@ -679,7 +630,7 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 	grown := prepareResize(bt, growTo)
 	ix.nodes.build(gs)
 
-	ix.mu.Lock()
+	ix.lock()
 	ix.nodes.grow(gs)
 	if w == nil {
 		w = ix.addWorker(ev.Worker)
@@ -696,9 +647,9 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 			s, gs = ix.prefetchStore(&w.blocks, blocks[i:min(i+writeChunk, len(blocks))], prev, true, &keys, gs)
 			sink += s
 			if len(gs) > 0 { // grow them without the lock
-				ix.mu.Unlock()
+				ix.unlock()
 				ix.nodes.build(gs)
-				ix.mu.Lock()
+				ix.lock()
 				ix.nodes.grow(gs)
 			}
 		}
@@ -756,7 +707,7 @@ func (ix *shard) store(ev Event) (ApplyResult, error) {
 		prev, hasPrev, parent, pid = key, true, n, id
 	}
 	w.sink += sink
-	ix.mu.Unlock()
+	ix.unlock()
 	return res, nil
 }
 
@@ -831,8 +782,8 @@ func (ix *shard) prefetchRemove(w *worker, hashes []uint64) uint64 {
 // storeByID adds tier to the blocks of hashes the worker rank holds.
 func (ix *shard) storeByID(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	var res ApplyResult
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	w := ix.workers[wr]
 	held := 0
 	for _, h := range hashes {
@@ -869,8 +820,8 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	}
 	sink := ix.prefetchRemove(w, hashes[:min(writeChunk, len(hashes))])
 	ix.mu.RUnlock()
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	held := 0
 	for i, h := range hashes {
 		ix.relax(&held)
@@ -891,9 +842,9 @@ func (ix *shard) remove(wr WorkerRank, tier Tier, hashes []uint64) ApplyResult {
 	w.sink += sink
 	if size := w.blocks.trimSize(); size > 0 {
 		// Build the smaller table without the lock (see tableResize).
-		ix.mu.Unlock()
+		ix.unlock()
 		r := prepareResize(&w.blocks, size)
-		ix.mu.Lock()
+		ix.lock()
 		r.apply(&w.blocks)
 	}
 	return res
@@ -986,8 +937,8 @@ func (ix *shard) detach(w *worker, h uint64, x uint32, tiers Tier) int {
 }
 
 func (ix *shard) clear(wr WorkerRank, tiers Tier) ApplyResult {
-	ix.mu.Lock()
-	defer ix.mu.Unlock()
+	ix.lock()
+	defer ix.unlock()
 	w := ix.workers[wr]
 	if w == nil {
 		return ApplyResult{}
@@ -1034,10 +985,10 @@ func (ix *shard) removeWorker(worker uint64) {
 func (ix *shard) removeWorkerRank(wr WorkerRank) {
 	ix.write.Lock()
 	defer ix.write.Unlock()
-	ix.mu.Lock()
+	ix.lock()
 	w := ix.workers[wr]
 	if w == nil {
-		ix.mu.Unlock()
+		ix.unlock()
 		return
 	}
 	delete(ix.workers, wr)
@@ -1049,7 +1000,7 @@ func (ix *shard) removeWorkerRank(wr WorkerRank) {
 	ix.slots[w.slot] = slot{} // sl still points at it: only writers add slots
 	ix.recount(sl, false)
 	ix.free = append(ix.free, w.slot)
-	ix.mu.Unlock()
+	ix.unlock()
 }
 
 // addWorker creates the state of a new worker rank. Called with mu held.
@@ -1592,6 +1543,9 @@ type matcher struct {
 	reach            [nClasses][]int32 // per slot and class: blocks matched
 	sink             uint64            // what prefetches loaded (see gallop)
 	probes           int               // blocks gallop looked up in this match
+	dst              []Overlap         // where the match appends its Overlaps
+	clock            phaseClock        // times the match (see Index.ObservePhases)
+	state            atomic.Uint32     // handPending or handDone, when handed to a writer (see handOver)
 	// counted says that gallop compares live, the closed ranks per class,
 	// with a node's holder counts instead of its holders (see holdsAll).
 	counted bool
@@ -1618,29 +1572,46 @@ var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
 // blocks ahead) and finds the next drop by bisection: a closed rank
 // holding a block holds all before it. Ranks that are not closed are
 // walked block by block, by bit sets.
+//
+// A match that finds mu held by a writer may be run by that writer (see
+// lock.go).
 func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
 	m := matcherPool.Get().(*matcher)
-	m.ix, m.seq = ix, seq
+	m.ix, m.seq, m.dst = ix, seq, dst
+	m.clock = ix.phases.begin()
 	at := len(dst)
-	clock := ix.phases.begin()
-	ix.rlock()
-	clock.lap(phaseWait)
+	switch {
+	case ix.mu.TryRLock():
+		m.do()
+		ix.mu.RUnlock()
+	case ix.handOver(m):
+	default:
+		ix.rlock()
+		m.do()
+		ix.mu.RUnlock()
+	}
+	dst = m.dst
+	m.clock.done(len(dst) - at)
+	m.ix, m.seq, m.dst = nil, nil, nil
+	matcherPool.Put(m)
+	return dst
+}
+
+// do runs the match, appending its Overlaps to m.dst, with mu held: shared
+// by the match, or exclusively by the writer it was handed to.
+func (m *matcher) do() {
+	m.clock.lap(phaseWait)
 	n, id := m.start()
-	clock.lap(phaseStart)
+	m.clock.lap(phaseStart)
 	if n != nil {
 		m.run(n, id)
-		clock.lap(phaseWalk)
-		dst = m.emit(dst)
-		clock.lap(phaseEmit)
+		m.clock.lap(phaseWalk)
+		m.dst = m.emit(m.dst)
+		m.clock.lap(phaseEmit)
 	}
-	ix.mu.RUnlock()
-	m.ix, m.seq = nil, nil
-	matcherPool.Put(m)
-	clock.done(len(dst) - at)
-	return dst
 }
 
 // words resizes s to n zeroed words.
@@ -2118,7 +2089,7 @@ func (ix *shard) rankBlocks(wr WorkerRank) int {
 func (ix *shard) stats() Stats {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	st := Stats{Workers: len(ix.workers), Nodes: ix.nodes.live}
+	st := Stats{Workers: len(ix.workers), Nodes: ix.nodes.live, Handed: ix.handedRuns.Load()}
 	for _, w := range ix.workers {
 		st.Entries += w.blocks.len()
 	}

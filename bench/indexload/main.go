@@ -142,7 +142,7 @@ func run(cfg config, out io.Writer) error {
 	// router does: it routes the request, then the worker stores).
 	var replay latencies
 	r := &replayer{queries: queries, firsts: firsts}
-	_, _, replayElapsed, err := apply(cfg, events, nil, nil, r.before)
+	_, rix, replayElapsed, err := apply(cfg, events, nil, nil, r.before)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func run(cfg config, out io.Writer) error {
 
 	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
-	_, _, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
+	_, six, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
 		lat = measureBusy(ix, queries, cfg.queriers, stop)
 	}, nil)
 	if err != nil {
@@ -167,6 +167,7 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
+	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)

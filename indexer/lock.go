@@ -1,0 +1,216 @@
+package indexer
+
+import (
+	"runtime"
+	"time"
+)
+
+// How writers and matches share a shard's lock, mu.
+//
+// A writer holds mu exclusively for at most writeChunk blocks, and calls
+// relax before each block. A match that finds mu free takes it shared.
+// One that finds it held by a writer, where the shard has a spare core
+// (shard.spare), hands itself to that writer (handOver): it publishes
+// itself in shard.handed and spins, and the writer runs it before its
+// next block (serve), on its own core. The match so waits for the
+// writer's current block, not for the writer to let mu go and for Go to
+// wake the match's goroutine, and it runs where the blocks the writer
+// just wrote are in cache. If mu comes free first, the match takes itself
+// back and runs itself; if no writer takes it within handWait, it waits
+// for mu as the others do. Only one match at a time is handed over;
+// others wait for mu and tell the writer (shard.waiting), which then lets
+// mu go early (relax).
+//
+// Writers take mu by spinning (lock), for a while, rather than by
+// sleeping: Go wakes a goroutine that slept on a lock on the core of the
+// goroutine that let the lock go, so a writer woken by a match would
+// hold mu without running until that core was free, while the match's
+// goroutine went on to spin in its next hand-over.
+
+// yieldChunk bounds how many blocks writers apply, at least, between two
+// yields of the lock to waiting matches (see shard.yieldAfter), so that
+// matches back to back do not starve them. Smaller cuts the latency of
+// matches back to back and costs apply throughput under them.
+const yieldChunk = 1 << maxYieldShift
+
+// maxYieldShift is the largest shard.yieldShift.
+const maxYieldShift = 5
+
+// serveAfter is how many blocks writers apply, at least, between two
+// handed matches they run, so that matches back to back do not starve
+// them: under them, writers apply blocks about half of the time.
+const serveAfter = 8
+
+// handWait is how long a handed match waits for a writer to run it (see
+// shard.handWait), if mu does not come free meanwhile, before it waits for
+// mu instead: a writer that does not reach its next block by then is not
+// running.
+const handWait = 50 * time.Microsecond
+
+// lockSpin is how long a writer spins for mu, at most, before it sleeps
+// on it, and so keeps new matches out: matches coming back to back
+// could keep it from ever finding mu free.
+const lockSpin = 100 * time.Microsecond
+
+// relax is called by a writer holding mu before each block of an
+// operation, with held counting the blocks it applied since it took mu.
+// It first runs the match handed to it, if any, once writers have applied
+// serveAfter blocks since they last ran one. Once held is writeChunk, or
+// a match waits for mu and writers have applied yieldAfter blocks since
+// they last yielded to one, relax releases mu and takes it again, resets
+// held and reports true. Only matches and other readers run meanwhile
+// (writers take turns on shard.write), so what the writer knew still
+// holds. Where no match waits and the shard has no spare core, it also
+// gives up its core in between (runtime.Gosched) to any goroutine waiting
+// for one.
+func (ix *shard) relax(held *int) bool {
+	ix.sinceYield++
+	ix.sinceServe++
+	if m := ix.handed.Load(); m != nil && ix.sinceServe > serveAfter {
+		ix.serve(m)
+	}
+	waiting := ix.waiting.Load() != 0
+	switch {
+	case !waiting:
+		ix.arrived = 0 // a match seen waiting got mu as the writer let it go
+	case ix.arrived == 0:
+		ix.arrived = ix.sinceYield
+	}
+	if *held >= writeChunk || waiting && ix.sinceYield > ix.yieldAfter() {
+		if waiting {
+			switch {
+			case ix.arrived > yieldChunk && ix.yieldShift > 0:
+				ix.yieldShift--
+			case ix.arrived <= yieldChunk && ix.yieldShift < maxYieldShift:
+				ix.yieldShift++
+			}
+			ix.sinceYield, ix.arrived = 1, 0
+		}
+		ix.unlock()
+		if waiting {
+			// The matches Unlock woke wait for this core: sleep, and let
+			// them have it.
+			ix.mu.Lock()
+		} else {
+			if !ix.spare {
+				runtime.Gosched()
+			}
+			ix.lock()
+		}
+		*held = 1
+		return true
+	}
+	*held++
+	return false
+}
+
+// yieldAfter is how many blocks writers apply, at least, between two
+// yields of mu to waiting matches: 1 while matches come now and then, as
+// a router's do, so that one waits for the writer's current block only;
+// doubling, up to yieldChunk, with each match that comes within
+// yieldChunk blocks of the last yield (matches back to back), and halving
+// with each that comes later.
+func (ix *shard) yieldAfter() int { return 1 << ix.yieldShift }
+
+// lock takes mu for a writer: where matches are handed over, by spinning
+// for up to lockSpin, and then by sleeping.
+func (ix *shard) lock() {
+	if !ix.spare {
+		ix.mu.Lock()
+		return
+	}
+	var since time.Time
+	for i := 1; !ix.mu.TryLock(); i++ {
+		if i%1024 != 0 {
+			continue
+		}
+		if since.IsZero() {
+			since = time.Now()
+		} else if time.Since(since) > lockSpin {
+			ix.mu.Lock()
+			return
+		}
+	}
+}
+
+// unlock releases mu, taken by lock.
+func (ix *shard) unlock() { ix.mu.Unlock() }
+
+// rlock takes mu for reading, telling writers when it has to wait.
+func (ix *shard) rlock() {
+	if ix.mu.TryRLock() {
+		return
+	}
+	ix.waiting.Add(1)
+	ix.mu.RLock()
+	ix.waiting.Add(-1)
+}
+
+// The states of a handed match (matcher.state).
+const (
+	handPending = iota
+	handDone
+)
+
+// handOver hands m, which found mu held by a writer, to that writer,
+// which runs it (see serve), and spins until it has. If mu comes free
+// first, it takes m back and runs it itself. It reports whether m ran:
+// false if matches are not handed over, another is, or no writer took m
+// within ix.handWait (m is then not run; the caller waits for mu).
+func (ix *shard) handOver(m *matcher) bool {
+	if !ix.spare {
+		return false
+	}
+	m.state.Store(handPending)
+	if !ix.handed.CompareAndSwap(nil, m) {
+		return false
+	}
+	var since time.Time
+	for i := 1; ; i++ {
+		if m.state.Load() == handDone {
+			return true
+		}
+		if i%32 != 0 {
+			continue
+		}
+		if ix.mu.TryRLock() {
+			if ix.handed.CompareAndSwap(m, nil) {
+				m.do()
+				ix.mu.RUnlock()
+				return true
+			}
+			// A writer took m, and ran it before it let mu go.
+			ix.mu.RUnlock()
+			continue
+		}
+		if i%1024 != 0 {
+			continue
+		}
+		if since.IsZero() {
+			since = time.Now()
+			continue
+		}
+		if time.Since(since) < ix.handWait {
+			continue
+		}
+		if ix.handed.CompareAndSwap(m, nil) {
+			return false
+		}
+		for m.state.Load() != handDone { // a writer is running it
+			runtime.Gosched()
+		}
+		return true
+	}
+}
+
+// serve runs m, handed to the shard, unless it was taken back: called by
+// a writer holding mu, between two blocks.
+func (ix *shard) serve(m *matcher) {
+	if !ix.handed.CompareAndSwap(m, nil) {
+		return
+	}
+	m.do()
+	m.state.Store(handDone)
+	ix.sinceServe = 0
+	ix.handedRuns.Add(1)
+}

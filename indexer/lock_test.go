@@ -1,0 +1,288 @@
+package indexer
+
+import (
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestRelaxYields checks when a writer gives up the lock: every
+// writeChunk blocks, and for a waiting match at the next block once
+// writers have applied yieldAfter blocks since they last yielded to one,
+// which doubles while matches come back to back and halves while they
+// come now and then.
+func TestRelaxYields(t *testing.T) {
+	ix := newShard()
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	// relax returns the blocks (1-based calls) at which it yielded over n calls.
+	relax := func(held *int, n int) []int {
+		var at []int
+		for i := 1; i <= n; i++ {
+			if ix.relax(held) {
+				at = append(at, i)
+			}
+		}
+		return at
+	}
+	held := 0
+	// lateMatch has a match come after a quiet stretch (the writer's
+	// next operation): it gets the lock at the first block.
+	lateMatch := func() {
+		t.Helper()
+		ix.waiting.Store(0)
+		held = 0
+		relax(&held, yieldChunk+1)
+		ix.waiting.Store(1)
+		if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
+			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
+		}
+	}
+	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk + 1, 2*writeChunk + 1}; !slices.Equal(got, want) {
+		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
+	}
+	// A match waits, long past the last yield: the next block yields.
+	// While matches keep waiting, each comes right after a yield, and the
+	// gap between yields doubles up to yieldChunk.
+	ix.waiting.Store(1)
+	held = 0 // a new operation
+	want := []int{1, 2, 4, 8, 16, 32, 32 + yieldChunk, 32 + 2*yieldChunk}
+	if got := relax(&held, 32+2*yieldChunk); !slices.Equal(got, want) {
+		t.Fatalf("matches back to back: yields at %v, want %v", got, want)
+	}
+	if got := ix.yieldAfter(); got != yieldChunk {
+		t.Fatalf("after matches back to back: yieldAfter %d, want %d", got, yieldChunk)
+	}
+	// Matches now and then: each yields at the next block and halves the
+	// gap (three times here: 32 -> 4).
+	for range 3 {
+		lateMatch()
+	}
+	// Another comes 1 block after that yield: the writer goes on until it
+	// has applied yieldAfter (4) blocks since (the yielding call's block,
+	// 1 more, then 2 before it yields at the third call); as matches keep
+	// waiting, the gaps double again (8, 16).
+	ix.waiting.Store(0)
+	held = 0
+	relax(&held, 1)
+	ix.waiting.Store(1)
+	if got, want := relax(&held, yieldChunk), []int{3, 3 + 8, 3 + 8 + 16}; !slices.Equal(got, want) {
+		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
+	}
+	// The last match seen (soon after that yield) got the lock otherwise
+	// (at the end of the writer's operation): it does not count when the
+	// next comes, long after, which halves the gap.
+	lateMatch()
+	if got := ix.yieldAfter(); got != yieldChunk/2 {
+		t.Fatalf("after a match long after the last: yieldAfter %d, want %d", got, yieldChunk/2)
+	}
+}
+
+// TestWritersGiveUpTheCPU checks that where the shards are as many as
+// the cores, a writer applying a long event lets a goroutine waiting for
+// a core run before the event ends: with one P and one shard, a goroutine
+// started as the event begins sees it part-applied.
+func TestWritersGiveUpTheCPU(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := NewIndex(4)
+	w := WorkerRank{Worker: 1}
+	const n = 4 * writeChunk
+	blocks := make([]Block, n)
+	for i := range blocks {
+		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
+	}
+	seen := make(chan int, 1)
+	go func() { seen <- ix.RankBlocks(w) }() // runnable, but this goroutine has the only P
+	if _, err := ix.Apply(stored(w, TierDevice, nil, blocks)); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-seen; got == 0 || got >= n {
+		t.Fatalf("the other goroutine saw %d of the event's %d blocks, want some but not all", got, n)
+	}
+}
+
+// TestSpareCore checks which indexes have a core to spare for matches,
+// whose writers run handed matches and spin for the lock: those with fewer
+// shards than Go uses cores. The others' writers give up their core now
+// and then.
+func TestSpareCore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	cases := []struct {
+		procs, shards int
+		spare         bool
+	}{
+		{1, 1, false},
+		{2, 1, true},
+		{2, 2, false},
+		{2, 4, false},
+		{8, 4, true},
+	}
+	for _, c := range cases {
+		runtime.GOMAXPROCS(c.procs)
+		ix := NewShardedIndex(4, c.shards)
+		for i, sh := range ix.shards {
+			if sh.spare != c.spare {
+				t.Errorf("GOMAXPROCS %d, %d shards: shard %d spare %v, want %v", c.procs, c.shards, i, sh.spare, c.spare)
+			}
+		}
+	}
+}
+
+// handIndex returns an index of one shard where several ranks hold
+// prefixes of a path of 12 blocks, and the path's sequence hashes with
+// the match's answer on the quiescent index. The shard has a spare core,
+// whatever GOMAXPROCS is, and handed matches wait for a writer for as long
+// as handWait.
+func handIndex(t *testing.T, handWait time.Duration) (*Index, []uint64, []Overlap) {
+	t.Helper()
+	ix := NewIndex(4)
+	const path = "012301230123"
+	for w, n := range []int{12, 7, 3, 12, 1} {
+		if _, err := ix.Apply(stored(wr(uint64(w+1), 0), Tier(1<<(w%3)), nil, blocksOf("", path[:n]))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sh := ix.shards[0]
+	sh.spare, sh.handWait = true, handWait
+	seq := seqOf(path)
+	want := ix.Match(seq, nil)
+	if len(want) != 5 {
+		t.Fatalf("match on the quiescent index = %v, want 5 ranks", want)
+	}
+	return ix, seq, want
+}
+
+// matchAsync runs ix.Match(seq) on a new goroutine; its answer comes on
+// the returned channel.
+func matchAsync(ix *Index, seq []uint64) <-chan []Overlap {
+	got := make(chan []Overlap, 1)
+	go func() { got <- ix.Match(seq, make([]Overlap, 0, 1)) }()
+	return got
+}
+
+// until calls runtime.Gosched until cond holds.
+func until(cond func() bool) {
+	for !cond() {
+		runtime.Gosched()
+	}
+}
+
+// TestHandedMatchRunByWriter checks that a match finding the lock held
+// by a writer is run by that writer at its next block, while it still
+// holds the lock, with the answer it would have got on its own, and that
+// writers then apply serveAfter blocks before they run the next.
+func TestHandedMatchRunByWriter(t *testing.T) {
+	ix, seq, want := handIndex(t, time.Hour)
+	sh := ix.shards[0]
+	sh.write.Lock() // this goroutine is the writer
+	sh.lock()
+	held := 1
+	sh.sinceServe = serveAfter // the next block may run a match
+	for round := range 2 {
+		got := matchAsync(ix, seq)
+		until(func() bool { return sh.handed.Load() != nil })
+		blocks := 0
+		for sh.handed.Load() != nil {
+			if blocks > serveAfter {
+				t.Fatalf("round %d: match not run after %d blocks", round, blocks)
+			}
+			sh.relax(&held)
+			blocks++
+		}
+		// The second match waits for the blocks the first one's gap asks.
+		if wantBlocks := []int{1, serveAfter + 1}[round]; blocks != wantBlocks {
+			t.Errorf("round %d: run at block %d, want %d", round, blocks, wantBlocks)
+		}
+		if a := <-got; !slices.Equal(a, want) { // mu is still held: the writer ran it
+			t.Errorf("round %d: handed match = %v, want %v", round, a, want)
+		}
+	}
+	sh.unlock()
+	sh.write.Unlock()
+	if got := ix.Stats().Handed; got != 2 {
+		t.Errorf("Stats().Handed = %d, want 2", got)
+	}
+}
+
+// TestHandedMatchTakenBack checks that a handed match runs itself if the
+// lock comes free before a writer runs it.
+func TestHandedMatchTakenBack(t *testing.T) {
+	ix, seq, want := handIndex(t, time.Hour)
+	sh := ix.shards[0]
+	sh.lock()
+	got := matchAsync(ix, seq)
+	until(func() bool { return sh.handed.Load() != nil })
+	sh.unlock()
+	if a := <-got; !slices.Equal(a, want) {
+		t.Errorf("match = %v, want %v", a, want)
+	}
+	if h := sh.handed.Load(); h != nil || ix.Stats().Handed != 0 {
+		t.Errorf("after: handed %p, %d run by a writer; want none", h, ix.Stats().Handed)
+	}
+}
+
+// TestHandedMatchWaitsForTheLock checks that a handed match no writer
+// runs within handWait waits for the lock instead, telling writers, and
+// that while one match is handed, others wait for the lock.
+func TestHandedMatchWaitsForTheLock(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		handWait time.Duration
+		matches  int // matches started while the lock is held
+	}{
+		{"handWait passes", 0, 1},
+		{"another is handed", time.Hour, 2},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ix, seq, want := handIndex(t, c.handWait)
+			sh := ix.shards[0]
+			sh.lock()
+			var got []<-chan []Overlap
+			for range c.matches {
+				got = append(got, matchAsync(ix, seq))
+			}
+			until(func() bool { return sh.waiting.Load() == 1 })
+			sh.unlock()
+			for _, g := range got {
+				if a := <-g; !slices.Equal(a, want) {
+					t.Errorf("match = %v, want %v", a, want)
+				}
+			}
+			if n := ix.Stats().Handed; n != 0 {
+				t.Errorf("%d matches run by a writer, want 0", n)
+			}
+		})
+	}
+}
+
+// TestWriterSpinsThenWaits checks that a writer of a shard with a spare
+// core, spinning for the lock while matches hold it, gives up spinning
+// after lockSpin and waits on the lock, which keeps new matches out.
+func TestWriterSpinsThenWaits(t *testing.T) {
+	sh := newShard()
+	sh.spare = true
+	sh.mu.RLock() // a match
+	locked := make(chan struct{})
+	go func() {
+		sh.lock()
+		close(locked)
+	}()
+	// A spinning writer lets new matches in; one waiting on the lock does
+	// not.
+	until(func() bool {
+		if !sh.mu.TryRLock() {
+			return true
+		}
+		sh.mu.RUnlock()
+		return false
+	})
+	select {
+	case <-locked:
+		t.Fatal("writer took the lock while a match held it")
+	default:
+	}
+	sh.mu.RUnlock()
+	<-locked
+	sh.unlock()
+}
