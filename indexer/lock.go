@@ -38,7 +38,8 @@ const maxYieldShift = 5
 
 // serveAfter is how many blocks writers apply, at least, between two
 // handed matches they run, so that matches back to back do not starve
-// them: under them, writers apply blocks about half of the time.
+// them. Larger makes such matches wait longer, and lets writers apply
+// more under them.
 const serveAfter = 8
 
 // handWait is how long a handed match waits for a writer to run it (see
