@@ -951,9 +951,7 @@ func walk(sh *shard, seq []uint64) int {
 	m := &matcher{ix: sh, seq: seq}
 	sh.rlock()
 	defer sh.mu.RUnlock()
-	if n, id := m.start(); n != nil {
-		m.run(n, id)
-	}
+	m.do()
 	return m.probes
 }
 

@@ -122,16 +122,25 @@ func (ix *shard) lock() {
 	}
 	var since time.Time
 	for i := 1; !ix.mu.TryLock(); i++ {
-		if i%1024 != 0 {
-			continue
-		}
-		if since.IsZero() {
-			since = time.Now()
-		} else if time.Since(since) > lockSpin {
+		if spun(i, &since, lockSpin) {
 			ix.mu.Lock()
 			return
 		}
 	}
+}
+
+// spun tells a loop spinning since its turn 1, at turn i, whether it has
+// spun for limit or longer. It reads the clock every 1024 turns, and
+// counts from the first such reading, kept in since.
+func spun(i int, since *time.Time, limit time.Duration) bool {
+	if i%1024 != 0 {
+		return false
+	}
+	if since.IsZero() {
+		*since = time.Now()
+		return false
+	}
+	return time.Since(*since) >= limit
 }
 
 // unlock releases mu, taken by lock.
@@ -184,14 +193,7 @@ func (ix *shard) handOver(m *matcher) bool {
 			ix.mu.RUnlock()
 			continue
 		}
-		if i%1024 != 0 {
-			continue
-		}
-		if since.IsZero() {
-			since = time.Now()
-			continue
-		}
-		if time.Since(since) < ix.handWait {
+		if !spun(i, &since, ix.handWait) {
 			continue
 		}
 		if ix.handed.CompareAndSwap(m, nil) {
