@@ -178,7 +178,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 			}
 			return nil, errorf(http.StatusInternalServerError, "routing failed: %v", err)
 		}
-		wr, r.CachedBlocks, best = d.Worker, d.Overlap.Device, d.BestDevice
+		wr, r.CachedBlocks, best = d.Worker, int(d.Overlap.Device), d.BestDevice
 	}
 	r.Worker, r.Rank, r.Blocks = wr.Worker, wr.Rank, len(local)
 	r.started = time.Now()

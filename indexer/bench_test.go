@@ -44,7 +44,7 @@ func benchMatch(b *testing.B, workers, shared, own int) {
 	for b.Loop() {
 		dst = ix.Match(q, dst[:0])
 	}
-	if len(dst) != workers || dst[0].Device != shared+own {
+	if len(dst) != workers || int(dst[0].Device) != shared+own {
 		b.Fatalf("match = %d ranks, first %+v", len(dst), dst[0])
 	}
 }

@@ -194,7 +194,7 @@ func (a *API) Answer(q Query) (QueryResult, error) {
 	slices.SortFunc(res.Overlaps, func(a, b Overlap) int { return cmpWorkerRank(a.Worker, b.Worker) })
 	res.Blocks = make(map[WorkerRank]int, len(res.Overlaps))
 	for _, o := range res.Overlaps {
-		res.Blocks[o.Worker] = o.Blocks
+		res.Blocks[o.Worker] = int(o.Blocks)
 	}
 	return res, nil
 }
@@ -237,10 +237,11 @@ func (r QueryResult) instances() map[string]dynamoInstance {
 		if !ok {
 			in.DP = make(map[string]int)
 		}
-		in.DP[strconv.FormatUint(uint64(o.Worker.Rank), 10)] = o.Device * r.BlockSize
-		in.GPU = max(in.GPU, o.Device*r.BlockSize)
-		in.CPU = max(in.CPU, o.Host*r.BlockSize)
-		in.Disk = max(in.Disk, o.Disk*r.BlockSize)
+		gpu := int(o.Device) * r.BlockSize
+		in.DP[strconv.FormatUint(uint64(o.Worker.Rank), 10)] = gpu
+		in.GPU = max(in.GPU, gpu)
+		in.CPU = max(in.CPU, int(o.Host)*r.BlockSize)
+		in.Disk = max(in.Disk, int(o.Disk)*r.BlockSize)
 		in.LongestMatched = max(in.GPU, in.CPU, in.Disk)
 		out[id] = in
 	}
@@ -261,14 +262,14 @@ func (r QueryResult) dynamo() dynamoResponse {
 			resp.TreeSizes[id] = make(map[string]int)
 		}
 		resp.TreeSizes[id][rank] = r.Blocks[o.Worker]
-		deepest = max(deepest, o.Device)
+		deepest = max(deepest, int(o.Device))
 		if o.Device == 0 {
 			continue
 		}
 		if resp.Scores[id] == nil {
 			resp.Scores[id] = make(map[string]int)
 		}
-		resp.Scores[id][rank] = o.Device * r.BlockSize
+		resp.Scores[id][rank] = int(o.Device) * r.BlockSize
 	}
 	// frequencies[i]: how many worker ranks hold block i on device, for
 	// every depth some rank reaches.

@@ -136,14 +136,18 @@ type ApplyResult struct {
 // tier. The counts are cumulative: Device is the longest prefix held in
 // device memory; Host the longest prefix held in device or host memory;
 // Disk the longest prefix held in any tier. So Device <= Host <= Disk.
+//
+// The counts are int32, which keeps an Overlap at 32 bytes: a match writes
+// one per rank holding the prompt's first block, and with hundreds of ranks
+// these writes are a good part of its time.
 type Overlap struct {
 	Worker WorkerRank
-	Device int
-	Host   int
-	Disk   int
+	Device int32
+	Host   int32
+	Disk   int32
 	// Blocks is how many blocks the rank holds in all, of any prompt and
 	// on any tier (its tree size; see RankBlocks), as of the match.
-	Blocks int
+	Blocks int32
 }
 
 // holder records that a worker rank (by slot) holds a node on some tiers.
@@ -2059,7 +2063,7 @@ func (m *matcher) emit(dst []Overlap) []Overlap {
 			x &= x - 1
 			o := &out[k]
 			sl := &slots[s]
-			o.Worker, o.Device, o.Host, o.Disk, o.Blocks = sl.w, int(dev[s]), int(host[s]), int(disk[s]), int(sl.blocks)
+			o.Worker, o.Device, o.Host, o.Disk, o.Blocks = sl.w, dev[s], host[s], disk[s], sl.blocks
 			k++
 		}
 	}

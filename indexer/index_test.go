@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // chain builds the Stored blocks of a token sequence with block size 4:
@@ -833,9 +834,17 @@ func TestOrphanLinks(t *testing.T) {
 	}
 }
 
+// TestOverlapSize: a match writes an Overlap per candidate rank, so its
+// size is part of the match's cost (see Overlap).
+func TestOverlapSize(t *testing.T) {
+	if n := unsafe.Sizeof(Overlap{}); n != 32 {
+		t.Fatalf("Overlap is %d bytes, want 32", n)
+	}
+}
+
 // ov is an expected overlap; its tree size is checked by trees.
 func ov(w WorkerRank, dev, host, disk int) Overlap {
-	return Overlap{Worker: w, Device: dev, Host: host, Disk: disk}
+	return Overlap{Worker: w, Device: int32(dev), Host: int32(host), Disk: int32(disk)}
 }
 
 // trees checks each overlap's tree size against ix.RankBlocks and returns
@@ -844,7 +853,7 @@ func trees(t testing.TB, ix *Index, got []Overlap) []Overlap {
 	t.Helper()
 	out := slices.Clone(got)
 	for i := range out {
-		if n := ix.RankBlocks(out[i].Worker); out[i].Blocks != n {
+		if n := ix.RankBlocks(out[i].Worker); int(out[i].Blocks) != n {
 			t.Errorf("%v: overlap says %d blocks, RankBlocks %d", out[i].Worker, out[i].Blocks, n)
 		}
 		out[i].Blocks = 0
@@ -981,7 +990,7 @@ func TestRunHints(t *testing.T) {
 	}
 	check := func(when string, bHolds int) {
 		t.Helper()
-		want := []Overlap{{Worker: a, Device: 100, Host: 100, Disk: 100}, {Worker: b, Device: bHolds, Host: bHolds, Disk: bHolds}}
+		want := []Overlap{ov(a, 100, 100, 100), ov(b, bHolds, bHolds, bHolds)}
 		got := matchSorted(ix, path)
 		for i := range got {
 			got[i].Blocks = 0

@@ -327,7 +327,7 @@ func checkQueries(t *rapid.T, ix *Index, m *refModel, blocks map[WorkerRank]int,
 	for _, q := range queries {
 		got := matchSorted(ix, q)
 		for i, o := range got {
-			if o.Blocks != blocks[o.Worker] {
+			if int(o.Blocks) != blocks[o.Worker] {
 				t.Fatalf("%s: match %q: %v holds %d blocks, want %d", when, q, o.Worker, o.Blocks, blocks[o.Worker])
 			}
 			got[i].Blocks = 0 // the model's overlaps leave it out

@@ -203,7 +203,7 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 				}
 				buf = ix.Match(q, buf[:0])
 				for _, o := range buf {
-					if o.Device > o.Host || o.Host > o.Disk || o.Disk > len(q) || o.Disk < 1 {
+					if o.Device > o.Host || o.Host > o.Disk || int(o.Disk) > len(q) || o.Disk < 1 {
 						t.Errorf("reader %d: impossible overlap %+v", r, o)
 						return
 					}

@@ -452,7 +452,7 @@ func (r *rig) matched(key indexer.Key, tokens []uint32) map[indexer.WorkerRank]i
 	if ix := r.set.Lookup(key); ix != nil {
 		for _, o := range ix.MatchTokens(tokens, "", nil) {
 			if o.Device > 0 {
-				out[o.Worker] = o.Device
+				out[o.Worker] = int(o.Device)
 			}
 		}
 	}

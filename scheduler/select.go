@@ -384,11 +384,11 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	d.Overlap.Worker = c.wr
 	for _, o := range overlaps {
 		if o.Worker.Worker == d.Worker.Worker {
-			d.DP[o.Worker.Rank] = o.Device
+			d.DP[o.Worker.Rank] = int(o.Device)
 		}
-		d.BestDevice = max(d.BestDevice, o.Device)
+		d.BestDevice = max(d.BestDevice, int(o.Device))
 	}
-	d.DP[d.Worker.Rank] = c.ov.Device // present even with no overlap
+	d.DP[d.Worker.Rank] = int(c.ov.Device) // present even with no overlap
 	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})
 	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, strconv.FormatUint(d.Worker.Worker, 10)).Inc()
 	return d, nil
@@ -492,7 +492,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	if c.rl.ovMark == t.pass {
 		ch.ov = overlaps[c.rl.ovAt]
 	} else {
-		ch.ov.Blocks = ix.RankBlocks(c.rl.wr)
+		ch.ov.Blocks = int32(ix.RankBlocks(c.rl.wr))
 	}
 	if book != nil {
 		book.Worker, book.PrefillTokens = c.rl.wr, c.prefill
@@ -756,7 +756,7 @@ func (s *Scheduler) pick(sc *scratch, cands []candidate, temp, least float64, ix
 		small := math.MaxInt
 		for k, i := range ties {
 			if rl := cands[i].rl; rl.ovMark == pass {
-				trees[k] = overlaps[rl.ovAt].Blocks // as of the match
+				trees[k] = int(overlaps[rl.ovAt].Blocks) // as of the match
 			} else {
 				trees[k] = ix.RankBlocks(rl.wr)
 			}

@@ -849,7 +849,7 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 			}
 			bestDevice := 0
 			for _, ov := range overlaps {
-				bestDevice = max(bestDevice, ov.Device)
+				bestDevice = max(bestDevice, int(ov.Device))
 			}
 			if d.BestDevice != bestDevice {
 				t.Fatalf("%s: best device overlap %d, want %d", what, d.BestDevice, bestDevice)

@@ -459,7 +459,7 @@ type tiers struct {
 
 // tiersOf returns an overlap in tokens.
 func tiersOf(o indexer.Overlap, bs int) tiers {
-	return tiers{LongestMatched: max(o.Device, o.Host, o.Disk) * bs, GPU: o.Device * bs, CPU: o.Host * bs, Disk: o.Disk * bs}
+	return tiers{LongestMatched: int(max(o.Device, o.Host, o.Disk)) * bs, GPU: int(o.Device) * bs, CPU: int(o.Host) * bs, Disk: int(o.Disk) * bs}
 }
 
 type selectResponse struct {

@@ -567,7 +567,7 @@ func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int, phases *phas
 			l = append(l, d)
 			clear(lengths)
 			for _, o := range buf {
-				lengths[o.Device] = true
+				lengths[int(o.Device)] = true
 			}
 			shapes = append(shapes, shape{d: d, blocks: len(q), ranks: len(buf), lengths: len(lengths)})
 		}

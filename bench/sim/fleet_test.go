@@ -118,7 +118,7 @@ func (fl *follower) agrees(f *Fleet, prompts []Request) (bool, string) {
 		dst = fl.ix.MatchTokens(p.Prompt, p.LoRA, dst[:0])
 		got := map[indexer.WorkerRank]int{}
 		for _, o := range dst {
-			got[o.Worker] = o.Device
+			got[o.Worker] = int(o.Device)
 		}
 		for _, w := range f.Workers() {
 			for r, rk := range w.Ranks() {
