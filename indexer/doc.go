@@ -53,7 +53,8 @@
 // match of another shard, or a request, waiting for one. Where the shards
 // are fewer, so that a core is spare, a match finding the lock held by a
 // writer hands itself to the writer and spins, and the writer runs it
-// before its next block, at most once every serveAfter blocks; writers
+// before its next block (at most one in serveAfter blocks, over time, and
+// at once after a spell without matches: see serveBurst); writers
 // there take the lock by spinning for a while, rather than by sleeping
 // (see lock.go). Other matches waiting for the lock have the writer yield
 // it at its next block once writers have applied yieldAfter blocks since

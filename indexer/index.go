@@ -494,13 +494,14 @@ type shard struct {
 	// could keep the goroutine it waits for off the cores.
 	spare bool
 	// handed is the match handed to the writer holding mu, if any;
-	// sinceServe counts the blocks writers applied since they last ran
-	// one, handedRuns the handed matches writers ran; handWait bounds how
-	// long a handed match waits for a writer to run it.
-	handed     atomic.Pointer[matcher]
-	handedRuns atomic.Int64
-	sinceServe int
-	handWait   time.Duration
+	// serveCredit is what writers may spend on running handed matches
+	// (see relax), handedRuns counts the handed matches writers ran;
+	// handWait bounds how long a handed match waits for a writer to run
+	// it.
+	handed      atomic.Pointer[matcher]
+	handedRuns  atomic.Int64
+	serveCredit int
+	handWait    time.Duration
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	// hints guide matches looking ahead (see runHints); made by the

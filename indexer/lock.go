@@ -36,11 +36,19 @@ const yieldChunk = 1 << maxYieldShift
 // maxYieldShift is the largest shard.yieldShift.
 const maxYieldShift = 5
 
-// serveAfter is how many blocks writers apply, at least, between two
-// handed matches they run, so that matches back to back do not starve
-// them. Larger makes such matches wait longer, and lets writers apply
-// more under them.
+// serveAfter is how many blocks writers apply per handed match they run,
+// over time, so that matches back to back do not starve them. Larger
+// makes such matches wait longer, and lets writers apply more under them.
 const serveAfter = 8
+
+// serveBurst bounds the credit writers build up for handed matches
+// (shard.serveCredit): each block adds one, up to serveBurst, and each
+// handed match run takes serveAfter. After a spell without matches,
+// writers so run the next serveBurst/serveAfter or so at once, one per
+// block: matches that come now and then, as a router's do, wait for the
+// writer's current block only, and matches back to back get one run
+// every serveAfter blocks.
+const serveBurst = writeChunk
 
 // handWait is how long a handed match waits for a writer to run it (see
 // shard.handWait), if mu does not come free meanwhile, before it waits for
@@ -55,8 +63,8 @@ const lockSpin = 100 * time.Microsecond
 
 // relax is called by a writer holding mu before each block of an
 // operation, with held counting the blocks it applied since it took mu.
-// It first runs the match handed to it, if any, once writers have applied
-// serveAfter blocks since they last ran one. Once held is writeChunk, or
+// It first runs the match handed to it, if any, if writers have the credit
+// for it (see serveBurst). Once held is writeChunk, or
 // a match waits for mu and writers have applied yieldAfter blocks since
 // they last yielded to one, relax releases mu and takes it again, resets
 // held and reports true. Only matches and other readers run meanwhile
@@ -66,8 +74,10 @@ const lockSpin = 100 * time.Microsecond
 // for one.
 func (ix *shard) relax(held *int) bool {
 	ix.sinceYield++
-	ix.sinceServe++
-	if m := ix.handed.Load(); m != nil && ix.sinceServe > serveAfter {
+	if ix.serveCredit < serveBurst {
+		ix.serveCredit++
+	}
+	if m := ix.handed.Load(); m != nil && ix.serveCredit >= serveAfter {
 		ix.serve(m)
 	}
 	waiting := ix.waiting.Load() != 0
@@ -214,6 +224,6 @@ func (ix *shard) serve(m *matcher) {
 	}
 	m.do()
 	m.state.Store(handDone)
-	ix.sinceServe = 0
+	ix.serveCredit -= serveAfter
 	ix.handedRuns.Add(1)
 }

@@ -168,6 +168,29 @@ func until(cond func() bool) {
 	}
 }
 
+// serveRound hands a match of seq to the first shard of ix, whose lock
+// this goroutine holds as a writer, and applies blocks (relax) until the
+// writer has run it, or gives up after serveBurst. It checks the answer,
+// and returns how many blocks that took.
+func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
+	t.Helper()
+	sh := ix.shards[0]
+	got := matchAsync(ix, seq)
+	until(func() bool { return sh.handed.Load() != nil })
+	blocks, held := 0, 1 // held stays below writeChunk: relax keeps mu
+	for sh.handed.Load() != nil {
+		if blocks == serveBurst {
+			t.Fatalf("match not run after %d blocks", blocks)
+		}
+		sh.relax(&held)
+		blocks++
+	}
+	if a := <-got; !slices.Equal(a, want) { // mu is still held: the writer ran it
+		t.Errorf("handed match = %v, want %v", a, want)
+	}
+	return blocks
+}
+
 // TestHandedMatchRunByWriter checks that a match finding the lock held
 // by a writer is run by that writer at its next block, while it still
 // holds the lock, with the answer it would have got on its own, and that
@@ -177,25 +200,10 @@ func TestHandedMatchRunByWriter(t *testing.T) {
 	sh := ix.shards[0]
 	sh.write.Lock() // this goroutine is the writer
 	sh.lock()
-	held := 1
-	sh.sinceServe = serveAfter // the next block may run a match
-	for round := range 2 {
-		got := matchAsync(ix, seq)
-		until(func() bool { return sh.handed.Load() != nil })
-		blocks := 0
-		for sh.handed.Load() != nil {
-			if blocks > serveAfter {
-				t.Fatalf("round %d: match not run after %d blocks", round, blocks)
-			}
-			sh.relax(&held)
-			blocks++
-		}
-		// The second match waits for the blocks the first one's gap asks.
-		if wantBlocks := []int{1, serveAfter + 1}[round]; blocks != wantBlocks {
+	sh.serveCredit = serveAfter - 1 // the next block may run a match
+	for round, wantBlocks := range []int{1, serveAfter} {
+		if blocks := serveRound(t, ix, seq, want); blocks != wantBlocks {
 			t.Errorf("round %d: run at block %d, want %d", round, blocks, wantBlocks)
-		}
-		if a := <-got; !slices.Equal(a, want) { // mu is still held: the writer ran it
-			t.Errorf("round %d: handed match = %v, want %v", round, a, want)
 		}
 	}
 	sh.unlock()
@@ -203,6 +211,38 @@ func TestHandedMatchRunByWriter(t *testing.T) {
 	if got := ix.Stats().Handed; got != 2 {
 		t.Errorf("Stats().Handed = %d, want 2", got)
 	}
+}
+
+// TestHandedMatchesAfterQuiet checks that, after a spell of blocks
+// without matches, writers run the next serveBurst/serveAfter handed
+// matches each at the next block, and then one every serveAfter blocks,
+// never more than the blocks they applied allow.
+func TestHandedMatchesAfterQuiet(t *testing.T) {
+	ix, seq, want := handIndex(t, time.Hour)
+	sh := ix.shards[0]
+	sh.write.Lock()
+	sh.lock()
+	held := 1
+	for range 4 * serveBurst { // the quiet spell
+		sh.relax(&held)
+	}
+	const rounds = 2 * serveBurst / serveAfter
+	applied := serveBurst // the most the quiet spell may count for
+	for round := range rounds {
+		blocks := serveRound(t, ix, seq, want)
+		applied += blocks
+		switch {
+		case round < serveBurst/serveAfter && blocks != 1:
+			t.Errorf("round %d, in the burst: run at block %d, want 1", round, blocks)
+		case round == rounds-1 && blocks != serveAfter:
+			t.Errorf("round %d, after the burst: run at block %d, want %d", round, blocks, serveAfter)
+		}
+		if ran := round + 1; ran*serveAfter > applied {
+			t.Errorf("round %d: %d matches run over %d blocks, more than one per %d", round, ran, applied, serveAfter)
+		}
+	}
+	sh.unlock()
+	sh.write.Unlock()
 }
 
 // TestHandedMatchTakenBack checks that a handed match runs itself if the
