@@ -161,10 +161,33 @@ func matchAsync(ix *Index, seq []uint64) <-chan []Overlap {
 	return got
 }
 
-// until calls runtime.Gosched until cond holds.
-func until(cond func() bool) {
+// hangAfter is how long these tests wait for what must come before they
+// fail: a guard against a hang (a broken hand-over spins or sleeps for
+// ever), not a timing.
+const hangAfter = 30 * time.Second
+
+// until calls runtime.Gosched until cond holds; it fails t if cond does
+// not hold within hangAfter.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangAfter)
 	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, hangAfter)
+		}
 		runtime.Gosched()
+	}
+}
+
+// within receives from ch; it fails t if nothing comes within hangAfter.
+func within[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(hangAfter):
+		t.Fatalf("%s: not within %v", what, hangAfter)
+		panic("unreachable")
 	}
 }
 
@@ -176,7 +199,7 @@ func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
 	t.Helper()
 	sh := ix.shards[0]
 	got := matchAsync(ix, seq)
-	until(func() bool { return sh.handed.Load() != nil })
+	until(t, "match handed", func() bool { return sh.handed.Load() != nil })
 	blocks, held := 0, 1 // held stays below writeChunk: relax keeps mu
 	for sh.handed.Load() != nil {
 		if blocks == serveBurst {
@@ -185,7 +208,7 @@ func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
 		sh.relax(&held)
 		blocks++
 	}
-	if a := <-got; !slices.Equal(a, want) { // mu is still held: the writer ran it
+	if a := within(t, "handed match", got); !slices.Equal(a, want) { // mu is still held: the writer ran it
 		t.Errorf("handed match = %v, want %v", a, want)
 	}
 	return blocks
@@ -252,9 +275,9 @@ func TestHandedMatchTakenBack(t *testing.T) {
 	sh := ix.shards[0]
 	sh.lock()
 	got := matchAsync(ix, seq)
-	until(func() bool { return sh.handed.Load() != nil })
+	until(t, "match handed", func() bool { return sh.handed.Load() != nil })
 	sh.unlock()
-	if a := <-got; !slices.Equal(a, want) {
+	if a := within(t, "match taken back", got); !slices.Equal(a, want) {
 		t.Errorf("match = %v, want %v", a, want)
 	}
 	if h := sh.handed.Load(); h != nil || ix.Stats().Handed != 0 {
@@ -282,10 +305,10 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 			for range c.matches {
 				got = append(got, matchAsync(ix, seq))
 			}
-			until(func() bool { return sh.waiting.Load() == 1 })
+			until(t, "a match waiting for the lock", func() bool { return sh.waiting.Load() == 1 })
 			sh.unlock()
 			for _, g := range got {
-				if a := <-g; !slices.Equal(a, want) {
+				if a := within(t, "match", g); !slices.Equal(a, want) {
 					t.Errorf("match = %v, want %v", a, want)
 				}
 			}
@@ -310,7 +333,7 @@ func TestWriterSpinsThenWaits(t *testing.T) {
 	}()
 	// A spinning writer lets new matches in; one waiting on the lock does
 	// not.
-	until(func() bool {
+	until(t, "writer waiting on the lock", func() bool {
 		if !sh.mu.TryRLock() {
 			return true
 		}
@@ -323,6 +346,6 @@ func TestWriterSpinsThenWaits(t *testing.T) {
 	default:
 	}
 	sh.mu.RUnlock()
-	<-locked
+	within(t, "writer taking the lock", locked)
 	sh.unlock()
 }
