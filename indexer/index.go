@@ -137,9 +137,8 @@ type ApplyResult struct {
 // device memory; Host the longest prefix held in device or host memory;
 // Disk the longest prefix held in any tier. So Device <= Host <= Disk.
 //
-// The counts are int32, which keeps an Overlap at 32 bytes: a match writes
-// one per rank holding the prompt's first block, and with hundreds of ranks
-// these writes are a good part of its time.
+// The counts are int32, so that an Overlap is 32 bytes: a match writes one
+// per rank holding the prompt's first block, hundreds in a large fleet.
 type Overlap struct {
 	Worker WorkerRank
 	Device int32

@@ -64,14 +64,13 @@ const lockSpin = 100 * time.Microsecond
 // relax is called by a writer holding mu before each block of an
 // operation, with held counting the blocks it applied since it took mu.
 // It first runs the match handed to it, if any, if writers have the credit
-// for it (see serveBurst). Once held is writeChunk, or
-// a match waits for mu and writers have applied yieldAfter blocks since
-// they last yielded to one, relax releases mu and takes it again, resets
-// held and reports true. Only matches and other readers run meanwhile
-// (writers take turns on shard.write), so what the writer knew still
-// holds. Where no match waits and the shard has no spare core, it also
-// gives up its core in between (runtime.Gosched) to any goroutine waiting
-// for one.
+// for it (see serveBurst). Once held is writeChunk, or a match waits for mu
+// and writers have applied yieldAfter blocks since they last yielded to
+// one, relax releases mu and takes it again, resets held and reports true.
+// Only matches and other readers run meanwhile (writers take turns on
+// shard.write), so what the writer knew still holds. Where no match waits
+// and the shard has no spare core, it also gives up its core in between
+// (runtime.Gosched) to any goroutine waiting for one.
 func (ix *shard) relax(held *int) bool {
 	ix.sinceYield++
 	if ix.serveCredit < serveBurst {
