@@ -3,12 +3,13 @@
 // prefix index per (model, tenant) (index.go) with its pointer-free storage
 // (store.go), how its writers and matches share a lock (lock.go), its dump
 // and recovery format (dump.go), the set of indexes with the goroutines
-// that apply events to them in per-worker order (set.go), and the event path that feeds it from
-// engines: decoding of vLLM, SGLang and Mooncake KV event batches (wire.go,
-// on a small allocation-free msgpack reader in msgpack.go) and the ZMQ
-// listeners with gap detection and replay (ingest.go, metrics.go); and the
-// index's HTTP views: Dynamo's and Mooncake's overlap queries, the dump, and
-// the peer list with startup recovery from a peer's dump (http.go).
+// that apply events to them in per-worker order (set.go), and the event
+// path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
+// KV event batches (wire.go, on a small allocation-free msgpack reader in
+// msgpack.go) and the ZMQ listeners with gap detection and replay
+// (ingest.go, metrics.go); and the index's HTTP views: Dynamo's and
+// Mooncake's overlap queries, the dump, and the peer list with startup
+// recovery from a peer's dump (http.go).
 //
 // # The index
 //

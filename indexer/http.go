@@ -237,11 +237,11 @@ func (r QueryResult) instances() map[string]dynamoInstance {
 		if !ok {
 			in.DP = make(map[string]int)
 		}
-		gpu := int(o.Device) * r.BlockSize
+		gpu, cpu, disk := o.Tokens(r.BlockSize)
 		in.DP[strconv.FormatUint(uint64(o.Worker.Rank), 10)] = gpu
 		in.GPU = max(in.GPU, gpu)
-		in.CPU = max(in.CPU, int(o.Host)*r.BlockSize)
-		in.Disk = max(in.Disk, int(o.Disk)*r.BlockSize)
+		in.CPU = max(in.CPU, cpu)
+		in.Disk = max(in.Disk, disk)
 		in.LongestMatched = max(in.GPU, in.CPU, in.Disk)
 		out[id] = in
 	}
@@ -269,7 +269,7 @@ func (r QueryResult) dynamo() dynamoResponse {
 		if resp.Scores[id] == nil {
 			resp.Scores[id] = make(map[string]int)
 		}
-		resp.Scores[id][rank] = int(o.Device) * r.BlockSize
+		resp.Scores[id][rank], _, _ = o.Tokens(r.BlockSize)
 	}
 	// frequencies[i]: how many worker ranks hold block i on device, for
 	// every depth some rank reaches.

@@ -149,6 +149,11 @@ type Overlap struct {
 	Blocks int32
 }
 
+// Tokens returns the overlap in tokens, for blocks of blockSize tokens.
+func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
+	return int(o.Device) * blockSize, int(o.Host) * blockSize, int(o.Disk) * blockSize
+}
+
 // holder records that a worker rank (by slot) holds a node on some tiers.
 type holder struct {
 	slot uint32

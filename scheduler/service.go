@@ -459,7 +459,8 @@ type tiers struct {
 
 // tiersOf returns an overlap in tokens.
 func tiersOf(o indexer.Overlap, bs int) tiers {
-	return tiers{LongestMatched: int(max(o.Device, o.Host, o.Disk)) * bs, GPU: int(o.Device) * bs, CPU: int(o.Host) * bs, Disk: int(o.Disk) * bs}
+	gpu, cpu, disk := o.Tokens(bs)
+	return tiers{LongestMatched: max(gpu, cpu, disk), GPU: gpu, CPU: cpu, Disk: disk}
 }
 
 type selectResponse struct {
