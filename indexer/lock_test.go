@@ -93,7 +93,18 @@ func TestWritersGiveUpTheCPU(t *testing.T) {
 		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
 	}
 	seen := make(chan int, 1)
-	go func() { seen <- ix.RankBlocks(w) }() // runnable, but this goroutine has the only P
+	go func() { // runnable, but this goroutine has the only P
+		// Should it run before the event starts (this goroutine
+		// preempted in between), it gives the P back until some
+		// block is in; if the writer never gives up the P, it runs
+		// only when the event is whole, and sees all of it.
+		got := ix.RankBlocks(w)
+		for got == 0 {
+			runtime.Gosched()
+			got = ix.RankBlocks(w)
+		}
+		seen <- got
+	}()
 	if _, err := ix.Apply(stored(w, TierDevice, nil, blocks)); err != nil {
 		t.Fatal(err)
 	}
