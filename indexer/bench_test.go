@@ -1,6 +1,9 @@
 package indexer
 
-import "testing"
+import (
+	"math/rand/v2"
+	"testing"
+)
 
 // benchIndex builds an index where workers ranks share a prefix of shared
 // blocks and each then holds its own chain of own blocks, and returns it
@@ -88,5 +91,32 @@ func BenchmarkDecode(b *testing.B) {
 		if _, err := d.Decode(payload); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkDependentLoad measures the machine rather than the index: the
+// time of a load that misses every cache and whose address comes from the
+// load before, over a table of 256 MiB (the size of bench/indexload's
+// index with 16-token blocks). Match and apply are chains of such loads
+// (a node table slot, then its node, then its holders), so this is the
+// unit their costs are counted in: a match of p99 10 µs may make about
+// 10µs/(ns/op) of them in a row.
+func BenchmarkDependentLoad(b *testing.B) {
+	next := make([]uint32, 256<<20/4)
+	for i := range next {
+		next[i] = uint32(i)
+	}
+	// Sattolo's shuffle: one cycle through every entry, in random order.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := len(next) - 1; i > 0; i-- {
+		j := rng.IntN(i)
+		next[i], next[j] = next[j], next[i]
+	}
+	x := uint32(0)
+	for b.Loop() {
+		x = next[x]
+	}
+	if int(x) >= len(next) {
+		b.Fatal(x)
 	}
 }
