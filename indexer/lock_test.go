@@ -3,6 +3,7 @@ package indexer
 import (
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -93,19 +94,22 @@ func TestWritersGiveUpTheCPU(t *testing.T) {
 		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
 	}
 	seen := make(chan int, 1)
-	go func() { // runnable, but this goroutine has the only P
+	var over atomic.Bool // Apply returned
+	go func() {          // runnable, but this goroutine has the only P
 		// Should it run before the event starts (this goroutine
 		// preempted in between), it gives the P back until some
 		// block is in; if the writer never gives up the P, it runs
 		// only when the event is whole, and sees all of it.
 		got := ix.RankBlocks(w)
-		for got == 0 {
+		for got == 0 && !over.Load() {
 			runtime.Gosched()
 			got = ix.RankBlocks(w)
 		}
 		seen <- got
 	}()
-	if _, err := ix.Apply(stored(w, TierDevice, nil, blocks)); err != nil {
+	_, err := ix.Apply(stored(w, TierDevice, nil, blocks))
+	over.Store(true)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := <-seen; got == 0 || got >= n {
