@@ -95,7 +95,8 @@ func TestWritersGiveUpTheCPU(t *testing.T) {
 	}
 	seen := make(chan int, 1)
 	var over atomic.Bool // Apply returned
-	go func() {          // runnable, but this goroutine has the only P
+	// The reader is runnable, but this goroutine has the only P.
+	go func() {
 		// Should it run before the event starts (this goroutine
 		// preempted in between), it gives the P back until some
 		// block is in; if the writer never gives up the P, it runs
