@@ -1,0 +1,711 @@
+package indexer
+
+import (
+	"math/bits"
+	"slices"
+)
+
+// This file is the first step of a path-compressed index (work in
+// progress on branch runs, not yet used by Index): a tree of spans, each a
+// chain of blocks with consecutive ids, every block the only child of the
+// one before, all held by the same worker ranks on the same tiers. A
+// match crosses a span with one key comparison. See bench/runproto on
+// branch proto-runs for the measurements that motivate it.
+
+const noBlock = ^uint32(0)
+
+// blockRec is one block of a runTree.
+type blockRec struct {
+	key   uint64 // sequence hash
+	local uint64
+	span  uint32 // noBlock: free
+}
+
+// span is a chain of blocks first..first+n-1.
+type span struct {
+	first, n uint32
+	depth    uint32 // of first
+	parent   uint32 // block id of first's parent, noBlock for a root
+	kids     uint32 // child spans of the last block
+	set      uint32 // holder set (runTree.sets)
+	end      uint64 // key of the last block
+}
+
+// holdSet is an interned set of (slot, tiers), as slot<<3|tiers, sorted.
+type holdSet struct {
+	elems []uint32
+	refs  int32
+	hash  uint64
+}
+
+// engEntry is what a rank's engine id names: a block, and the tiers this
+// engine id holds it on.
+type engEntry struct {
+	block uint32
+	tiers Tier
+}
+
+// rankInfo is one worker rank of a runTree.
+type rankInfo struct {
+	wr    WorkerRank
+	names map[uint64]engEntry // engine id -> entry
+	// extra counts, per block named by more than one engine id, the names
+	// beyond the first.
+	extra map[uint32]int
+	used  bool
+}
+
+// runTree is the tree of one shard.
+type runTree struct {
+	blocks []blockRec
+	spans  []span
+	free   []uint32 // free span ids
+	heads  map[uint64]uint32
+	sets   []holdSet
+	setIDs map[uint64][]uint32 // hash -> ids
+	freeS  []uint32
+	ranks  []rankInfo
+	slotOf map[WorkerRank]uint32
+	tmp    []uint32
+}
+
+func newRunTree() *runTree {
+	t := &runTree{heads: make(map[uint64]uint32), setIDs: make(map[uint64][]uint32), slotOf: make(map[WorkerRank]uint32)}
+	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
+	return t
+}
+
+func tiersOfElem(e uint32) Tier { return Tier(e & 7) }
+
+func hashElems(es []uint32) uint64 {
+	h := uint64(14695981039346656037)
+	for _, e := range es {
+		h = (h ^ uint64(e)) * 1099511628211
+	}
+	return h
+}
+
+// intern returns the id of the set es (sorted), taking a reference.
+func (t *runTree) intern(es []uint32) uint32 {
+	if len(es) == 0 {
+		return 0
+	}
+	h := hashElems(es)
+	for _, id := range t.setIDs[h] {
+		if slices.Equal(t.sets[id].elems, es) {
+			t.sets[id].refs++
+			return id
+		}
+	}
+	var id uint32
+	if n := len(t.freeS); n > 0 {
+		id = t.freeS[n-1]
+		t.freeS = t.freeS[:n-1]
+	} else {
+		t.sets = append(t.sets, holdSet{})
+		id = uint32(len(t.sets) - 1)
+	}
+	t.sets[id] = holdSet{elems: slices.Clone(es), refs: 1, hash: h}
+	t.setIDs[h] = append(t.setIDs[h], id)
+	return id
+}
+
+func (t *runTree) ref(id uint32) { t.sets[id].refs++ }
+
+func (t *runTree) unref(id uint32) {
+	if id == 0 {
+		return
+	}
+	s := &t.sets[id]
+	if s.refs--; s.refs > 0 {
+		return
+	}
+	ids := t.setIDs[s.hash]
+	i := slices.Index(ids, id)
+	ids = slices.Delete(ids, i, i+1)
+	if len(ids) == 0 {
+		delete(t.setIDs, s.hash)
+	} else {
+		t.setIDs[s.hash] = ids
+	}
+	*s = holdSet{}
+	t.freeS = append(t.freeS, id)
+}
+
+// tiersIn returns the tiers slot holds in set id.
+func (t *runTree) tiersIn(id uint32, slot uint32) Tier {
+	es := t.sets[id].elems
+	i, ok := slices.BinarySearchFunc(es, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	if !ok {
+		return 0
+	}
+	return tiersOfElem(es[i])
+}
+
+// with returns the interned set id with slot's tiers set to tiers (0:
+// removed), taking a reference.
+func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
+	es := t.sets[id].elems
+	i, ok := slices.BinarySearchFunc(es, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	t.tmp = append(t.tmp[:0], es[:i]...)
+	if tiers != 0 {
+		t.tmp = append(t.tmp, slot<<3|uint32(tiers))
+	}
+	if ok {
+		i++
+	}
+	t.tmp = append(t.tmp, es[i:]...)
+	return t.intern(t.tmp)
+}
+
+func (t *runTree) setSpanSet(s uint32, id uint32) {
+	old := t.spans[s].set
+	t.spans[s].set = id
+	t.unref(old)
+}
+
+func (t *runTree) newSpan(sp span) uint32 {
+	var id uint32
+	if n := len(t.free); n > 0 {
+		id = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		t.spans = append(t.spans, span{})
+		id = uint32(len(t.spans) - 1)
+	}
+	t.spans[id] = sp
+	return id
+}
+
+func (t *runTree) relabel(first, n, s uint32) {
+	for b := first; b < first+n; b++ {
+		t.blocks[b].span = s
+	}
+}
+
+// split cuts span s after its first k blocks (0 < k < n); both parts
+// share its set.
+func (t *runTree) split(s, k uint32) {
+	S := t.spans[s]
+	t.ref(S.set)
+	if k <= S.n-k {
+		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks[S.first+k-1].key})
+		t.relabel(S.first, k, ns)
+		t.heads[t.blocks[S.first].key] = ns
+		p := &t.spans[s]
+		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
+		t.heads[t.blocks[p.first].key] = s
+		return
+	}
+	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end})
+	t.relabel(S.first+k, S.n-k, ns)
+	t.heads[t.blocks[S.first+k].key] = ns
+	p := &t.spans[s]
+	p.n, p.kids, p.end = k, 1, t.blocks[S.first+k-1].key
+}
+
+// merge joins b, the only child span of a, with a consecutive ids and
+// the same set, into one span, and returns its id.
+func (t *runTree) merge(a, b uint32) uint32 {
+	A, B := t.spans[a], t.spans[b]
+	t.unref(B.set)
+	if B.n <= A.n {
+		t.relabel(B.first, B.n, a)
+		delete(t.heads, t.blocks[B.first].key)
+		p := &t.spans[a]
+		p.n += B.n
+		p.end, p.kids = B.end, B.kids
+		t.free = append(t.free, b)
+		return a
+	}
+	t.relabel(A.first, A.n, b)
+	delete(t.heads, t.blocks[B.first].key)
+	t.heads[t.blocks[A.first].key] = b
+	p := &t.spans[b]
+	p.first, p.depth, p.parent = A.first, A.depth, A.parent
+	p.n += A.n
+	t.free = append(t.free, a)
+	return b
+}
+
+// tidy merges span s with its only child and its parent where they can
+// be one span, or deletes it with its holderless, childless ancestors.
+func (t *runTree) tidy(s uint32) {
+	S := &t.spans[s]
+	if S.set == 0 && S.kids == 0 {
+		t.deleteSpan(s)
+		return
+	}
+	if S.kids == 1 {
+		if nb := S.first + S.n; int(nb) < len(t.blocks) {
+			if c := t.blocks[nb].span; c != noBlock {
+				C := &t.spans[c]
+				if C.first == nb && C.parent == nb-1 && C.set == S.set {
+					s = t.merge(s, c)
+					S = &t.spans[s]
+				}
+			}
+		}
+	}
+	if pb := S.parent; pb != noBlock && pb+1 == S.first {
+		ps := t.blocks[pb].span
+		P := &t.spans[ps]
+		if P.first+P.n-1 == pb && P.kids == 1 && P.set == S.set {
+			t.merge(ps, s)
+		}
+	}
+}
+
+func (t *runTree) deleteSpan(s uint32) {
+	for {
+		S := t.spans[s]
+		delete(t.heads, t.blocks[S.first].key)
+		t.relabel(S.first, S.n, noBlock)
+		t.unref(S.set)
+		t.spans[s] = span{}
+		t.free = append(t.free, s)
+		if S.parent == noBlock {
+			return
+		}
+		s = t.blocks[S.parent].span
+		P := &t.spans[s]
+		P.kids--
+		if P.kids > 0 || P.set != 0 {
+			if P.kids == 1 {
+				t.tidy(s)
+			}
+			return
+		}
+	}
+}
+
+// isolate splits spans so that blocks b..b+k-1, all in one span, are a
+// span of their own, and returns it.
+func (t *runTree) isolate(b, k uint32) uint32 {
+	s := t.blocks[b].span
+	S := t.spans[s]
+	o := b - S.first
+	if o+k < S.n {
+		t.split(s, o+k)
+	}
+	if o > 0 {
+		t.split(t.blocks[b].span, o)
+	}
+	return t.blocks[b].span
+}
+
+// setTiers makes slot hold blocks b..b+k-1 (in one span) on exactly
+// tiers.
+func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
+	s := t.blocks[b].span
+	if t.tiersIn(t.spans[s].set, slot) == tiers {
+		return
+	}
+	s = t.isolate(b, k)
+	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers))
+	t.tidy(s)
+}
+
+func (t *runTree) depthOf(b uint32) uint32 {
+	S := &t.spans[t.blocks[b].span]
+	return S.depth + b - S.first
+}
+
+func (t *runTree) rank(wr WorkerRank) uint32 {
+	if s, ok := t.slotOf[wr]; ok {
+		return s
+	}
+	for i := range t.ranks {
+		if !t.ranks[i].used {
+			t.ranks[i] = rankInfo{wr: wr, names: make(map[uint64]engEntry), extra: make(map[uint32]int), used: true}
+			t.slotOf[wr] = uint32(i)
+			return uint32(i)
+		}
+	}
+	t.ranks = append(t.ranks, rankInfo{wr: wr, names: make(map[uint64]engEntry), extra: make(map[uint32]int), used: true})
+	t.slotOf[wr] = uint32(len(t.ranks) - 1)
+	return uint32(len(t.ranks) - 1)
+}
+
+// union returns the tiers slot holds block b on, over every engine id
+// naming it, where one of them holds it on tiers: just tiers when no
+// other names it.
+func (t *runTree) union(slot, b uint32, tiers Tier) Tier {
+	r := &t.ranks[slot]
+	if r.extra[b] == 0 {
+		return tiers
+	}
+	tiers = 0
+	for _, e := range r.names {
+		if e.block == b {
+			tiers |= e.tiers
+		}
+	}
+	return tiers
+}
+
+func (t *runTree) blockTiers(slot, b uint32) Tier {
+	return t.tiersIn(t.spans[t.blocks[b].span].set, slot)
+}
+
+// name points engine id h of slot at block b on tiers, replacing what it
+// named, and brings the holder sets up to date.
+func (t *runTree) name(slot uint32, h uint64, b uint32, tiers Tier) {
+	r := &t.ranks[slot]
+	if old, had := r.names[h]; had {
+		if old.block == b {
+			r.names[h] = engEntry{block: b, tiers: tiers}
+			t.setTiers(b, 1, slot, t.union(slot, b, tiers))
+			return
+		}
+		t.unname(slot, h)
+	}
+	if t.blockTiers(slot, b) != 0 {
+		r.extra[b]++
+	}
+	r.names[h] = engEntry{block: b, tiers: tiers}
+	t.setTiers(b, 1, slot, t.union(slot, b, tiers))
+}
+
+// unname drops engine id h of slot, which must name a block.
+func (t *runTree) unname(slot uint32, h uint64) {
+	r := &t.ranks[slot]
+	b := r.names[h].block
+	delete(r.names, h)
+	if n := r.extra[b]; n > 0 {
+		if n == 1 {
+			delete(r.extra, b)
+		} else {
+			r.extra[b] = n - 1
+		}
+		var tiers Tier
+		for _, e := range r.names {
+			if e.block == b {
+				tiers |= e.tiers
+			}
+		}
+		t.setTiers(b, 1, slot, tiers)
+		return
+	}
+	t.setTiers(b, 1, slot, 0)
+}
+
+// store applies a Stored event (not ByID).
+func (t *runTree) store(ev Event) (ApplyResult, error) {
+	slot := t.rank(ev.Worker)
+	r := &t.ranks[slot]
+	cur := noBlock
+	var prev uint64
+	if ev.HasParent {
+		e, ok := r.names[ev.Parent]
+		if !ok {
+			return ApplyResult{}, ErrUnknownParent
+		}
+		cur, prev = e.block, t.blocks[e.block].key
+	}
+	var res ApplyResult
+	for _, bl := range ev.Blocks {
+		key := bl.Local
+		if cur != noBlock {
+			key = NextSequenceHash(prev, bl.Local)
+		}
+		nxt := noBlock
+		if cur == noBlock {
+			if s, ok := t.heads[key]; ok && t.spans[s].parent == noBlock {
+				nxt = t.spans[s].first
+			}
+		} else {
+			S := &t.spans[t.blocks[cur].span]
+			if cur != S.first+S.n-1 {
+				if t.blocks[cur+1].key == key {
+					nxt = cur + 1
+				}
+			} else if S.kids > 0 {
+				if s, ok := t.heads[key]; ok && t.spans[s].parent == cur {
+					nxt = t.spans[s].first
+				}
+			}
+		}
+		if nxt == noBlock {
+			nxt = t.add(cur, key, bl.Local)
+		}
+		old, had := r.names[bl.Hash]
+		if !had || old.block != nxt || old.tiers&ev.Tier == 0 {
+			res.Stored++
+		}
+		nt := ev.Tier
+		if had {
+			nt |= old.tiers
+		}
+		t.name(slot, bl.Hash, nxt, nt)
+		r = &t.ranks[slot]
+		cur, prev = nxt, key
+	}
+	return res, nil
+}
+
+// add makes a new block with key under block cur (noBlock: a root) and
+// returns its id; nobody holds it yet.
+func (t *runTree) add(cur uint32, key, local uint64) uint32 {
+	b := uint32(len(t.blocks))
+	t.blocks = append(t.blocks, blockRec{key: key, local: local, span: noBlock})
+	if cur != noBlock {
+		s := t.blocks[cur].span
+		S := &t.spans[s]
+		if cur != S.first+S.n-1 {
+			t.split(s, cur-S.first+1)
+		}
+		s = t.blocks[cur].span
+		S = &t.spans[s]
+		if S.kids == 0 && S.first+S.n == b && S.set == 0 {
+			S.n++
+			S.end = key
+			t.blocks[b].span = s
+			return b
+		}
+		S.kids++
+	}
+	depth := uint32(0)
+	if cur != noBlock {
+		depth = t.depthOf(cur) + 1
+	}
+	ns := t.newSpan(span{first: b, n: 1, depth: depth, parent: cur, end: key})
+	t.blocks[b].span = ns
+	t.heads[key] = ns
+	return b
+}
+
+// remove applies a Removed event.
+func (t *runTree) remove(ev Event) ApplyResult {
+	var res ApplyResult
+	slot, ok := t.slotOf[ev.Worker]
+	if !ok {
+		res.Unknown = len(ev.Hashes)
+		return res
+	}
+	for _, h := range ev.Hashes {
+		res.Removed += t.drop(slot, h, ev.Tier)
+	}
+	return res
+}
+
+// drop takes tiers off engine id h of slot and returns how many (block,
+// tier) entries that removed.
+func (t *runTree) drop(slot uint32, h uint64, tiers Tier) int {
+	r := &t.ranks[slot]
+	e, ok := r.names[h]
+	if !ok || e.tiers&tiers == 0 {
+		return 0
+	}
+	n := bits.OnesCount8(uint8(e.tiers & tiers))
+	e.tiers &^= tiers
+	if e.tiers == 0 {
+		t.unname(slot, h)
+		return n
+	}
+	r.names[h] = e
+	t.setTiers(e.block, 1, slot, t.union(slot, e.block, e.tiers))
+	return n
+}
+
+// storeByID applies a Stored event with ByID.
+func (t *runTree) storeByID(ev Event) ApplyResult {
+	var res ApplyResult
+	slot, ok := t.slotOf[ev.Worker]
+	for _, h := range ev.Hashes {
+		if !ok {
+			res.Unknown++
+			continue
+		}
+		e, held := t.ranks[slot].names[h]
+		if !held {
+			res.Unknown++
+			continue
+		}
+		if e.tiers&ev.Tier == 0 {
+			res.Stored++
+		}
+		t.name(slot, h, e.block, e.tiers|ev.Tier)
+	}
+	return res
+}
+
+// clear applies a Cleared event.
+func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
+	var res ApplyResult
+	slot, ok := t.slotOf[wr]
+	if !ok {
+		return res
+	}
+	hs := make([]uint64, 0, len(t.ranks[slot].names))
+	for h := range t.ranks[slot].names {
+		hs = append(hs, h)
+	}
+	for _, h := range hs {
+		res.Removed += t.drop(slot, h, tiers)
+	}
+	return res
+}
+
+// removeRank forgets wr.
+func (t *runTree) removeRank(wr WorkerRank) {
+	slot, ok := t.slotOf[wr]
+	if !ok {
+		return
+	}
+	t.clear(wr, AllTiers)
+	t.ranks[slot] = rankInfo{}
+	delete(t.slotOf, wr)
+}
+
+// removeWorker forgets every rank of worker.
+func (t *runTree) removeWorker(worker uint64) {
+	var wrs []WorkerRank
+	for wr := range t.slotOf {
+		if wr.Worker == worker {
+			wrs = append(wrs, wr)
+		}
+	}
+	for _, wr := range wrs {
+		t.removeRank(wr)
+	}
+}
+
+// apply applies ev.
+func (t *runTree) apply(ev Event) (ApplyResult, error) {
+	switch {
+	case ev.Kind == Stored && ev.ByID:
+		return t.storeByID(ev), nil
+	case ev.Kind == Stored:
+		return t.store(ev)
+	case ev.Kind == Removed:
+		return t.remove(ev), nil
+	case ev.Kind == Cleared:
+		return t.clear(ev.Worker, ev.Tier), nil
+	}
+	return ApplyResult{}, ErrBadEvent
+}
+
+// classTiers are the tiers of each tier class: device; device or host;
+// any.
+var classTiers = [nClasses]Tier{TierDevice, TierDevice | TierHost, AllTiers}
+
+// runMatch is the state of one match on a runTree.
+type runMatch struct {
+	cands [nClasses][]uint64
+	in    [nClasses][]uint64
+	reach [nClasses][]int32
+	all   []uint64
+}
+
+func (m *runMatch) reset(slots int) {
+	w := (slots + 63) / 64
+	for c := range nClasses {
+		m.cands[c] = slices.Grow(m.cands[c][:0], w)[:w]
+		clear(m.cands[c])
+		m.in[c] = slices.Grow(m.in[c][:0], w)[:w]
+		m.reach[c] = slices.Grow(m.reach[c][:0], slots)[:slots]
+		clear(m.reach[c])
+	}
+	m.all = slices.Grow(m.all[:0], w)[:w]
+}
+
+// members sets dst[c] to the slots of set id in class c.
+func (t *runTree) members(id uint32, dst *[nClasses][]uint64) {
+	for c := range nClasses {
+		clear(dst[c])
+	}
+	for _, e := range t.sets[id].elems {
+		s, tiers := e>>3, tiersOfElem(e)
+		for c := range nClasses {
+			if tiers&classTiers[c] != 0 {
+				dst[c][s>>6] |= 1 << (s & 63)
+			}
+		}
+	}
+}
+
+// match appends to dst the Overlap of every rank holding seq[0].
+func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
+	if len(seq) == 0 {
+		return dst
+	}
+	s, ok := t.heads[seq[0]]
+	if !ok || t.spans[s].parent != noBlock {
+		return dst
+	}
+	m.reset(len(t.ranks))
+	S := &t.spans[s]
+	t.members(S.set, &m.cands)
+	copy(m.all, m.cands[classAny])
+	last := uint32(len(seq) - 1)
+	reached := func(d uint32, which *[nClasses][]uint64) {
+		for c := range nClasses {
+			for i, x := range which[c] {
+				for x != 0 {
+					m.reach[c][i*64+bits.TrailingZeros64(x)] = int32(d)
+					x &= x - 1
+				}
+			}
+		}
+	}
+	for {
+		end := S.depth + S.n - 1
+		hi := min(end, last)
+		if seq[hi] != t.blocks[S.first+hi-S.depth].key {
+			lo := S.depth // its head matched
+			for hi-lo > 1 {
+				mid := lo + (hi-lo)/2
+				if seq[mid] == t.blocks[S.first+mid-S.depth].key {
+					lo = mid
+				} else {
+					hi = mid
+				}
+			}
+			reached(lo+1, &m.cands)
+			break
+		}
+		if hi == last {
+			reached(last+1, &m.cands)
+			break
+		}
+		c, ok := t.heads[seq[end+1]]
+		if !ok || t.spans[c].parent != S.first+S.n-1 {
+			reached(end+1, &m.cands)
+			break
+		}
+		S = &t.spans[c]
+		t.members(S.set, &m.in)
+		any := false
+		for k := range nClasses {
+			for i := range m.in[k] {
+				m.in[k][i], m.cands[k][i] = m.cands[k][i]&^m.in[k][i], m.cands[k][i]&m.in[k][i]
+				if k == classAny && m.cands[k][i] != 0 {
+					any = true
+				}
+			}
+		}
+		reached(end+1, &m.in) // m.in now holds the ranks dropped here
+		if !any {
+			break
+		}
+	}
+	for i, x := range m.all {
+		for x != 0 {
+			s := i*64 + bits.TrailingZeros64(x)
+			x &= x - 1
+			r := &t.ranks[s]
+			dst = append(dst, Overlap{Worker: r.wr, Device: m.reach[classDev][s], Host: m.reach[classHost][s], Disk: m.reach[classAny][s], Blocks: int32(len(r.names))})
+		}
+	}
+	return dst
+}
+
+// blockCounts sets, in out, how many engine ids each rank holds.
+func (t *runTree) blockCounts(out map[WorkerRank]int) {
+	for _, r := range t.ranks {
+		if r.used {
+			out[r.wr] = len(r.names)
+		}
+	}
+}

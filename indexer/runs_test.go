@@ -1,0 +1,165 @@
+package indexer
+
+import (
+	"fmt"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// TestRunTreeMatchesReferenceModel drives a runTree and the reference
+// model of property_test.go with the same random events and compares every
+// answer.
+func TestRunTreeMatchesReferenceModel(t *testing.T) {
+	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("0123")), 1, 6, -1)
+	genWorker := rapid.Custom(func(t *rapid.T) WorkerRank {
+		return WorkerRank{Worker: rapid.Uint64Range(1, 3).Draw(t, "worker"), Rank: rapid.Uint32Range(0, 1).Draw(t, "rank")}
+	})
+	genTier := rapid.SampledFrom([]Tier{TierDevice, TierHost, TierDisk})
+	rapid.Check(t, func(t *rapid.T) {
+		tr := newRunTree()
+		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
+		var queries []string
+		var rm runMatch
+		steps := rapid.IntRange(1, 80).Draw(t, "steps")
+		for step := range steps {
+			w := genWorker.Draw(t, "w")
+			var log string
+			switch op := rapid.IntRange(0, 10).Draw(t, "op"); {
+			case op < 5:
+				path := genPath.Draw(t, "path")
+				k := rapid.IntRange(0, len(path)-1).Draw(t, "split")
+				tier := genTier.Draw(t, "tier")
+				ev := stored(w, tier, nil, blocksOf(path[:k], path[k:]))
+				if k > 0 {
+					ev.Parent, ev.HasParent = pathID(path[:k]), true
+				}
+				_, err := tr.apply(ev)
+				ok := m.store(w, tier, path[:k], k > 0, path[k:])
+				if ok != (err == nil) {
+					t.Fatalf("store %v %s %q|%q: tree err %v, model ok %v", w, tier, path[:k], path[k:], err, ok)
+				}
+				queries = append(queries, path)
+				log = fmt.Sprintf("store %v %s %q|%q", w, tier, path[:k], path[k:])
+			case op < 7:
+				tier := genTier.Draw(t, "tier")
+				paths := rapid.SliceOfN(genPath, 1, 3).Draw(t, "removed")
+				ids := make([]uint64, len(paths))
+				for i, p := range paths {
+					ids[i] = pathID(p)
+				}
+				if _, err := tr.apply(removed(w, tier, ids...)); err != nil {
+					t.Fatal(err)
+				}
+				m.remove(w, tier, ids)
+				log = fmt.Sprintf("remove %v %s %v", w, tier, paths)
+			case op < 8:
+				tiers := Tier(rapid.IntRange(1, 7).Draw(t, "tiers"))
+				if _, err := tr.apply(Event{Kind: Cleared, Worker: w, Tier: tiers}); err != nil {
+					t.Fatal(err)
+				}
+				m.clear(w, tiers)
+				log = fmt.Sprintf("clear %v %s", w, tiers)
+			case op < 9:
+				tr.removeRank(w)
+				delete(m.ranks, w)
+				log = fmt.Sprintf("remove rank %v", w)
+			case op < 10:
+				tier := genTier.Draw(t, "tier")
+				paths := rapid.SliceOfN(genPath, 1, 4).Draw(t, "byID")
+				ids := make([]uint64, len(paths))
+				for i, p := range paths {
+					ids[i] = pathID(p)
+				}
+				if _, err := tr.apply(Event{Kind: Stored, ByID: true, Worker: w, Tier: tier, Hashes: ids}); err != nil {
+					t.Fatal(err)
+				}
+				m.storeByID(w, tier, ids)
+				log = fmt.Sprintf("store by id %v %s %v", w, tier, paths)
+			default:
+				tr.removeWorker(w.Worker)
+				for r := range m.ranks {
+					if r.Worker == w.Worker {
+						delete(m.ranks, r)
+					}
+				}
+				log = fmt.Sprintf("remove worker %d", w.Worker)
+			}
+			queries = append(queries, genPath.Draw(t, "probe"))
+			counts := m.counts()
+			for _, q := range queries {
+				got := tr.match(seqOf(q), &rm, nil)
+				sortOverlaps(got)
+				want := m.match(q)
+				for i := range want {
+					want[i].Blocks = int32(counts[want[i].Worker])
+				}
+				if fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("after step %d (%s): match %q = %v, want %v", step, log, q, got, want)
+				}
+			}
+			got := make(map[WorkerRank]int)
+			tr.blockCounts(got)
+			if !mapsEqual(nonZero(got), counts) {
+				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, counts)
+			}
+			checkRunTree(t, tr)
+		}
+	})
+}
+
+// checkRunTree checks the tree's invariants: every live block is in the
+// span its record names, spans are maximal where ids allow, heads name
+// spans, and set references are counted.
+func checkRunTree(t *rapid.T, tr *runTree) {
+	refs := make(map[uint32]int32)
+	freeSpan := make(map[uint32]bool)
+	for _, s := range tr.free {
+		freeSpan[s] = true
+	}
+	kids := make(map[uint32]uint32)
+	for s := range tr.spans {
+		if freeSpan[uint32(s)] {
+			continue
+		}
+		S := tr.spans[s]
+		refs[S.set]++
+		for b := S.first; b < S.first+S.n; b++ {
+			if tr.blocks[b].span != uint32(s) {
+				t.Fatalf("block %d names span %d, is in %d", b, tr.blocks[b].span, s)
+			}
+		}
+		if got := tr.heads[tr.blocks[S.first].key]; got != uint32(s) {
+			t.Fatalf("head of span %d names %d", s, got)
+		}
+		if tr.blocks[S.first+S.n-1].key != S.end {
+			t.Fatalf("span %d end key", s)
+		}
+		if S.set == 0 && S.kids == 0 {
+			t.Fatalf("span %d has no holders and no kids", s)
+		}
+		if S.parent != noBlock {
+			kids[tr.blocks[S.parent].span]++
+			P := tr.spans[tr.blocks[S.parent].span]
+			if P.first+P.n-1 != S.parent {
+				t.Fatalf("span %d's parent %d is not the end of its span", s, S.parent)
+			}
+			if P.depth+P.n != S.depth {
+				t.Fatalf("span %d depth %d under parent span ending at %d", s, S.depth, P.depth+P.n-1)
+			}
+		}
+	}
+	for s := range tr.spans {
+		if !freeSpan[uint32(s)] && tr.spans[s].kids != kids[uint32(s)] {
+			t.Fatalf("span %d counts %d kids, has %d", s, tr.spans[s].kids, kids[uint32(s)])
+		}
+	}
+	for id := 1; id < len(tr.sets); id++ {
+		if tr.sets[id].refs != refs[uint32(id)] && !(tr.sets[id].refs == 0 && refs[uint32(id)] == 0) {
+			t.Fatalf("set %d has %d refs, used by %d spans", id, tr.sets[id].refs, refs[uint32(id)])
+		}
+	}
+	if len(tr.heads) != len(tr.spans)-len(tr.free) {
+		t.Fatalf("%d heads for %d spans", len(tr.heads), len(tr.spans)-len(tr.free))
+	}
+}
