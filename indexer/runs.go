@@ -34,8 +34,11 @@ type span struct {
 // holdSet is an interned set of (slot, tiers), as slot<<3|tiers, sorted.
 type holdSet struct {
 	elems []uint32
-	refs  int32
-	hash  uint64
+	// bits are the set's slots in each tier class, up to its last slot's
+	// word.
+	bits [nClasses][]uint64
+	refs int32
+	hash uint64
 }
 
 // engEntry is what a rank's engine id names: a block, and the tiers this
@@ -52,6 +55,7 @@ type rankInfo struct {
 	// extra counts, per block named by more than one engine id, the names
 	// beyond the first.
 	extra map[uint32]int
+	held  int32 // len(names), where Match reads it without touching the map
 	used  bool
 }
 
@@ -105,7 +109,20 @@ func (t *runTree) intern(es []uint32) uint32 {
 		t.sets = append(t.sets, holdSet{})
 		id = uint32(len(t.sets) - 1)
 	}
-	t.sets[id] = holdSet{elems: slices.Clone(es), refs: 1, hash: h}
+	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h}
+	words := int(es[len(es)-1]>>3)/64 + 1
+	for c := range nClasses {
+		set.bits[c] = make([]uint64, words)
+	}
+	for _, e := range es {
+		s, tiers := e>>3, tiersOfElem(e)
+		for c := range nClasses {
+			if tiers&classTiers[c] != 0 {
+				set.bits[c][s>>6] |= 1 << (s & 63)
+			}
+		}
+	}
+	t.sets[id] = set
 	t.setIDs[h] = append(t.setIDs[h], id)
 	return id
 }
@@ -363,6 +380,10 @@ func (t *runTree) name(slot uint32, h uint64, b uint32, tiers Tier) {
 	if t.blockTiers(slot, b) != 0 {
 		r.extra[b]++
 	}
+	r = &t.ranks[slot]
+	if _, had := r.names[h]; !had {
+		r.held++
+	}
 	r.names[h] = engEntry{block: b, tiers: tiers}
 	t.setTiers(b, 1, slot, t.union(slot, b, tiers))
 }
@@ -372,6 +393,7 @@ func (t *runTree) unname(slot uint32, h uint64) {
 	r := &t.ranks[slot]
 	b := r.names[h].block
 	delete(r.names, h)
+	r.held--
 	if n := r.extra[b]; n > 0 {
 		if n == 1 {
 			delete(r.extra, b)
@@ -390,58 +412,167 @@ func (t *runTree) unname(slot uint32, h uint64) {
 	t.setTiers(b, 1, slot, 0)
 }
 
-// store applies a Stored event (not ByID).
+// store applies a Stored event (not ByID). Stretches of blocks the rank
+// does not hold yet, under engine ids it does not use, are held a span at
+// a time; other blocks one by one (see storeOne).
 func (t *runTree) store(ev Event) (ApplyResult, error) {
-	slot := t.rank(ev.Worker)
-	r := &t.ranks[slot]
+	slot, known := t.slotOf[ev.Worker]
 	cur := noBlock
 	var prev uint64
 	if ev.HasParent {
-		e, ok := r.names[ev.Parent]
+		if !known {
+			return ApplyResult{}, ErrUnknownParent
+		}
+		e, ok := t.ranks[slot].names[ev.Parent]
 		if !ok {
 			return ApplyResult{}, ErrUnknownParent
 		}
 		cur, prev = e.block, t.blocks[e.block].key
 	}
+	if !known {
+		slot = t.rank(ev.Worker)
+	}
+	names := t.ranks[slot].names
 	var res ApplyResult
-	for _, bl := range ev.Blocks {
-		key := bl.Local
-		if cur != noBlock {
-			key = NextSequenceHash(prev, bl.Local)
+	keyOf := func(i int) uint64 {
+		if i == 0 && cur == noBlock {
+			return ev.Blocks[0].Local
 		}
-		nxt := noBlock
-		if cur == noBlock {
-			if s, ok := t.heads[key]; ok && t.spans[s].parent == noBlock {
-				nxt = t.spans[s].first
+		return NextSequenceHash(prev, ev.Blocks[i].Local)
+	}
+	for i := 0; i < len(ev.Blocks); {
+		key := keyOf(i)
+		nxt := t.next(cur, key)
+		k := 0
+		if nxt != noBlock {
+			// Along nxt's span, while the rank holds none of it.
+			S := &t.spans[t.blocks[nxt].span]
+			if t.tiersIn(S.set, slot) == 0 {
+				last := S.first + S.n - 1
+				for kk := key; ; {
+					h := ev.Blocks[i+k].Hash
+					if _, had := names[h]; had {
+						break
+					}
+					names[h] = engEntry{block: nxt + uint32(k), tiers: ev.Tier}
+					t.ranks[slot].held++
+					prev = kk
+					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last {
+						break
+					}
+					if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks[nxt+uint32(k)].key != kk {
+						break
+					}
+				}
+				if k > 0 {
+					t.setTiers(nxt, uint32(k), slot, ev.Tier)
+				}
 			}
 		} else {
-			S := &t.spans[t.blocks[cur].span]
-			if cur != S.first+S.n-1 {
-				if t.blocks[cur+1].key == key {
-					nxt = cur + 1
+			// New blocks: all that follow are new too.
+			first := uint32(len(t.blocks))
+			for kk := key; ; {
+				h := ev.Blocks[i+k].Hash
+				if _, had := names[h]; had {
+					break
 				}
-			} else if S.kids > 0 {
-				if s, ok := t.heads[key]; ok && t.spans[s].parent == cur {
-					nxt = t.spans[s].first
+				names[h] = engEntry{block: first + uint32(k), tiers: ev.Tier}
+				t.ranks[slot].held++
+				t.blocks = append(t.blocks, blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock})
+				prev = kk
+				if k++; i+k == len(ev.Blocks) {
+					break
 				}
+				kk = NextSequenceHash(kk, ev.Blocks[i+k].Local)
+			}
+			if k > 0 {
+				t.attach(cur, first, uint32(k), slot, ev.Tier)
 			}
 		}
-		if nxt == noBlock {
-			nxt = t.add(cur, key, bl.Local)
+		if k > 0 {
+			res.Stored += k
+			i += k
+			cur = t.ranks[slot].names[ev.Blocks[i-1].Hash].block
+			continue
 		}
-		old, had := r.names[bl.Hash]
-		if !had || old.block != nxt || old.tiers&ev.Tier == 0 {
-			res.Stored++
-		}
-		nt := ev.Tier
-		if had {
-			nt |= old.tiers
-		}
-		t.name(slot, bl.Hash, nxt, nt)
-		r = &t.ranks[slot]
-		cur, prev = nxt, key
+		res.Stored += t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
+		cur, prev = t.ranks[slot].names[ev.Blocks[i].Hash].block, key
+		i++
 	}
 	return res, nil
+}
+
+// next returns the block with key under block cur (noBlock: a root), or
+// noBlock.
+func (t *runTree) next(cur uint32, key uint64) uint32 {
+	if cur == noBlock {
+		if s, ok := t.heads[key]; ok && t.spans[s].parent == noBlock {
+			return t.spans[s].first
+		}
+		return noBlock
+	}
+	S := &t.spans[t.blocks[cur].span]
+	if cur != S.first+S.n-1 {
+		if t.blocks[cur+1].key == key {
+			return cur + 1
+		}
+		return noBlock
+	}
+	if S.kids > 0 {
+		if s, ok := t.heads[key]; ok && t.spans[s].parent == cur {
+			return t.spans[s].first
+		}
+	}
+	return noBlock
+}
+
+// storeOne stores one block with key under cur for slot, whatever its
+// engine id named before, and returns the (block, tier) entries added.
+func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) int {
+	nxt := t.next(cur, key)
+	if nxt == noBlock {
+		nxt = t.add(cur, key, bl.Local)
+	}
+	old, had := t.ranks[slot].names[bl.Hash]
+	added := 0
+	if !had || old.block != nxt || old.tiers&tier == 0 {
+		added = 1
+	}
+	nt := tier
+	if had {
+		nt |= old.tiers
+	}
+	t.name(slot, bl.Hash, nxt, nt)
+	return added
+}
+
+// attach makes blocks first..first+k-1, new and chained, a span under cur
+// (noBlock: a root) held by slot on tier alone, or extends cur's span with
+// them where it can.
+func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
+	set := t.with(0, slot, tier)
+	end := t.blocks[first+k-1].key
+	depth := uint32(0)
+	if cur != noBlock {
+		s := t.blocks[cur].span
+		if S := &t.spans[s]; cur != S.first+S.n-1 {
+			t.split(s, cur-S.first+1)
+			s = t.blocks[cur].span
+		}
+		S := &t.spans[s]
+		if S.kids == 0 && S.first+S.n == first && S.set == set {
+			S.n += k
+			S.end = end
+			t.relabel(first, k, s)
+			t.unref(set)
+			return
+		}
+		S.kids++
+		depth = t.depthOf(cur) + 1
+	}
+	ns := t.newSpan(span{first: first, n: k, depth: depth, parent: cur, set: set, end: end})
+	t.relabel(first, k, ns)
+	t.heads[t.blocks[first].key] = ns
 }
 
 // add makes a new block with key under block cur (noBlock: a root) and
@@ -610,21 +741,6 @@ func (m *runMatch) reset(slots int) {
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
-// members sets dst[c] to the slots of set id in class c.
-func (t *runTree) members(id uint32, dst *[nClasses][]uint64) {
-	for c := range nClasses {
-		clear(dst[c])
-	}
-	for _, e := range t.sets[id].elems {
-		s, tiers := e>>3, tiersOfElem(e)
-		for c := range nClasses {
-			if tiers&classTiers[c] != 0 {
-				dst[c][s>>6] |= 1 << (s & 63)
-			}
-		}
-	}
-}
-
 // match appends to dst the Overlap of every rank holding seq[0].
 func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
@@ -636,7 +752,9 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	}
 	m.reset(len(t.ranks))
 	S := &t.spans[s]
-	t.members(S.set, &m.cands)
+	for c, b := range &t.sets[S.set].bits {
+		copy(m.cands[c], b)
+	}
 	copy(m.all, m.cands[classAny])
 	last := uint32(len(seq) - 1)
 	reached := func(d uint32, which *[nClasses][]uint64) {
@@ -675,12 +793,15 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			break
 		}
 		S = &t.spans[c]
-		t.members(S.set, &m.in)
 		any := false
-		for k := range nClasses {
-			for i := range m.in[k] {
-				m.in[k][i], m.cands[k][i] = m.cands[k][i]&^m.in[k][i], m.cands[k][i]&m.in[k][i]
-				if k == classAny && m.cands[k][i] != 0 {
+		for k, b := range &t.sets[S.set].bits {
+			for i, x := range m.cands[k] {
+				var in uint64
+				if i < len(b) {
+					in = b[i]
+				}
+				m.in[k][i], m.cands[k][i] = x&^in, x&in
+				if k == classAny && x&in != 0 {
 					any = true
 				}
 			}
@@ -695,7 +816,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			s := i*64 + bits.TrailingZeros64(x)
 			x &= x - 1
 			r := &t.ranks[s]
-			dst = append(dst, Overlap{Worker: r.wr, Device: m.reach[classDev][s], Host: m.reach[classHost][s], Disk: m.reach[classAny][s], Blocks: int32(len(r.names))})
+			dst = append(dst, Overlap{Worker: r.wr, Device: m.reach[classDev][s], Host: m.reach[classHost][s], Disk: m.reach[classAny][s], Blocks: r.held})
 		}
 	}
 	return dst
@@ -705,7 +826,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 func (t *runTree) blockCounts(out map[WorkerRank]int) {
 	for _, r := range t.ranks {
 		if r.used {
-			out[r.wr] = len(r.names)
+			out[r.wr] = int(r.held)
 		}
 	}
 }
