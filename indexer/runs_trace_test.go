@@ -185,4 +185,3 @@ func simulate(workers, capacity int, prompts [][]uint64) ([]Event, []int) {
 	}
 	return events, firsts
 }
-
