@@ -725,7 +725,7 @@ var classTiers = [nClasses]Tier{TierDevice, TierDevice | TierHost, AllTiers}
 type runMatch struct {
 	cands [nClasses][]uint64
 	in    [nClasses][]uint64
-	reach [nClasses][]int32
+	pos   []int32 // each emitted slot's Overlap, from the match's first
 	all   []uint64
 }
 
@@ -735,9 +735,8 @@ func (m *runMatch) reset(slots int) {
 		m.cands[c] = slices.Grow(m.cands[c][:0], w)[:w]
 		clear(m.cands[c])
 		m.in[c] = slices.Grow(m.in[c][:0], w)[:w]
-		m.reach[c] = slices.Grow(m.reach[c][:0], slots)[:slots]
-		clear(m.reach[c])
 	}
+	m.pos = slices.Grow(m.pos[:0], slots)[:slots]
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
@@ -756,14 +755,40 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 		copy(m.cands[c], b)
 	}
 	copy(m.all, m.cands[classAny])
+	// The Overlaps are written first, and their counts as ranks drop.
+	n := 0
+	for _, x := range m.all {
+		n += bits.OnesCount64(x)
+	}
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
+	out := dst[at:]
+	k := 0
+	for i, x := range m.all {
+		for x != 0 {
+			s := i*64 + bits.TrailingZeros64(x)
+			x &= x - 1
+			r := &t.ranks[s]
+			out[k] = Overlap{Worker: r.wr, Blocks: r.held}
+			m.pos[s] = int32(k)
+			k++
+		}
+	}
 	last := uint32(len(seq) - 1)
 	reached := func(d uint32, which *[nClasses][]uint64) {
-		for c := range nClasses {
-			for i, x := range which[c] {
-				for x != 0 {
-					m.reach[c][i*64+bits.TrailingZeros64(x)] = int32(d)
-					x &= x - 1
-				}
+		for i, x := range which[classDev] {
+			for ; x != 0; x &= x - 1 {
+				out[m.pos[i*64+bits.TrailingZeros64(x)]].Device = int32(d)
+			}
+		}
+		for i, x := range which[classHost] {
+			for ; x != 0; x &= x - 1 {
+				out[m.pos[i*64+bits.TrailingZeros64(x)]].Host = int32(d)
+			}
+		}
+		for i, x := range which[classAny] {
+			for ; x != 0; x &= x - 1 {
+				out[m.pos[i*64+bits.TrailingZeros64(x)]].Disk = int32(d)
 			}
 		}
 	}
@@ -809,14 +834,6 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 		reached(end+1, &m.in) // m.in now holds the ranks dropped here
 		if !any {
 			break
-		}
-	}
-	for i, x := range m.all {
-		for x != 0 {
-			s := i*64 + bits.TrailingZeros64(x)
-			x &= x - 1
-			r := &t.ranks[s]
-			dst = append(dst, Overlap{Worker: r.wr, Device: m.reach[classDev][s], Host: m.reach[classHost][s], Disk: m.reach[classAny][s], Blocks: r.held})
 		}
 	}
 	return dst
