@@ -64,7 +64,7 @@ type runTree struct {
 	blocks []blockRec
 	spans  []span
 	free   []uint32 // free span ids
-	heads  map[uint64]uint32
+	heads  headTable
 	sets   []holdSet
 	setIDs map[uint64][]uint32 // hash -> ids
 	freeS  []uint32
@@ -74,7 +74,7 @@ type runTree struct {
 }
 
 func newRunTree() *runTree {
-	t := &runTree{heads: make(map[uint64]uint32), setIDs: make(map[uint64][]uint32), slotOf: make(map[WorkerRank]uint32)}
+	t := &runTree{setIDs: make(map[uint64][]uint32), slotOf: make(map[WorkerRank]uint32)}
 	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
 	return t
 }
@@ -208,15 +208,15 @@ func (t *runTree) split(s, k uint32) {
 	if k <= S.n-k {
 		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks[S.first+k-1].key})
 		t.relabel(S.first, k, ns)
-		t.heads[t.blocks[S.first].key] = ns
+		t.heads.put(t.blocks[S.first].key, ns)
 		p := &t.spans[s]
 		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
-		t.heads[t.blocks[p.first].key] = s
+		t.heads.put(t.blocks[p.first].key, s)
 		return
 	}
 	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end})
 	t.relabel(S.first+k, S.n-k, ns)
-	t.heads[t.blocks[S.first+k].key] = ns
+	t.heads.put(t.blocks[S.first+k].key, ns)
 	p := &t.spans[s]
 	p.n, p.kids, p.end = k, 1, t.blocks[S.first+k-1].key
 }
@@ -228,7 +228,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.unref(B.set)
 	if B.n <= A.n {
 		t.relabel(B.first, B.n, a)
-		delete(t.heads, t.blocks[B.first].key)
+		t.heads.del(t.blocks[B.first].key)
 		p := &t.spans[a]
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
@@ -236,8 +236,8 @@ func (t *runTree) merge(a, b uint32) uint32 {
 		return a
 	}
 	t.relabel(A.first, A.n, b)
-	delete(t.heads, t.blocks[B.first].key)
-	t.heads[t.blocks[A.first].key] = b
+	t.heads.del(t.blocks[B.first].key)
+	t.heads.put(t.blocks[A.first].key, b)
 	p := &t.spans[b]
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
 	p.n += A.n
@@ -276,7 +276,7 @@ func (t *runTree) tidy(s uint32) {
 func (t *runTree) deleteSpan(s uint32) {
 	for {
 		S := t.spans[s]
-		delete(t.heads, t.blocks[S.first].key)
+		t.heads.del(t.blocks[S.first].key)
 		t.relabel(S.first, S.n, noBlock)
 		t.unref(S.set)
 		t.spans[s] = span{}
@@ -506,7 +506,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 // noBlock.
 func (t *runTree) next(cur uint32, key uint64) uint32 {
 	if cur == noBlock {
-		if s, ok := t.heads[key]; ok && t.spans[s].parent == noBlock {
+		if s, ok := t.heads.get(key); ok && t.spans[s].parent == noBlock {
 			return t.spans[s].first
 		}
 		return noBlock
@@ -519,7 +519,7 @@ func (t *runTree) next(cur uint32, key uint64) uint32 {
 		return noBlock
 	}
 	if S.kids > 0 {
-		if s, ok := t.heads[key]; ok && t.spans[s].parent == cur {
+		if s, ok := t.heads.get(key); ok && t.spans[s].parent == cur {
 			return t.spans[s].first
 		}
 	}
@@ -572,7 +572,7 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 	}
 	ns := t.newSpan(span{first: first, n: k, depth: depth, parent: cur, set: set, end: end})
 	t.relabel(first, k, ns)
-	t.heads[t.blocks[first].key] = ns
+	t.heads.put(t.blocks[first].key, ns)
 }
 
 // add makes a new block with key under block cur (noBlock: a root) and
@@ -602,7 +602,7 @@ func (t *runTree) add(cur uint32, key, local uint64) uint32 {
 	}
 	ns := t.newSpan(span{first: b, n: 1, depth: depth, parent: cur, end: key})
 	t.blocks[b].span = ns
-	t.heads[key] = ns
+	t.heads.put(key, ns)
 	return b
 }
 
@@ -745,7 +745,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
-	s, ok := t.heads[seq[0]]
+	s, ok := t.heads.get(seq[0])
 	if !ok || t.spans[s].parent != noBlock {
 		return dst
 	}
@@ -812,7 +812,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			reached(last+1, &m.cands)
 			break
 		}
-		c, ok := t.heads[seq[end+1]]
+		c, ok := t.heads.get(seq[end+1])
 		if !ok || t.spans[c].parent != S.first+S.n-1 {
 			reached(end+1, &m.cands)
 			break
@@ -846,4 +846,104 @@ func (t *runTree) blockCounts(out map[WorkerRank]int) {
 			out[r.wr] = int(r.held)
 		}
 	}
+}
+
+// headTable maps the key of each span's first block to the span: open
+// addressing with linear probing and backward-shift deletion, key 0 kept
+// aside.
+type headTable struct {
+	slots []headSlot
+	n     int
+	zero  bool
+	zv    uint32
+}
+
+type headSlot struct {
+	key uint64
+	val uint32
+}
+
+func (t *headTable) get(k uint64) (uint32, bool) {
+	if k == 0 {
+		return t.zv, t.zero
+	}
+	if len(t.slots) == 0 {
+		return 0, false
+	}
+	m := uint64(len(t.slots) - 1)
+	for i := mix(k) & m; ; i = (i + 1) & m {
+		switch t.slots[i].key {
+		case k:
+			return t.slots[i].val, true
+		case 0:
+			return 0, false
+		}
+	}
+}
+
+func (t *headTable) put(k uint64, v uint32) {
+	if k == 0 {
+		t.zero, t.zv = true, v
+		return
+	}
+	if (t.n+1)*8 > len(t.slots)*7 {
+		t.grow()
+	}
+	m := uint64(len(t.slots) - 1)
+	for i := mix(k) & m; ; i = (i + 1) & m {
+		switch t.slots[i].key {
+		case k:
+			t.slots[i].val = v
+			return
+		case 0:
+			t.slots[i] = headSlot{k, v}
+			t.n++
+			return
+		}
+	}
+}
+
+func (t *headTable) grow() {
+	old := t.slots
+	t.slots = make([]headSlot, max(16, 2*len(old)))
+	t.n = 0
+	for _, s := range old {
+		if s.key != 0 {
+			t.put(s.key, s.val)
+		}
+	}
+}
+
+func (t *headTable) del(k uint64) {
+	if k == 0 {
+		t.zero = false
+		return
+	}
+	if len(t.slots) == 0 {
+		return
+	}
+	m := uint64(len(t.slots) - 1)
+	i := mix(k) & m
+	for ; t.slots[i].key != k; i = (i + 1) & m {
+		if t.slots[i].key == 0 {
+			return
+		}
+	}
+	t.n--
+	for j := (i + 1) & m; t.slots[j].key != 0; j = (j + 1) & m {
+		h := mix(t.slots[j].key) & m
+		// j's entry may fill the hole at i unless its home lies in (i, j].
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = headSlot{}
+}
+
+func (t *headTable) len() int {
+	if t.zero {
+		return t.n + 1
+	}
+	return t.n
 }

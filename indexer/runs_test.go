@@ -129,7 +129,7 @@ func checkRunTree(t *rapid.T, tr *runTree) {
 				t.Fatalf("block %d names span %d, is in %d", b, tr.blocks[b].span, s)
 			}
 		}
-		if got := tr.heads[tr.blocks[S.first].key]; got != uint32(s) {
+		if got, _ := tr.heads.get(tr.blocks[S.first].key); got != uint32(s) {
 			t.Fatalf("head of span %d names %d", s, got)
 		}
 		if tr.blocks[S.first+S.n-1].key != S.end {
@@ -159,7 +159,38 @@ func checkRunTree(t *rapid.T, tr *runTree) {
 			t.Fatalf("set %d has %d refs, used by %d spans", id, tr.sets[id].refs, refs[uint32(id)])
 		}
 	}
-	if len(tr.heads) != len(tr.spans)-len(tr.free) {
-		t.Fatalf("%d heads for %d spans", len(tr.heads), len(tr.spans)-len(tr.free))
+	if tr.heads.len() != len(tr.spans)-len(tr.free) {
+		t.Fatalf("%d heads for %d spans", tr.heads.len(), len(tr.spans)-len(tr.free))
 	}
+}
+
+// TestHeadTableMatchesMap puts, deletes and gets random keys, many of
+// them colliding, in a headTable and a Go map.
+func TestHeadTableMatchesMap(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		var h headTable
+		want := make(map[uint64]uint32)
+		genKey := rapid.Uint64Range(0, 40)
+		for i := range rapid.IntRange(1, 300).Draw(t, "ops") {
+			k := genKey.Draw(t, "key")
+			switch rapid.IntRange(0, 2).Draw(t, "op") {
+			case 0:
+				h.put(k, uint32(i))
+				want[k] = uint32(i)
+			case 1:
+				h.del(k)
+				delete(want, k)
+			}
+			for k := range uint64(41) {
+				got, ok := h.get(k)
+				w, wok := want[k]
+				if ok != wok || got != w {
+					t.Fatalf("op %d: get(%d) = %d, %v; want %d, %v", i, k, got, ok, w, wok)
+				}
+			}
+			if h.len() != len(want) {
+				t.Fatalf("op %d: len %d, want %d", i, h.len(), len(want))
+			}
+		}
+	})
 }
