@@ -916,7 +916,7 @@ func (t *headTable) grow() {
 
 func (t *headTable) del(k uint64) {
 	if k == 0 {
-		t.zero = false
+		t.zero, t.zv = false, 0
 		return
 	}
 	if len(t.slots) == 0 {
