@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"errors"
 	"math/bits"
 	"slices"
 )
@@ -13,6 +14,10 @@ import (
 // branch proto-runs for the measurements that motivate it.
 
 const noBlock = ^uint32(0)
+
+// errTreeFull: a Stored event would take a runTree past the block ids an
+// engTable can name.
+var errTreeFull = errors.New("index shard full: 1<<29 block ids")
 
 // blockRec is one block of a runTree.
 type blockRec struct {
@@ -48,14 +53,49 @@ type engEntry struct {
 	tiers Tier
 }
 
+// blockBits is how many bits of an engTable value name the block; the
+// rest are the tiers.
+const blockBits = 29
+
+// engTable is one rank's engine ids: engine id -> block and tiers, packed
+// in the node word of a blockTable.
+type engTable struct{ t blockTable }
+
+func unpackEng(v uint32) engEntry {
+	return engEntry{block: v & (1<<blockBits - 1), tiers: Tier(v >> blockBits)}
+}
+
+func (e *engTable) get(h uint64) (engEntry, bool) {
+	v, ok := e.t.get(h)
+	return unpackEng(v), ok
+}
+
+func (e *engTable) has(h uint64) bool {
+	_, ok := e.t.get(h)
+	return ok
+}
+
+// block returns the block h names, which must be present.
+func (e *engTable) block(h uint64) uint32 {
+	v, _ := e.t.get(h)
+	return v & (1<<blockBits - 1)
+}
+
+func (e *engTable) put(h uint64, x engEntry) { e.t.put(h, x.block|uint32(x.tiers)<<blockBits) }
+func (e *engTable) del(h uint64)             { e.t.del(h) }
+func (e *engTable) len() int                 { return e.t.len() }
+
+func (e *engTable) each(f func(h uint64, x engEntry)) {
+	e.t.each(func(h uint64, v uint32) { f(h, unpackEng(v)) })
+}
+
 // rankInfo is one worker rank of a runTree.
 type rankInfo struct {
 	wr    WorkerRank
-	names map[uint64]engEntry // engine id -> entry
+	names engTable
 	// extra counts, per block named by more than one engine id, the names
 	// beyond the first.
 	extra map[uint32]int
-	held  int32 // len(names), where Match reads it without touching the map
 	used  bool
 }
 
@@ -334,12 +374,12 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	}
 	for i := range t.ranks {
 		if !t.ranks[i].used {
-			t.ranks[i] = rankInfo{wr: wr, names: make(map[uint64]engEntry), extra: make(map[uint32]int), used: true}
+			t.ranks[i] = rankInfo{wr: wr, extra: make(map[uint32]int), used: true}
 			t.slotOf[wr] = uint32(i)
 			return uint32(i)
 		}
 	}
-	t.ranks = append(t.ranks, rankInfo{wr: wr, names: make(map[uint64]engEntry), extra: make(map[uint32]int), used: true})
+	t.ranks = append(t.ranks, rankInfo{wr: wr, extra: make(map[uint32]int), used: true})
 	t.slotOf[wr] = uint32(len(t.ranks) - 1)
 	return uint32(len(t.ranks) - 1)
 }
@@ -353,11 +393,11 @@ func (t *runTree) union(slot, b uint32, tiers Tier) Tier {
 		return tiers
 	}
 	tiers = 0
-	for _, e := range r.names {
+	r.names.each(func(_ uint64, e engEntry) {
 		if e.block == b {
 			tiers |= e.tiers
 		}
-	}
+	})
 	return tiers
 }
 
@@ -369,9 +409,9 @@ func (t *runTree) blockTiers(slot, b uint32) Tier {
 // named, and brings the holder sets up to date.
 func (t *runTree) name(slot uint32, h uint64, b uint32, tiers Tier) {
 	r := &t.ranks[slot]
-	if old, had := r.names[h]; had {
+	if old, had := r.names.get(h); had {
 		if old.block == b {
-			r.names[h] = engEntry{block: b, tiers: tiers}
+			r.names.put(h, engEntry{block: b, tiers: tiers})
 			t.setTiers(b, 1, slot, t.union(slot, b, tiers))
 			return
 		}
@@ -381,19 +421,15 @@ func (t *runTree) name(slot uint32, h uint64, b uint32, tiers Tier) {
 		r.extra[b]++
 	}
 	r = &t.ranks[slot]
-	if _, had := r.names[h]; !had {
-		r.held++
-	}
-	r.names[h] = engEntry{block: b, tiers: tiers}
+	r.names.put(h, engEntry{block: b, tiers: tiers})
 	t.setTiers(b, 1, slot, t.union(slot, b, tiers))
 }
 
 // unname drops engine id h of slot, which must name a block.
 func (t *runTree) unname(slot uint32, h uint64) {
 	r := &t.ranks[slot]
-	b := r.names[h].block
-	delete(r.names, h)
-	r.held--
+	b := r.names.block(h)
+	r.names.del(h)
 	if n := r.extra[b]; n > 0 {
 		if n == 1 {
 			delete(r.extra, b)
@@ -401,11 +437,11 @@ func (t *runTree) unname(slot uint32, h uint64) {
 			r.extra[b] = n - 1
 		}
 		var tiers Tier
-		for _, e := range r.names {
+		r.names.each(func(_ uint64, e engEntry) {
 			if e.block == b {
 				tiers |= e.tiers
 			}
-		}
+		})
 		t.setTiers(b, 1, slot, tiers)
 		return
 	}
@@ -416,6 +452,9 @@ func (t *runTree) unname(slot uint32, h uint64) {
 // does not hold yet, under engine ids it does not use, are held a span at
 // a time; other blocks one by one (see storeOne).
 func (t *runTree) store(ev Event) (ApplyResult, error) {
+	if len(t.blocks)+len(ev.Blocks) > 1<<blockBits {
+		return ApplyResult{}, errTreeFull
+	}
 	slot, known := t.slotOf[ev.Worker]
 	cur := noBlock
 	var prev uint64
@@ -423,7 +462,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if !known {
 			return ApplyResult{}, ErrUnknownParent
 		}
-		e, ok := t.ranks[slot].names[ev.Parent]
+		e, ok := t.ranks[slot].names.get(ev.Parent)
 		if !ok {
 			return ApplyResult{}, ErrUnknownParent
 		}
@@ -432,7 +471,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 	if !known {
 		slot = t.rank(ev.Worker)
 	}
-	names := t.ranks[slot].names
+	names := &t.ranks[slot].names
 	var res ApplyResult
 	keyOf := func(i int) uint64 {
 		if i == 0 && cur == noBlock {
@@ -451,11 +490,10 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				last := S.first + S.n - 1
 				for kk := key; ; {
 					h := ev.Blocks[i+k].Hash
-					if _, had := names[h]; had {
+					if names.has(h) {
 						break
 					}
-					names[h] = engEntry{block: nxt + uint32(k), tiers: ev.Tier}
-					t.ranks[slot].held++
+					names.put(h, engEntry{block: nxt + uint32(k), tiers: ev.Tier})
 					prev = kk
 					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last {
 						break
@@ -473,11 +511,10 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			first := uint32(len(t.blocks))
 			for kk := key; ; {
 				h := ev.Blocks[i+k].Hash
-				if _, had := names[h]; had {
+				if names.has(h) {
 					break
 				}
-				names[h] = engEntry{block: first + uint32(k), tiers: ev.Tier}
-				t.ranks[slot].held++
+				names.put(h, engEntry{block: first + uint32(k), tiers: ev.Tier})
 				t.blocks = append(t.blocks, blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock})
 				prev = kk
 				if k++; i+k == len(ev.Blocks) {
@@ -492,11 +529,11 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if k > 0 {
 			res.Stored += k
 			i += k
-			cur = t.ranks[slot].names[ev.Blocks[i-1].Hash].block
+			cur = names.block(ev.Blocks[i-1].Hash)
 			continue
 		}
 		res.Stored += t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
-		cur, prev = t.ranks[slot].names[ev.Blocks[i].Hash].block, key
+		cur, prev = names.block(ev.Blocks[i].Hash), key
 		i++
 	}
 	return res, nil
@@ -533,7 +570,7 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) in
 	if nxt == noBlock {
 		nxt = t.add(cur, key, bl.Local)
 	}
-	old, had := t.ranks[slot].names[bl.Hash]
+	old, had := t.ranks[slot].names.get(bl.Hash)
 	added := 0
 	if !had || old.block != nxt || old.tiers&tier == 0 {
 		added = 1
@@ -624,7 +661,7 @@ func (t *runTree) remove(ev Event) ApplyResult {
 // tier) entries that removed.
 func (t *runTree) drop(slot uint32, h uint64, tiers Tier) int {
 	r := &t.ranks[slot]
-	e, ok := r.names[h]
+	e, ok := r.names.get(h)
 	if !ok || e.tiers&tiers == 0 {
 		return 0
 	}
@@ -634,7 +671,7 @@ func (t *runTree) drop(slot uint32, h uint64, tiers Tier) int {
 		t.unname(slot, h)
 		return n
 	}
-	r.names[h] = e
+	r.names.put(h, e)
 	t.setTiers(e.block, 1, slot, t.union(slot, e.block, e.tiers))
 	return n
 }
@@ -648,7 +685,7 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 			res.Unknown++
 			continue
 		}
-		e, held := t.ranks[slot].names[h]
+		e, held := t.ranks[slot].names.get(h)
 		if !held {
 			res.Unknown++
 			continue
@@ -668,10 +705,7 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	if !ok {
 		return res
 	}
-	hs := make([]uint64, 0, len(t.ranks[slot].names))
-	for h := range t.ranks[slot].names {
-		hs = append(hs, h)
-	}
+	hs := t.ranks[slot].names.t.ids(nil)
 	for _, h := range hs {
 		res.Removed += t.drop(slot, h, tiers)
 	}
@@ -769,7 +803,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			s := i*64 + bits.TrailingZeros64(x)
 			x &= x - 1
 			r := &t.ranks[s]
-			out[k] = Overlap{Worker: r.wr, Blocks: r.held}
+			out[k] = Overlap{Worker: r.wr, Blocks: int32(r.names.len())}
 			m.pos[s] = int32(k)
 			k++
 		}
@@ -843,7 +877,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 func (t *runTree) blockCounts(out map[WorkerRank]int) {
 	for _, r := range t.ranks {
 		if r.used {
-			out[r.wr] = int(r.held)
+			out[r.wr] = r.names.len()
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -37,6 +38,10 @@ func TestRunTreeTrace(t *testing.T) {
 			ix.Apply(ev)
 		}
 		di := time.Since(t0)
+		ix = nil
+		runtime.GC()
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
 		t0 = time.Now()
 		tr := newRunTree()
 		for _, ev := range events {
@@ -45,6 +50,17 @@ func TestRunTreeTrace(t *testing.T) {
 			}
 		}
 		dt := time.Since(t0)
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		entries := 0
+		for _, r := range tr.ranks {
+			entries += r.names.len()
+		}
+		t.Logf("runTree memory: %d entries, %.1f B per entry", entries, (float64(m1.HeapAlloc)-float64(m0.HeapAlloc))/float64(entries))
+		ix = NewIndex(16)
+		for _, ev := range events {
+			ix.Apply(ev)
+		}
 		t.Logf("round %d apply: index %.2f M/s, runTree %.2f M/s; %d spans, %d sets", round, float64(ops)/di.Seconds()/1e6, float64(ops)/dt.Seconds()/1e6, len(tr.spans)-len(tr.free), len(tr.sets)-len(tr.freeS))
 		var li, lt []time.Duration
 		var rm runMatch
