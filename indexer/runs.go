@@ -23,8 +23,11 @@ var errTreeFull = errors.New("index shard full: 1<<29 block ids")
 type blockRec struct {
 	key   uint64 // sequence hash
 	local uint64
-	span  uint32 // noBlock: free
+	span  uint32 // freeBlock: free (see runTree.release)
 }
+
+// freeBlock, as a block's span, marks a free block.
+const freeBlock = noBlock - 1
 
 // span is a chain of blocks first..first+n-1.
 type span struct {
@@ -108,14 +111,20 @@ type runTree struct {
 	sets   []holdSet
 	setIDs map[uint64][]uint32 // hash -> ids
 	freeS  []uint32
-	ranks  []rankInfo
-	slotOf map[WorkerRank]uint32
-	tmp    []uint32
+	// freeHead heads, per size class (floor log2 of the length), a
+	// doubly linked list of free ranges of blocks (see release).
+	freeHead [32]uint32
+	ranks    []rankInfo
+	slotOf   map[WorkerRank]uint32
+	tmp      []uint32
 }
 
 func newRunTree() *runTree {
 	t := &runTree{setIDs: make(map[uint64][]uint32), slotOf: make(map[WorkerRank]uint32)}
 	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
+	for c := range t.freeHead {
+		t.freeHead[c] = noBlock
+	}
 	return t
 }
 
@@ -295,7 +304,7 @@ func (t *runTree) tidy(s uint32) {
 	}
 	if S.kids == 1 {
 		if nb := S.first + S.n; int(nb) < len(t.blocks) {
-			if c := t.blocks[nb].span; c != noBlock {
+			if c := t.blocks[nb].span; c < freeBlock {
 				C := &t.spans[c]
 				if C.first == nb && C.parent == nb-1 && C.set == S.set {
 					s = t.merge(s, c)
@@ -317,7 +326,7 @@ func (t *runTree) deleteSpan(s uint32) {
 	for {
 		S := t.spans[s]
 		t.heads.del(t.blocks[S.first].key)
-		t.relabel(S.first, S.n, noBlock)
+		t.release(S.first, S.n)
 		t.unref(S.set)
 		t.spans[s] = span{}
 		t.free = append(t.free, s)
@@ -507,20 +516,25 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				}
 			}
 		} else {
-			// New blocks: all that follow are new too.
-			first := uint32(len(t.blocks))
+			// New blocks: all that follow are new too. An engine id
+			// already in use ends the stretch (storeOne takes it).
+			want := uint32(len(ev.Blocks) - i)
+			first := t.alloc(want)
 			for kk := key; ; {
 				h := ev.Blocks[i+k].Hash
 				if names.has(h) {
 					break
 				}
 				names.put(h, engEntry{block: first + uint32(k), tiers: ev.Tier})
-				t.blocks = append(t.blocks, blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock})
+				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
 				prev = kk
 				if k++; i+k == len(ev.Blocks) {
 					break
 				}
 				kk = NextSequenceHash(kk, ev.Blocks[i+k].Local)
+			}
+			if uint32(k) < want {
+				t.release(first+uint32(k), want-uint32(k))
 			}
 			if k > 0 {
 				t.attach(cur, first, uint32(k), slot, ev.Tier)
@@ -615,8 +629,8 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 // add makes a new block with key under block cur (noBlock: a root) and
 // returns its id; nobody holds it yet.
 func (t *runTree) add(cur uint32, key, local uint64) uint32 {
-	b := uint32(len(t.blocks))
-	t.blocks = append(t.blocks, blockRec{key: key, local: local, span: noBlock})
+	b := t.alloc(1)
+	t.blocks[b] = blockRec{key: key, local: local, span: noBlock}
 	if cur != noBlock {
 		s := t.blocks[cur].span
 		S := &t.spans[s]
@@ -980,4 +994,94 @@ func (t *headTable) len() int {
 		return t.n + 1
 	}
 	return t.n
+}
+
+// freeClass is the free list of ranges of n blocks.
+func freeClass(n uint32) int { return bits.Len32(n) - 1 }
+
+// alloc returns the first of k consecutive block ids, not free and not in
+// any span, reusing a free range where one is long enough.
+func (t *runTree) alloc(k uint32) uint32 {
+	for c := freeClass(k); c < len(t.freeHead); c++ {
+		a := t.freeHead[c]
+		if a == noBlock {
+			continue
+		}
+		n := uint32(t.blocks[a].key)
+		if n < k {
+			continue // only in k's own class; longer ones are above
+		}
+		t.unlinkFree(a, n)
+		for b := a; b < a+k; b++ {
+			t.blocks[b].span = noBlock
+		}
+		if n > k {
+			t.linkFree(a+k, n-k)
+		}
+		return a
+	}
+	a := uint32(len(t.blocks))
+	t.blocks = slices.Grow(t.blocks, int(k))[:int(a+k)]
+	for b := a; b < a+k; b++ {
+		t.blocks[b] = blockRec{span: noBlock}
+	}
+	return a
+}
+
+// release frees blocks a..a+n-1, joining them with free neighbours, and
+// gives a range at the end back by shortening blocks. No two free ranges
+// touch, so every free range is whole in one list.
+func (t *runTree) release(a, n uint32) {
+	for b := a; b < a+n; b++ {
+		t.blocks[b] = blockRec{span: freeBlock}
+	}
+	if a > 0 && t.blocks[a-1].span == freeBlock {
+		l := uint32(t.blocks[a-1].key) // the left range's last block holds its length
+		t.unlinkFree(a-l, l)
+		a, n = a-l, n+l
+	}
+	if e := a + n; int(e) < len(t.blocks) && t.blocks[e].span == freeBlock {
+		r := uint32(t.blocks[e].key)
+		t.unlinkFree(e, r)
+		n += r
+	}
+	if int(a+n) == len(t.blocks) {
+		t.blocks = t.blocks[:a]
+		return
+	}
+	t.linkFree(a, n)
+}
+
+// linkFree lists the free range a..a+n-1: its first block keeps its
+// length (key) and its list links (local: previous<<32 | next), its last
+// block its length too.
+func (t *runTree) linkFree(a, n uint32) {
+	c := freeClass(n)
+	next := t.freeHead[c]
+	t.blocks[a] = blockRec{key: uint64(n), local: uint64(noBlock)<<32 | uint64(next), span: freeBlock}
+	t.blocks[a+n-1].key, t.blocks[a+n-1].span = uint64(n), freeBlock
+	if next != noBlock {
+		t.setFreeLinks(next, a, t.freeNext(next))
+	}
+	t.freeHead[c] = a
+}
+
+func (t *runTree) freePrev(a uint32) uint32 { return uint32(t.blocks[a].local >> 32) }
+func (t *runTree) freeNext(a uint32) uint32 { return uint32(t.blocks[a].local) }
+
+func (t *runTree) setFreeLinks(a, prev, next uint32) {
+	t.blocks[a].local = uint64(prev)<<32 | uint64(next)
+}
+
+// unlinkFree takes the free range a..a+n-1 off its list.
+func (t *runTree) unlinkFree(a, n uint32) {
+	prev, next := t.freePrev(a), t.freeNext(a)
+	if prev != noBlock {
+		t.setFreeLinks(prev, t.freePrev(prev), next)
+	} else {
+		t.freeHead[freeClass(n)] = next
+	}
+	if next != noBlock {
+		t.setFreeLinks(next, prev, t.freeNext(next))
+	}
 }

@@ -159,6 +159,7 @@ func checkRunTree(t *rapid.T, tr *runTree) {
 			t.Fatalf("set %d has %d refs, used by %d spans", id, tr.sets[id].refs, refs[uint32(id)])
 		}
 	}
+	checkFreeBlocks(t, tr)
 	if tr.heads.len() != len(tr.spans)-len(tr.free) {
 		t.Fatalf("%d heads for %d spans", tr.heads.len(), len(tr.spans)-len(tr.free))
 	}
@@ -193,4 +194,60 @@ func TestHeadTableMatchesMap(t *testing.T) {
 			}
 		}
 	})
+}
+
+// checkFreeBlocks checks that every block not in a span is in exactly one
+// listed free range, that free ranges do not touch, and that the last
+// block is not free.
+func checkFreeBlocks(t *rapid.T, tr *runTree) {
+	listed := make(map[uint32]uint32) // range start -> length
+	for c, a := range tr.freeHead {
+		prev := noBlock
+		for ; a != noBlock; a = tr.freeNext(a) {
+			n := uint32(tr.blocks[a].key)
+			if freeClass(n) != c {
+				t.Fatalf("free range %d of %d blocks in list %d", a, n, c)
+			}
+			if tr.freePrev(a) != prev {
+				t.Fatalf("free range %d: previous %d, want %d", a, tr.freePrev(a), prev)
+			}
+			if _, dup := listed[a]; dup {
+				t.Fatalf("free range %d listed twice", a)
+			}
+			listed[a] = n
+			prev = a
+		}
+	}
+	for b := 0; b < len(tr.blocks); {
+		if tr.blocks[b].span != freeBlock {
+			if tr.blocks[b].span == noBlock {
+				t.Fatalf("block %d is neither free nor in a span", b)
+			}
+			b++
+			continue
+		}
+		n, ok := listed[uint32(b)]
+		if !ok {
+			t.Fatalf("free block %d starts no listed range", b)
+		}
+		delete(listed, uint32(b))
+		for i := uint32(0); i < n; i++ {
+			if tr.blocks[b+int(i)].span != freeBlock {
+				t.Fatalf("block %d of free range %d is not free", b+int(i), b)
+			}
+		}
+		if uint32(tr.blocks[b+int(n)-1].key) != n {
+			t.Fatalf("free range %d: last block says %d blocks, want %d", b, tr.blocks[b+int(n)-1].key, n)
+		}
+		b += int(n)
+		if b == len(tr.blocks) {
+			t.Fatalf("free range ends the blocks")
+		}
+		if tr.blocks[b].span == freeBlock {
+			t.Fatalf("free ranges touch at block %d", b)
+		}
+	}
+	if len(listed) > 0 {
+		t.Fatalf("listed free ranges not found: %v", listed)
+	}
 }
