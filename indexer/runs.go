@@ -115,6 +115,13 @@ type runTree struct {
 	// doubly linked list of free ranges of blocks (see release).
 	freeHead [32]uint32
 	ranks    []rankInfo
+	// retired marks, by slot, the ranks being removed: Match ignores
+	// them, so that it never sees one half removed.
+	retired []uint64
+	live    int // blocks in spans
+	// yield, if set, is called between the steps of an operation, where
+	// the tree is whole, with the blocks the step applied.
+	yield func(blocks int)
 	slotOf   map[WorkerRank]uint32
 	tmp      []uint32
 }
@@ -345,6 +352,16 @@ func (t *runTree) deleteSpan(s uint32) {
 	}
 }
 
+// maxStretch bounds the blocks a store applies in one step (see
+// runTree.yield).
+const maxStretch = 16
+
+func (t *runTree) step(n int) {
+	if t.yield != nil {
+		t.yield(n)
+	}
+}
+
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
 func (t *runTree) isolate(b, k uint32) uint32 {
@@ -482,6 +499,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 	}
 	names := &t.ranks[slot].names
 	var res ApplyResult
+	var pend, pendN uint32 // ids allocated for new blocks and not used yet
 	keyOf := func(i int) uint64 {
 		if i == 0 && cur == noBlock {
 			return ev.Blocks[0].Local
@@ -504,7 +522,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 					}
 					names.put(h, engEntry{block: nxt + uint32(k), tiers: ev.Tier})
 					prev = kk
-					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last {
+					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
 						break
 					}
 					if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks[nxt+uint32(k)].key != kk {
@@ -516,10 +534,14 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				}
 			}
 		} else {
-			// New blocks: all that follow are new too. An engine id
+			// New blocks: all that follow are new too. They take ids
+			// from one range, allocated for all of them; an engine id
 			// already in use ends the stretch (storeOne takes it).
-			want := uint32(len(ev.Blocks) - i)
-			first := t.alloc(want)
+			if pendN == 0 {
+				pendN = uint32(len(ev.Blocks) - i)
+				pend = t.alloc(pendN)
+			}
+			first := pend
 			for kk := key; ; {
 				h := ev.Blocks[i+k].Hash
 				if names.has(h) {
@@ -528,14 +550,12 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				names.put(h, engEntry{block: first + uint32(k), tiers: ev.Tier})
 				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
 				prev = kk
-				if k++; i+k == len(ev.Blocks) {
+				if k++; i+k == len(ev.Blocks) || k == maxStretch {
 					break
 				}
 				kk = NextSequenceHash(kk, ev.Blocks[i+k].Local)
 			}
-			if uint32(k) < want {
-				t.release(first+uint32(k), want-uint32(k))
-			}
+			pend, pendN = pend+uint32(k), pendN-uint32(k)
 			if k > 0 {
 				t.attach(cur, first, uint32(k), slot, ev.Tier)
 			}
@@ -544,11 +564,16 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			res.Stored += k
 			i += k
 			cur = names.block(ev.Blocks[i-1].Hash)
+			t.step(k)
 			continue
 		}
 		res.Stored += t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
 		cur, prev = names.block(ev.Blocks[i].Hash), key
 		i++
+		t.step(1)
+	}
+	if pendN > 0 {
+		t.release(pend, pendN)
 	}
 	return res, nil
 }
@@ -667,6 +692,7 @@ func (t *runTree) remove(ev Event) ApplyResult {
 	}
 	for _, h := range ev.Hashes {
 		res.Removed += t.drop(slot, h, ev.Tier)
+		t.step(1)
 	}
 	return res
 }
@@ -708,6 +734,7 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 			res.Stored++
 		}
 		t.name(slot, h, e.block, e.tiers|ev.Tier)
+		t.step(1)
 	}
 	return res
 }
@@ -722,6 +749,7 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	hs := t.ranks[slot].names.t.ids(nil)
 	for _, h := range hs {
 		res.Removed += t.drop(slot, h, tiers)
+		t.step(1)
 	}
 	return res
 }
@@ -732,9 +760,14 @@ func (t *runTree) removeRank(wr WorkerRank) {
 	if !ok {
 		return
 	}
+	for len(t.retired) <= int(slot>>6) {
+		t.retired = append(t.retired, 0)
+	}
+	t.retired[slot>>6] |= 1 << (slot & 63)
 	t.clear(wr, AllTiers)
 	t.ranks[slot] = rankInfo{}
 	delete(t.slotOf, wr)
+	t.retired[slot>>6] &^= 1 << (slot & 63)
 }
 
 // removeWorker forgets every rank of worker.
@@ -788,8 +821,9 @@ func (m *runMatch) reset(slots int) {
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
-// match appends to dst the Overlap of every rank holding seq[0].
-func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
+// match appends to dst the Overlap of every rank holding seq[0], but those
+// being removed, lapping clock's phases.
+func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
@@ -801,8 +835,14 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	S := &t.spans[s]
 	for c, b := range &t.sets[S.set].bits {
 		copy(m.cands[c], b)
+		for i, x := range t.retired {
+			if i < len(m.cands[c]) {
+				m.cands[c][i] &^= x
+			}
+		}
 	}
 	copy(m.all, m.cands[classAny])
+	clock.lap(phaseStart)
 	// The Overlaps are written first, and their counts as ranks drop.
 	n := 0
 	for _, x := range m.all {
@@ -822,6 +862,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			k++
 		}
 	}
+	clock.lap(phaseEmit)
 	last := uint32(len(seq) - 1)
 	reached := func(d uint32, which *[nClasses][]uint64) {
 		for i, x := range which[classDev] {
@@ -884,6 +925,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 			break
 		}
 	}
+	clock.lap(phaseWalk)
 	return dst
 }
 
@@ -1012,6 +1054,7 @@ func (t *runTree) alloc(k uint32) uint32 {
 			continue // only in k's own class; longer ones are above
 		}
 		t.unlinkFree(a, n)
+		t.live += int(k)
 		for b := a; b < a+k; b++ {
 			t.blocks[b].span = noBlock
 		}
@@ -1020,6 +1063,7 @@ func (t *runTree) alloc(k uint32) uint32 {
 		}
 		return a
 	}
+	t.live += int(k)
 	a := uint32(len(t.blocks))
 	t.blocks = slices.Grow(t.blocks, int(k))[:int(a+k)]
 	for b := a; b < a+k; b++ {
@@ -1032,6 +1076,7 @@ func (t *runTree) alloc(k uint32) uint32 {
 // gives a range at the end back by shortening blocks. No two free ranges
 // touch, so every free range is whole in one list.
 func (t *runTree) release(a, n uint32) {
+	t.live -= int(n)
 	for b := a; b < a+n; b++ {
 		t.blocks[b] = blockRec{span: freeBlock}
 	}

@@ -88,7 +88,7 @@ func TestRunTreeMatchesReferenceModel(t *testing.T) {
 			queries = append(queries, genPath.Draw(t, "probe"))
 			counts := m.counts()
 			for _, q := range queries {
-				got := tr.match(seqOf(q), &rm, nil)
+				got := tr.match(seqOf(q), &rm, nil, new(phaseClock))
 				sortOverlaps(got)
 				want := m.match(q)
 				for i := range want {

@@ -72,7 +72,7 @@ func TestRunTreeTrace(t *testing.T) {
 			li = append(li, time.Since(t0))
 			a := slices.Clone(buf)
 			t0 = time.Now()
-			buf = tr.match(q, &rm, buf[:0])
+			buf = tr.match(q, &rm, buf[:0], new(phaseClock))
 			lt = append(lt, time.Since(t0))
 			outs += len(buf)
 			sortOverlaps(a)
@@ -84,12 +84,12 @@ func TestRunTreeTrace(t *testing.T) {
 		var lt2, lt3 []time.Duration
 		for _, q := range queries {
 			t0 := time.Now()
-			buf = tr.match(q, &rm, buf[:0])
+			buf = tr.match(q, &rm, buf[:0], new(phaseClock))
 			lt2 = append(lt2, time.Since(t0))
 		}
 		for _, q := range queries {
 			t0 := time.Now()
-			tr.match(q[:1], &rm, buf[:0])
+			tr.match(q[:1], &rm, buf[:0], new(phaseClock))
 			lt3 = append(lt3, time.Since(t0))
 		}
 		var li3 []time.Duration
