@@ -77,28 +77,14 @@ func (ix *Index) Dump() []Event {
 func (ix *shard) ranks(dst []WorkerRank) []WorkerRank {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	for wr := range ix.workers {
-		dst = append(dst, wr)
-	}
-	return dst
+	return ix.tree.rankList(dst)
 }
 
 // copyRank appends the entries of one worker rank to dst, under the read lock.
 func (ix *shard) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	w := ix.workers[wr]
-	if w == nil {
-		return dst
-	}
-	w.blocks.each(func(h uint64, x uint32) {
-		key := ix.nodes.get(x).key
-		n, _ := ix.resolve(x)
-		if hd := ix.find(n, w.slot); hd != nil {
-			dst = append(dst, dumpRec{hash: h, key: key, local: n.local, parent: ix.parentKey(n, key), tiers: hd.tiers, depth: -2})
-		}
-	})
-	return dst
+	return ix.tree.copyRank(wr, dst)
 }
 
 // rankDepths sets the depth of every record of one rank (a root block has

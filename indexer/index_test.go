@@ -2,11 +2,8 @@ package indexer
 
 import (
 	"errors"
-	"fmt"
-	"math/bits"
 	"runtime"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -389,43 +386,6 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 	}
 }
 
-// TestKidsSaturate: a rank holding more children of a node than its holder
-// can count is no longer followed by node ends (it would never be seen to
-// end at the node again), yet matches right.
-func TestKidsSaturate(t *testing.T) {
-	if testing.Short() {
-		t.Skip("stores 65536 blocks")
-	}
-	ix := NewIndex(4)
-	a, b := wr(1, 0), wr(2, 0)
-	root := Block{Hash: 1, Local: 1000}
-	for _, w := range []WorkerRank{a, b} {
-		if _, err := ix.Apply(stored(w, TierDevice, nil, []Block{root})); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var ids []uint64
-	for i := range uint64(maxKids + 1) {
-		id := 100 + i
-		if _, err := ix.Apply(stored(a, TierDevice, ptr(1), []Block{{Hash: id, Local: 5000 + i}})); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, id)
-	}
-	if _, err := ix.Apply(removed(a, TierDevice, ids...)); err != nil {
-		t.Fatal(err)
-	}
-	// b holds another child: a holds the root only, so its prefix ends there.
-	if _, err := ix.Apply(stored(b, TierDevice, ptr(1), []Block{{Hash: 7, Local: 77}})); err != nil {
-		t.Fatal(err)
-	}
-	query := SequenceHashes(nil, []uint64{1000, 77})
-	if got, want := trees(t, ix, ix.Match(query, nil)), []Overlap{ov(a, 1, 1, 1), ov(b, 2, 2, 2)}; !slices.Equal(got, want) {
-		t.Errorf("match = %v, want %v", got, want)
-	}
-	checkInvariants(t, ix)
-}
-
 // checkInvariants verifies the index's internal consistency: holders sorted
 // and non-empty, entries counted right, every holder backed by a rank; the
 // ends of every node in step with its holders; and, recomputed from the
@@ -434,298 +394,9 @@ func TestKidsSaturate(t *testing.T) {
 func checkInvariants(t testing.TB, ix *Index) {
 	t.Helper()
 	for _, s := range ix.shards {
-		checkShard(t, s)
-	}
-}
-
-// checkShard checks the invariants of one shard (see checkInvariants).
-func checkShard(t testing.TB, ix *shard) {
-	t.Helper()
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	for wr, w := range ix.workers {
-		if s := ix.slots[w.slot]; s.w != wr || s.retired || s.holes < 0 || s.holes == 0 && s.open < 0 {
-			t.Errorf("slot %d of %v is %+v", w.slot, wr, s)
-		}
-	}
-	notPlain := 0
-	for i := range ix.slots {
-		if !ix.slots[i].plain() {
-			notPlain++
-		}
-	}
-	if notPlain != ix.notPlain {
-		t.Errorf("%d slots are not plain, notPlain says %d", notPlain, ix.notPlain)
-	}
-	nodes := make(map[uint64]*node) // by key
-	refs := make(map[uint64]uint32) // key -> id
-	ix.nodes.each(func(id uint32, n *node) {
-		if _, dup := nodes[n.key]; dup {
-			t.Errorf("node key %d is in the table twice", n.key)
-		}
-		nodes[n.key], refs[n.key] = n, id
-		if got := ix.nodes.find(n.key); got != id {
-			t.Errorf("node %d (id %d) is found as id %d", n.key, id, got)
-		}
-	})
-	if len(nodes) != ix.nodes.live {
-		t.Errorf("%d nodes in the table, %d live", len(nodes), ix.nodes.live)
-	}
-	listUsed := make(map[[2]uint32]bool) // size class, block
-	moreUsed := make(map[uint32]bool)
-	children := make(map[uint64][]uint64) // parent key -> child keys
-	for key, n := range nodes {
-		if key != n.local {
-			children[ix.parentKey(n, key)] = append(children[ix.parentKey(n, key)], key)
-		}
-	}
-	open := make(map[uint32]int32) // per slot, recomputed
-	for key, n := range nodes {
-		holders := ix.holders(n)
-		if len(holders) == 0 {
-			t.Errorf("node %d has no holders", key)
-		}
-		var listed []end // the ends the node keeps
-		if h := n.one[0]; h.tiers&multi != 0 {
-			at, nh := h.list()
-			if nh < 2 {
-				t.Errorf("node %d keeps %d holders out of line", key, nh)
-				continue
-			}
-			c := uint32(sizeClass(nh))
-			if listUsed[[2]uint32{c, at}] || int(c) >= len(ix.hold.classes) || at >= ix.hold.classes[c].next {
-				t.Errorf("node %d: list %d of class %d is shared or out of range", key, at, c)
-				continue
-			}
-			listUsed[[2]uint32{c, at}] = true
-			off := false
-			for _, x := range holders {
-				off = off || x.tiers&TierDevice == 0
-			}
-			if off != (h.tiers&offDevice != 0) {
-				t.Errorf("node %d: a holder off the device tier: %v, flag %b", key, off, h.tiers)
-			}
-			x := ix.hold.more(at, nh) // kept by the arena
-			if h.kids[2] != moreInArena {
-				if x != 0 {
-					t.Errorf("node %d: the arena keeps extMore %d for an inline holder with %d", key, x, h.kids[2])
-				}
-				x = uint32(h.kids[2])
-			}
-			switch {
-			case (x != 0) != (h.tiers&hasMore != 0):
-				t.Errorf("node %d: extMore %d, tiers %b", key, x, h.tiers)
-			case x != 0 && x < moreInArena && h.kids[2] == moreInArena: // it fits inline
-				t.Errorf("node %d: extMore %d kept in the wrong place (inline %d)", key, x, h.kids[2])
-			case x != 0 && (moreUsed[x] || int(x) >= len(ix.mores)):
-				t.Errorf("node %d: extMore %d is shared or out of range", key, x)
-			case x != 0:
-				moreUsed[x] = true
-				if m := &ix.mores[x]; !m.listed && !m.dense {
-					t.Errorf("node %d keeps an empty extMore", key)
-				}
-			}
-			if m := ix.moreOf(n); m != nil && m.listed {
-				listed = m.ends
-			} else {
-				for _, h := range holders {
-					if e := h.ends(); e != 0 {
-						listed = append(listed, end{h.slot, e})
-					}
-				}
-			}
-		} else if e := h.ends(); e != 0 {
-			listed = []end{{h.slot, e}}
-		}
-		if got, ok := ix.denseBits(n); ok {
-			want := classBits{}
-			for _, h := range holders {
-				want.set(h.slot, h.tiers)
-			}
-			for i := range max(len(got), len(want)) {
-				if got.at(i) != want.at(i) {
-					t.Errorf("node %d class bits word %d = %x, holders say %x", key, i, got.at(i), want.at(i))
-				}
-			}
-		}
-		var ends []end
-		for i, h := range holders {
-			if h.tiers == 0 || h.tiers&^AllTiers != 0 {
-				t.Errorf("node %d holder %d has tiers %b", key, h.slot, h.tiers)
-			}
-			if i > 0 && holders[i-1].slot >= h.slot {
-				t.Errorf("node %d holders unsorted", key)
-			}
-			if int(h.slot) >= len(ix.slots) || ix.slots[h.slot].retired {
-				t.Errorf("node %d holder slot %d is not live", key, h.slot)
-				continue
-			}
-			if e := h.ends(); e != 0 {
-				ends = append(ends, end{h.slot, e})
-			}
-			if ix.slots[h.slot].holes != 0 {
-				continue // its counts are not kept exact
-			}
-			// The rank's children of n, per class.
-			var kids [nClasses]uint16
-			for _, ck := range children[key] {
-				c := nodes[ck]
-				if ch := ix.find(c, h.slot); ch != nil {
-					cl := classesOf(ch.tiers)
-					for k := range nClasses {
-						if cl&(1<<k) != 0 {
-							kids[k]++
-						}
-					}
-					if c.linked != refs[key] {
-						t.Errorf("node %d: child %d held by slot %d is not linked to it", key, ck, h.slot)
-					}
-					open[h.slot] += int32(bits.OnesCount8(cl &^ classesOf(h.tiers)))
-				}
-			}
-			if kids != h.kids {
-				t.Errorf("node %d holder %d: kids %v, its children say %v", key, h.slot, h.kids, kids)
-			}
-			if key != n.local && ix.find(nodes[ix.parentKey(n, key)], h.slot) == nil {
-				t.Errorf("node %d: slot %d holds it without its parent, yet has no holes", key, h.slot)
-			}
-		}
-		if !slices.Equal(listed, ends) {
-			t.Errorf("node %d ends %v, holders say %v", key, listed, ends)
-		}
-		linked := int32(0)
-		for _, ck := range children[key] {
-			if nodes[ck].linked == refs[key] {
-				linked++
-			}
-		}
-		if n.kids != linked {
-			t.Errorf("node %d counts %d linked children, %d are", key, n.kids, linked)
-		}
-		if o := n.only; o != 0 {
-			c := ix.nodes.get(o)
-			if n.kids != 1 || nodes[NextSequenceHash(key, c.local)] != c || c.linked != refs[key] {
-				t.Errorf("node %d: its only child (local %d) is not (%d children)", key, c.local, n.kids)
-			}
-		}
-	}
-	checkDeadNodes(t, ix)
-	checkArena(t, &ix.hold, listUsed)
-	if got, want := len(moreUsed), max(0, len(ix.mores)-1-len(ix.moreFree)); got != want {
-		t.Errorf("%d extMores used, %d not free", got, want)
-	}
-	for _, w := range ix.workers {
-		if s := ix.slots[w.slot]; s.holes == 0 && s.open != open[w.slot] {
-			t.Errorf("slot %d (%v): open %d, its holders say %d", w.slot, s.w, s.open, open[w.slot])
-		}
-	}
-}
-
-// checkArena checks the holder arena's books against the lists in use
-// (size class, block): each class counts its blocks in use, every block
-// handed out is in use or on the free list once, and free blocks keep no
-// extMore.
-func checkArena(t testing.TB, a *holderArena, used map[[2]uint32]bool) {
-	t.Helper()
-	inUse := make([]int, len(a.classes))
-	for k := range used {
-		inUse[k[0]]++
-	}
-	for c := range a.classes {
-		k := &a.classes[c]
-		if k.used != inUse[c] {
-			t.Errorf("size class %d counts %d blocks in use, nodes use %d", c, k.used, inUse[c])
-		}
-		free := 0
-		for x := k.free; x != 0; {
-			at := x - 1
-			if at >= k.next || used[[2]uint32{uint32(c), at}] {
-				t.Errorf("size class %d: free block %d is in use or out of range", c, at)
-				break
-			}
-			if free++; free > int(k.next) {
-				t.Errorf("size class %d: free list loops", c)
-				break
-			}
-			if a.more(at, k.size) != 0 {
-				t.Errorf("size class %d: free block %d keeps an extMore", c, at)
-			}
-			x = k.chunks[at>>k.shift][int(at&(1<<k.shift-1))*k.size].slot
-		}
-		if free+k.used != int(k.next) {
-			t.Errorf("size class %d: %d blocks free, %d used, %d handed out", c, free, k.used, k.next)
-		}
-	}
-}
-
-// checkDeadNodes checks the slab: every id handed out is live, free, or
-// dead with as many nodes linked to it as it counts; every link names a
-// node of the linking node's parent key.
-func checkDeadNodes(t testing.TB, ix *shard) {
-	t.Helper()
-	st := &ix.nodes
-	free := make(map[uint32]bool)
-	for id := st.free; id != 0; id = st.get(id).only {
-		if free[id] {
-			t.Errorf("free list loops at node %d", id)
-			return
-		}
-		free[id] = true
-	}
-	linked := make(map[uint32]int32)
-	for id := uint32(1); id < st.next; id++ {
-		n := st.get(id)
-		if free[id] || n.linked == 0 {
-			continue
-		}
-		linked[n.linked]++
-		if free[n.linked] {
-			t.Errorf("node %d is linked to node %d, which is free", id, n.linked)
-		}
-	}
-	// Engine ids name nodes that are not free: one per holder, and
-	// ix.aliases more.
-	named := make(map[uint32]int32)
-	for _, w := range ix.workers {
-		w.blocks.each(func(h uint64, x uint32) {
-			named[x]++
-			if free[x] || x == 0 || x >= st.next {
-				t.Errorf("engine id %d names node %d, which is free", h, x)
-			}
-		})
-	}
-	for id, v := range ix.aliases {
-		if v <= 0 {
-			t.Errorf("node %d has alias count %d", id, v)
-		}
-	}
-	for id := uint32(1); id < st.next; id++ {
-		if free[id] {
-			continue
-		}
-		if h := int32(len(ix.holders(st.get(id)))); named[id] != h+ix.aliases[id] {
-			t.Errorf("node %d is named by %d engine ids, has %d holders and %d aliases", id, named[id], h, ix.aliases[id])
-		}
-	}
-	for id := uint32(1); id < st.next; id++ {
-		n := st.get(id)
-		live := !free[id] && st.find(n.key) == id
-		switch {
-		case free[id]:
-			if linked[id] != 0 {
-				t.Errorf("free node %d has %d nodes linked to it", id, linked[id])
-			}
-		case live:
-			if n.key != n.local && n.linked == 0 {
-				t.Errorf("node %d is not a root, yet not linked: its parent's key is lost", id)
-			}
-		case n.one[0].tiers != dead:
-			t.Errorf("node %d is neither live, free nor dead", id)
-		case n.kids < 0 || n.kids != linked[id]:
-			t.Errorf("dead node %d counts %d linked nodes, %d are", id, n.kids, linked[id])
-		case n.kids == 0 && named[id] == 0:
-			t.Errorf("dead node %d is kept, yet no node is linked to it and no engine id names it", id)
-		}
+		s.mu.RLock()
+		checkRunTree(t, s.tree)
+		s.mu.RUnlock()
 	}
 }
 
@@ -799,17 +470,6 @@ func TestOrphanLinks(t *testing.T) {
 				}
 				checkInvariants(t, ix)
 			}
-			// Every node's parent key is its key's: the link names it.
-			seq := SequenceHashes(nil, LocalHashes(nil, prompt, 4, BaseSeed, nil))
-			for d := 1; d < len(seq); d++ {
-				sh := ix.shards[0]
-				sh.mu.RLock()
-				n, _ := sh.lookup(seq[d])
-				if n != nil && sh.parentKey(n, seq[d]) != seq[d-1] {
-					t.Errorf("block %d: parent key %d, want %d", d, sh.parentKey(n, seq[d]), seq[d-1])
-				}
-				sh.mu.RUnlock()
-			}
 			loaded := NewIndex(4)
 			if _, err := loaded.Load(ix.Dump()); err != nil {
 				t.Fatal(err)
@@ -822,13 +482,8 @@ func TestOrphanLinks(t *testing.T) {
 			ix.RemoveWorker(1)
 			ix.RemoveWorker(2)
 			checkInvariants(t, ix)
-			st := &ix.shards[0].nodes
-			free := 0
-			for id := st.free; id != 0; id = st.get(id).only {
-				free++
-			}
-			if st.live != 0 || free != int(st.next)-1 {
-				t.Fatalf("emptied index: %d live nodes, %d of %d ids free", st.live, free, st.next-1)
+			if tr := ix.shards[0].tree; tr.live != 0 || len(tr.blocks) != 0 || tr.heads.len() != 0 || len(tr.spans) != len(tr.free) {
+				t.Fatalf("emptied index: %d live blocks of %d, %d heads, %d spans of %d free", tr.live, len(tr.blocks), tr.heads.len(), len(tr.free), len(tr.spans))
 			}
 		})
 	}
@@ -892,7 +547,7 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 			if _, err := ix.Apply(stored(a, TierDevice, nil, mk(0, held))); err != nil {
 				t.Fatal(err)
 			}
-			bt := &ix.shards[0].workers[a].blocks
+			bt := &ix.shards[0].tree.ranks[ix.shards[0].tree.slotOf[a]].names
 			before := *bt
 			if (before.n+1)*blockLoadDen <= len(before.tab)*blockLoadNum {
 				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))
@@ -951,103 +606,6 @@ func TestWritersTakeTurnsOffTheLock(t *testing.T) {
 	<-done
 	if got := ix.Match(seqOf("01"), nil); len(got) != 1 || got[0].Device != 2 {
 		t.Fatalf("match after the turn = %+v", got)
-	}
-}
-
-// walk matches seq on sh as Match does and returns the blocks that the
-// look-ahead looked up.
-func walk(sh *shard, seq []uint64) int {
-	m := &matcher{ix: sh, seq: seq}
-	sh.rlock()
-	defer sh.mu.RUnlock()
-	m.do()
-	return m.probes
-}
-
-// TestRunHints checks that a match looking ahead remembers where it found
-// the next drop, that the next match through the node probes there first
-// and looks up fewer blocks, and that a hint the events have made stale, or
-// one forged to be wrong, gives the right answer and is corrected.
-func TestRunHints(t *testing.T) {
-	path := strings.Repeat("0110100110010110", 7)[:100]
-	seq := seqOf(path)
-	a, b := WorkerRank{Worker: 1}, WorkerRank{Worker: 2}
-	ix := NewIndex(4)
-	sh := ix.shards[0]
-	mustApply := func(ev Event) {
-		t.Helper()
-		if _, err := ix.Apply(ev); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mustApply(stored(a, TierDevice, nil, blocksOf("", path)))
-	mustApply(stored(b, TierDevice, nil, blocksOf("", path[:40])))
-	// Every rank holds the first gallopAfter+1 blocks without a drop, so the
-	// look-ahead starts at block gallopAfter (depth gallopAfter).
-	fromID := sh.nodes.find(seq[gallopAfter])
-	if fromID == 0 {
-		t.Fatal("no node for the look-ahead's first block")
-	}
-	check := func(when string, bHolds int) {
-		t.Helper()
-		want := []Overlap{ov(a, 100, 100, 100), ov(b, bHolds, bHolds, bHolds)}
-		got := matchSorted(ix, path)
-		for i := range got {
-			got[i].Blocks = 0
-		}
-		if !slices.Equal(got, want) {
-			t.Fatalf("%s: match = %v, want %v", when, got, want)
-		}
-		// b's last block is the last one every rank holds.
-		if k, ok := sh.runHints().get(fromID); !ok || k != bHolds-1-gallopAfter {
-			t.Fatalf("%s: hint %d, %v, want %d", when, k, ok, bHolds-1-gallopAfter)
-		}
-	}
-	cold := walk(sh, seq)
-	check("first match", 40)
-	if warm := walk(sh, seq); warm >= cold {
-		t.Errorf("with hints the look-ahead looked up %d blocks, without %d", warm, cold)
-	}
-	for _, k := range []int{1, 10, 35, 36, 80, 95, 200} {
-		sh.runHints().put(fromID, k)
-		check(fmt.Sprintf("hint forged to %d", k), 40)
-	}
-	mustApply(stored(b, TierDevice, ptr(pathID(path[:40])), blocksOf(path[:40], path[40:70])))
-	check("b's prefix grew to 70", 70)
-	var tail []uint64
-	for l := 70; l > 20; l-- {
-		tail = append(tail, pathID(path[:l]))
-	}
-	mustApply(removed(b, TierDevice, tail...))
-	check("b's prefix shrank to 20", 20)
-}
-
-// TestRunHintsSize checks that a shard's hint table has more words than
-// one per 16 nodes it has had, a power of two between minHints and
-// 1<<maxHintBits, and is made again, larger, as the shard grows; never
-// smaller.
-func TestRunHintsSize(t *testing.T) {
-	sh := newShard()
-	for _, tc := range []struct {
-		next uint32 // ids handed out
-		want int
-	}{
-		{0, minHints},
-		{16*minHints - 1, minHints},
-		{16 * minHints, 2 * minHints},
-		{20000, 2048},
-		{1 << 20, 1 << maxHintBits},
-		{0, 1 << maxHintBits}, // not made again smaller
-	} {
-		sh.nodes.next = tc.next
-		h := sh.runHints()
-		if len(h) != tc.want {
-			t.Errorf("after %d nodes: %d words, want %d", tc.next, len(h), tc.want)
-		}
-		h.put(7, 3)
-		if k, ok := sh.runHints().get(7); !ok || k != 3 {
-			t.Errorf("after %d nodes: the table was made again without growing (%d, %v)", tc.next, k, ok)
-		}
 	}
 }
 

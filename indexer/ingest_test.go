@@ -196,13 +196,11 @@ func snap(x *Index) snapshot {
 
 // snapShard adds the content of one shard to out, with its lock held.
 func snapShard(ix *shard, out snapshot) {
-	for wr, w := range ix.workers {
+	for _, wr := range ix.tree.rankList(nil) {
 		m := map[uint64]string{}
-		w.blocks.each(func(id uint64, x uint32) {
-			key := ix.nodes.get(x).key
-			n, _ := ix.resolve(x)
-			m[id] = fmt.Sprintf("%x/%s", key, ix.find(n, w.slot).tiers)
-		})
+		for _, r := range ix.tree.copyRank(wr, nil) {
+			m[r.hash] = fmt.Sprintf("%x/%s", r.key, r.tiers)
+		}
 		if len(m) > 0 {
 			out[wr] = m
 		}
@@ -652,10 +650,9 @@ func TestMooncakeObjects(t *testing.T) {
 		sh := ix.shardFor(w.Worker)
 		sh.mu.RLock()
 		defer sh.mu.RUnlock()
-		if w := sh.workers[w]; w != nil {
-			if x, ok := w.blocks.get(0x70); ok {
-				n, _ := sh.resolve(x)
-				return sh.find(n, w.slot).tiers
+		for _, r := range sh.tree.copyRank(w, nil) {
+			if r.hash == 0x70 {
+				return r.tiers
 			}
 		}
 		return 0

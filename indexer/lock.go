@@ -61,21 +61,22 @@ const handWait = 50 * time.Microsecond
 // could keep it from ever finding mu free.
 const lockSpin = 100 * time.Microsecond
 
-// relax is called by a writer holding mu before each block of an
-// operation, with held counting the blocks it applied since it took mu.
-// It first runs the match handed to it, if any, if writers have the credit
-// for it (see serveBurst). Once held is writeChunk, or a match waits for mu
-// and writers have applied yieldAfter blocks since they last yielded to
-// one, relax releases mu and takes it again, resets held and reports true.
+// relax is called by a writer holding mu after each step of an operation
+// (see runTree.yield), with n the blocks the step applied and held
+// counting the blocks it applied since it took mu, n not included. It
+// first runs the match handed to it, if any, if writers have the credit
+// for it (see serveBurst). Once held reaches writeChunk, or a match waits
+// for mu and writers have applied yieldAfter blocks since they last
+// yielded to one, relax releases mu and takes it again, resets held and
+// reports true.
 // Only matches and other readers run meanwhile (writers take turns on
 // shard.write), so what the writer knew still holds. Where no match waits
 // and the shard has no spare core, it also gives up its core in between
 // (runtime.Gosched) to any goroutine waiting for one.
-func (ix *shard) relax(held *int) bool {
-	ix.sinceYield++
-	if ix.serveCredit < serveBurst {
-		ix.serveCredit++
-	}
+func (ix *shard) relax(held *int, n int) bool {
+	*held += n
+	ix.sinceYield += n
+	ix.serveCredit = min(ix.serveCredit+n, serveBurst)
 	if m := ix.handed.Load(); m != nil && ix.serveCredit >= serveAfter {
 		ix.serve(m)
 	}
@@ -86,7 +87,7 @@ func (ix *shard) relax(held *int) bool {
 	case ix.arrived == 0:
 		ix.arrived = ix.sinceYield
 	}
-	if *held >= writeChunk || waiting && ix.sinceYield > ix.yieldAfter() {
+	if *held >= writeChunk || waiting && ix.sinceYield >= ix.yieldAfter() {
 		if waiting {
 			switch {
 			case ix.arrived > yieldChunk && ix.yieldShift > 0:
@@ -94,7 +95,7 @@ func (ix *shard) relax(held *int) bool {
 			case ix.arrived <= yieldChunk && ix.yieldShift < maxYieldShift:
 				ix.yieldShift++
 			}
-			ix.sinceYield, ix.arrived = 1, 0
+			ix.sinceYield, ix.arrived = 0, 0
 		}
 		ix.unlock()
 		if waiting {
@@ -107,10 +108,9 @@ func (ix *shard) relax(held *int) bool {
 			}
 			ix.lock()
 		}
-		*held = 1
+		*held = 0
 		return true
 	}
-	*held++
 	return false
 }
 

@@ -17,11 +17,12 @@ func TestRelaxYields(t *testing.T) {
 	ix := newShard()
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	// relax returns the blocks (1-based calls) at which it yielded over n calls.
+	// relax returns the blocks (1-based calls, each after one block) at
+	// which it yielded over n calls.
 	relax := func(held *int, n int) []int {
 		var at []int
 		for i := 1; i <= n; i++ {
-			if ix.relax(held) {
+			if ix.relax(held, 1) {
 				at = append(at, i)
 			}
 		}
@@ -40,7 +41,7 @@ func TestRelaxYields(t *testing.T) {
 			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
 		}
 	}
-	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk + 1, 2*writeChunk + 1}; !slices.Equal(got, want) {
+	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk, 2 * writeChunk}; !slices.Equal(got, want) {
 		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
 	}
 	// A match waits, long past the last yield: the next block yields.
@@ -216,12 +217,12 @@ func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
 	sh := ix.shards[0]
 	got := matchAsync(ix, seq)
 	until(t, "match handed", func() bool { return sh.handed.Load() != nil })
-	blocks, held := 0, 1 // held stays below writeChunk: relax keeps mu
+	blocks, held := 0, 0 // held stays below writeChunk: relax keeps mu
 	for sh.handed.Load() != nil {
 		if blocks == serveBurst {
 			t.Fatalf("match not run after %d blocks", blocks)
 		}
-		sh.relax(&held)
+		sh.relax(&held, 1)
 		blocks++
 	}
 	if a := within(t, "handed match", got); !slices.Equal(a, want) { // mu is still held: the writer ran it
@@ -263,7 +264,7 @@ func TestHandedMatchesAfterQuiet(t *testing.T) {
 	sh.lock()
 	held := 1
 	for range 4 * serveBurst { // the quiet spell
-		sh.relax(&held)
+		sh.relax(&held, 1)
 	}
 	const rounds = 2 * serveBurst / serveAfter
 	applied := serveBurst // the most the quiet spell may count for

@@ -2,9 +2,7 @@ package indexer
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -293,25 +291,10 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 	})
 }
 
-// layout varies what the tests above cannot reach with a handful of ranks:
-// how many holders give a node classBits (from 1, so every node has them,
-// to the default), and how many other ranks were registered first (each
-// holding a block no query starts with), so that the ranks under test sit
-// in the first bit-set word or further on, across word boundaries; and
-// whether the first extMores get indexes too large for a node to keep
-// (see shard.moreIndex), so that the arena keeps them.
+// layout registers up to 130 other ranks first, each holding a block no
+// query starts with, so that the ranks under test sit in the first
+// bit-set word or further on, across word boundaries.
 func layout(t *rapid.T, ix *Index, m *refModel) {
-	dense, arena := rapid.IntRange(0, 3).Draw(t, "denseHolders"), rapid.Bool().Draw(t, "arenaMores")
-	for _, sh := range ix.shards {
-		sh.denseHolders = dense
-		if arena {
-			// Free entries 1..moreInArena+3, the largest handed out first.
-			sh.mores = make([]extMore, moreInArena+4)
-			for x := range uint32(moreInArena + 3) {
-				sh.moreFree = append(sh.moreFree, x+1)
-			}
-		}
-	}
 	for i := range rapid.IntRange(0, 130).Draw(t, "padRanks") {
 		w := WorkerRank{Worker: 1000 + uint64(i)}
 		if _, err := ix.Apply(stored(w, TierDevice, nil, blocksOf("", "9"))); err != nil {
@@ -350,22 +333,14 @@ func mapsEqual(a, b map[WorkerRank]int) bool {
 	return true
 }
 
-// checkInvariantsRapid adapts checkInvariants to *rapid.T.
+// checkInvariantsRapid checks the trees of ix (see checkRunTree).
 func checkInvariantsRapid(t *rapid.T, ix *Index) {
-	rec := &recorder{}
-	checkInvariants(rec, ix)
-	if len(rec.errs) > 0 {
-		t.Fatal(strings.Join(rec.errs, "; "))
+	for _, s := range ix.shards {
+		s.mu.RLock()
+		checkRunTree(t, s.tree)
+		s.mu.RUnlock()
 	}
 }
-
-type recorder struct {
-	testing.TB
-	errs []string
-}
-
-func (r *recorder) Helper()                   {}
-func (r *recorder) Errorf(f string, a ...any) { r.errs = append(r.errs, fmt.Sprintf(f, a...)) }
 
 // TestDeepMatchesReferenceModel drives the jump-and-bisect path of Match,
 // with the hints it leaves (see runHints) or forged ones:
@@ -411,26 +386,11 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 				m.clear(w, AllTiers)
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
-			if rapid.Bool().Draw(t, "forgeHints") {
-				forgeHints(ix, rapid.Uint64().Draw(t, "hintSeed"))
-			}
 			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
 			checkInvariantsRapid(t, ix)
 		}
 		checkInvariantsRapid(t, ix)
 	})
-}
-
-// forgeHints gives every node of ix a look-ahead hint (see runHints) of a
-// random distance: matches must answer as if it had none.
-func forgeHints(ix *Index, seed uint64) {
-	rng := rand.New(rand.NewPCG(seed, 0))
-	for _, sh := range ix.shards {
-		h := sh.runHints()
-		for id := uint32(1); id < sh.nodes.next; id++ {
-			h.put(id, rng.IntN(120))
-		}
-	}
 }
 
 // TestEngineIDCollisions applies random events whose engine ids come from

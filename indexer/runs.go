@@ -15,15 +15,17 @@ import (
 
 const noBlock = ^uint32(0)
 
-// errTreeFull: a Stored event would take a runTree past the block ids an
-// engTable can name.
-var errTreeFull = errors.New("index shard full: 1<<29 block ids")
+// errTreeFull: a Stored event would take a runTree past 1<<31 block ids.
+var errTreeFull = errors.New("index shard full: 1<<31 block ids")
 
 // blockRec is one block of a runTree.
 type blockRec struct {
 	key   uint64 // sequence hash
 	local uint64
 	span  uint32 // freeBlock: free (see runTree.release)
+	// pins counts the engine ids, over all ranks, naming the block: a
+	// block without holders stays while one does (see prune).
+	pins uint32
 }
 
 // freeBlock, as a block's span, marks a free block.
@@ -49,56 +51,10 @@ type holdSet struct {
 	hash uint64
 }
 
-// engEntry is what a rank's engine id names: a block, and the tiers this
-// engine id holds it on.
-type engEntry struct {
-	block uint32
-	tiers Tier
-}
-
-// blockBits is how many bits of an engTable value name the block; the
-// rest are the tiers.
-const blockBits = 29
-
-// engTable is one rank's engine ids: engine id -> block and tiers, packed
-// in the node word of a blockTable.
-type engTable struct{ t blockTable }
-
-func unpackEng(v uint32) engEntry {
-	return engEntry{block: v & (1<<blockBits - 1), tiers: Tier(v >> blockBits)}
-}
-
-func (e *engTable) get(h uint64) (engEntry, bool) {
-	v, ok := e.t.get(h)
-	return unpackEng(v), ok
-}
-
-func (e *engTable) has(h uint64) bool {
-	_, ok := e.t.get(h)
-	return ok
-}
-
-// block returns the block h names, which must be present.
-func (e *engTable) block(h uint64) uint32 {
-	v, _ := e.t.get(h)
-	return v & (1<<blockBits - 1)
-}
-
-func (e *engTable) put(h uint64, x engEntry) { e.t.put(h, x.block|uint32(x.tiers)<<blockBits) }
-func (e *engTable) del(h uint64)             { e.t.del(h) }
-func (e *engTable) len() int                 { return e.t.len() }
-
-func (e *engTable) each(f func(h uint64, x engEntry)) {
-	e.t.each(func(h uint64, v uint32) { f(h, unpackEng(v)) })
-}
-
 // rankInfo is one worker rank of a runTree.
 type rankInfo struct {
 	wr    WorkerRank
-	names engTable
-	// extra counts, per block named by more than one engine id, the names
-	// beyond the first.
-	extra map[uint32]int
+	names blockTable // engine id -> block
 	used  bool
 }
 
@@ -121,9 +77,9 @@ type runTree struct {
 	live    int // blocks in spans
 	// yield, if set, is called between the steps of an operation, where
 	// the tree is whole, with the blocks the step applied.
-	yield func(blocks int)
-	slotOf   map[WorkerRank]uint32
-	tmp      []uint32
+	yield  func(blocks int)
+	slotOf map[WorkerRank]uint32
+	tmp    []uint32
 }
 
 func newRunTree() *runTree {
@@ -302,11 +258,11 @@ func (t *runTree) merge(a, b uint32) uint32 {
 }
 
 // tidy merges span s with its only child and its parent where they can
-// be one span, or deletes it with its holderless, childless ancestors.
+// be one span, or prunes it if it has no holders and no kids.
 func (t *runTree) tidy(s uint32) {
 	S := &t.spans[s]
 	if S.set == 0 && S.kids == 0 {
-		t.deleteSpan(s)
+		t.prune(s)
 		return
 	}
 	if S.kids == 1 {
@@ -329,9 +285,24 @@ func (t *runTree) tidy(s uint32) {
 	}
 }
 
-func (t *runTree) deleteSpan(s uint32) {
+// prune frees the blocks of span s, which has no holders and no kids,
+// from its end back to the last one an engine id names, and goes on with
+// the parent span if s goes whole.
+func (t *runTree) prune(s uint32) {
 	for {
 		S := t.spans[s]
+		k := S.n
+		for k > 0 && t.blocks[S.first+k-1].pins == 0 {
+			k--
+		}
+		if k > 0 {
+			if k < S.n {
+				t.release(S.first+k, S.n-k)
+				p := &t.spans[s]
+				p.n, p.end = k, t.blocks[S.first+k-1].key
+			}
+			return
+		}
 		t.heads.del(t.blocks[S.first].key)
 		t.release(S.first, S.n)
 		t.unref(S.set)
@@ -400,85 +371,56 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	}
 	for i := range t.ranks {
 		if !t.ranks[i].used {
-			t.ranks[i] = rankInfo{wr: wr, extra: make(map[uint32]int), used: true}
+			t.ranks[i] = rankInfo{wr: wr, used: true}
 			t.slotOf[wr] = uint32(i)
 			return uint32(i)
 		}
 	}
-	t.ranks = append(t.ranks, rankInfo{wr: wr, extra: make(map[uint32]int), used: true})
+	t.ranks = append(t.ranks, rankInfo{wr: wr, used: true})
 	t.slotOf[wr] = uint32(len(t.ranks) - 1)
 	return uint32(len(t.ranks) - 1)
 }
 
-// union returns the tiers slot holds block b on, over every engine id
-// naming it, where one of them holds it on tiers: just tiers when no
-// other names it.
-func (t *runTree) union(slot, b uint32, tiers Tier) Tier {
-	r := &t.ranks[slot]
-	if r.extra[b] == 0 {
-		return tiers
-	}
-	tiers = 0
-	r.names.each(func(_ uint64, e engEntry) {
-		if e.block == b {
-			tiers |= e.tiers
-		}
-	})
-	return tiers
-}
-
+// blockTiers returns the tiers slot holds block b on.
 func (t *runTree) blockTiers(slot, b uint32) Tier {
 	return t.tiersIn(t.spans[t.blocks[b].span].set, slot)
 }
 
-// name points engine id h of slot at block b on tiers, replacing what it
-// named, and brings the holder sets up to date.
-func (t *runTree) name(slot uint32, h uint64, b uint32, tiers Tier) {
-	r := &t.ranks[slot]
-	if old, had := r.names.get(h); had {
-		if old.block == b {
-			r.names.put(h, engEntry{block: b, tiers: tiers})
-			t.setTiers(b, 1, slot, t.union(slot, b, tiers))
-			return
+// unpin drops an engine id's pin of block b.
+func (t *runTree) unpin(b uint32) {
+	if t.blocks[b].pins--; t.blocks[b].pins == 0 {
+		if s := t.blocks[b].span; t.spans[s].set == 0 && t.spans[s].kids == 0 {
+			t.prune(s)
 		}
-		t.unname(slot, h)
 	}
-	if t.blockTiers(slot, b) != 0 {
-		r.extra[b]++
-	}
-	r = &t.ranks[slot]
-	r.names.put(h, engEntry{block: b, tiers: tiers})
-	t.setTiers(b, 1, slot, t.union(slot, b, tiers))
 }
 
-// unname drops engine id h of slot, which must name a block.
-func (t *runTree) unname(slot uint32, h uint64) {
+// detach takes tiers off the block that engine id h of slot names, and
+// drops h where the rank then holds that block on no tier (or did not
+// hold it). It returns the (block, tier) entries that removed.
+func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	r := &t.ranks[slot]
-	b := r.names.block(h)
-	r.names.del(h)
-	if n := r.extra[b]; n > 0 {
-		if n == 1 {
-			delete(r.extra, b)
-		} else {
-			r.extra[b] = n - 1
-		}
-		var tiers Tier
-		r.names.each(func(_ uint64, e engEntry) {
-			if e.block == b {
-				tiers |= e.tiers
-			}
-		})
-		t.setTiers(b, 1, slot, tiers)
-		return
+	b, ok := r.names.get(h)
+	if !ok {
+		return 0
 	}
-	t.setTiers(b, 1, slot, 0)
+	before := t.blockTiers(slot, b)
+	left := before &^ tiers
+	if left != before {
+		t.setTiers(b, 1, slot, left)
+	}
+	if left == 0 {
+		r.names.del(h)
+		t.unpin(b)
+	}
+	return bits.OnesCount8(uint8(before & tiers))
 }
 
 // store applies a Stored event (not ByID). Stretches of blocks the rank
 // does not hold yet, under engine ids it does not use, are held a span at
 // a time; other blocks one by one (see storeOne).
 func (t *runTree) store(ev Event) (ApplyResult, error) {
-	if len(t.blocks)+len(ev.Blocks) > 1<<blockBits {
+	if len(t.blocks)+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
 	slot, known := t.slotOf[ev.Worker]
@@ -488,14 +430,15 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if !known {
 			return ApplyResult{}, ErrUnknownParent
 		}
-		e, ok := t.ranks[slot].names.get(ev.Parent)
+		b, ok := t.ranks[slot].names.get(ev.Parent)
 		if !ok {
 			return ApplyResult{}, ErrUnknownParent
 		}
-		cur, prev = e.block, t.blocks[e.block].key
+		cur, prev = b, t.blocks[b].key
 	}
 	if !known {
 		slot = t.rank(ev.Worker)
+		t.ranks[slot].names.reserve(len(ev.Blocks))
 	}
 	names := &t.ranks[slot].names
 	var res ApplyResult
@@ -517,10 +460,12 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				last := S.first + S.n - 1
 				for kk := key; ; {
 					h := ev.Blocks[i+k].Hash
-					if names.has(h) {
+					if _, had := names.get(h); had {
 						break
 					}
-					names.put(h, engEntry{block: nxt + uint32(k), tiers: ev.Tier})
+					names.fit(len(ev.Blocks) - i - k)
+					names.put(h, nxt+uint32(k))
+					t.blocks[nxt+uint32(k)].pins++
 					prev = kk
 					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
 						break
@@ -544,11 +489,12 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			first := pend
 			for kk := key; ; {
 				h := ev.Blocks[i+k].Hash
-				if names.has(h) {
+				if _, had := names.get(h); had {
 					break
 				}
-				names.put(h, engEntry{block: first + uint32(k), tiers: ev.Tier})
-				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
+				names.fit(len(ev.Blocks) - i - k)
+				names.put(h, first+uint32(k))
+				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock, pins: 1}
 				prev = kk
 				if k++; i+k == len(ev.Blocks) || k == maxStretch {
 					break
@@ -563,12 +509,15 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if k > 0 {
 			res.Stored += k
 			i += k
-			cur = names.block(ev.Blocks[i-1].Hash)
+			cur, _ = names.get(ev.Blocks[i-1].Hash)
 			t.step(k)
 			continue
 		}
-		res.Stored += t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
-		cur, prev = names.block(ev.Blocks[i].Hash), key
+		var added, removed int
+		cur, added, removed = t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
+		res.Stored += added
+		res.Removed += removed
+		prev = key
 		i++
 		t.step(1)
 	}
@@ -603,23 +552,35 @@ func (t *runTree) next(cur uint32, key uint64) uint32 {
 }
 
 // storeOne stores one block with key under cur for slot, whatever its
-// engine id named before, and returns the (block, tier) entries added.
-func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) int {
+// engine id named before, and returns it and the (block, tier) entries
+// added and removed.
+func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (uint32, int, int) {
 	nxt := t.next(cur, key)
 	if nxt == noBlock {
 		nxt = t.add(cur, key, bl.Local)
 	}
-	old, had := t.ranks[slot].names.get(bl.Hash)
+	r := &t.ranks[slot]
+	old, had := r.names.get(bl.Hash)
+	removed := 0
+	if had && old != nxt {
+		// The engine reused an id for other content: the old block is
+		// gone. (nxt, and cur, its parent, stay: cur has nxt as child,
+		// and nxt is pinned or held, or is new and held below.)
+		t.blocks[nxt].pins++ // keeps a new nxt through the detach
+		removed = t.detach(slot, bl.Hash, AllTiers)
+		t.blocks[nxt].pins--
+		had = false
+	}
+	if !had {
+		r.names.put(bl.Hash, nxt)
+		t.blocks[nxt].pins++
+	}
 	added := 0
-	if !had || old.block != nxt || old.tiers&tier == 0 {
+	if before := t.blockTiers(slot, nxt); before&tier == 0 {
+		t.setTiers(nxt, 1, slot, before|tier)
 		added = 1
 	}
-	nt := tier
-	if had {
-		nt |= old.tiers
-	}
-	t.name(slot, bl.Hash, nxt, nt)
-	return added
+	return nxt, added, removed
 }
 
 // attach makes blocks first..first+k-1, new and chained, a span under cur
@@ -691,49 +652,38 @@ func (t *runTree) remove(ev Event) ApplyResult {
 		return res
 	}
 	for _, h := range ev.Hashes {
-		res.Removed += t.drop(slot, h, ev.Tier)
+		if t.detach(slot, h, ev.Tier) > 0 {
+			res.Removed++
+		} else {
+			res.Unknown++
+		}
 		t.step(1)
 	}
+	t.ranks[slot].names.trim()
 	return res
 }
 
-// drop takes tiers off engine id h of slot and returns how many (block,
-// tier) entries that removed.
-func (t *runTree) drop(slot uint32, h uint64, tiers Tier) int {
-	r := &t.ranks[slot]
-	e, ok := r.names.get(h)
-	if !ok || e.tiers&tiers == 0 {
-		return 0
-	}
-	n := bits.OnesCount8(uint8(e.tiers & tiers))
-	e.tiers &^= tiers
-	if e.tiers == 0 {
-		t.unname(slot, h)
-		return n
-	}
-	r.names.put(h, e)
-	t.setTiers(e.block, 1, slot, t.union(slot, e.block, e.tiers))
-	return n
-}
-
-// storeByID applies a Stored event with ByID.
+// storeByID applies a Stored event with ByID: Tier is added to the blocks
+// whose engine ids the rank holds on some tier.
 func (t *runTree) storeByID(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[ev.Worker]
 	for _, h := range ev.Hashes {
-		if !ok {
-			res.Unknown++
-			continue
+		var b uint32
+		var before Tier
+		if ok {
+			if b, ok = t.ranks[slot].names.get(h); ok {
+				before = t.blockTiers(slot, b)
+			}
+			ok = true
 		}
-		e, held := t.ranks[slot].names.get(h)
-		if !held {
+		switch {
+		case before == 0:
 			res.Unknown++
-			continue
-		}
-		if e.tiers&ev.Tier == 0 {
+		case before&ev.Tier == 0:
+			t.setTiers(b, 1, slot, before|ev.Tier)
 			res.Stored++
 		}
-		t.name(slot, h, e.block, e.tiers|ev.Tier)
 		t.step(1)
 	}
 	return res
@@ -746,11 +696,11 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
 	if !ok {
 		return res
 	}
-	hs := t.ranks[slot].names.t.ids(nil)
-	for _, h := range hs {
-		res.Removed += t.drop(slot, h, tiers)
+	for _, h := range t.ranks[slot].names.ids(nil) {
+		res.Removed += t.detach(slot, h, tiers)
 		t.step(1)
 	}
+	t.ranks[slot].names.trim()
 	return res
 }
 
@@ -938,106 +888,6 @@ func (t *runTree) blockCounts(out map[WorkerRank]int) {
 	}
 }
 
-// headTable maps the key of each span's first block to the span: open
-// addressing with linear probing and backward-shift deletion, key 0 kept
-// aside.
-type headTable struct {
-	slots []headSlot
-	n     int
-	zero  bool
-	zv    uint32
-}
-
-type headSlot struct {
-	key uint64
-	val uint32
-}
-
-func (t *headTable) get(k uint64) (uint32, bool) {
-	if k == 0 {
-		return t.zv, t.zero
-	}
-	if len(t.slots) == 0 {
-		return 0, false
-	}
-	m := uint64(len(t.slots) - 1)
-	for i := mix(k) & m; ; i = (i + 1) & m {
-		switch t.slots[i].key {
-		case k:
-			return t.slots[i].val, true
-		case 0:
-			return 0, false
-		}
-	}
-}
-
-func (t *headTable) put(k uint64, v uint32) {
-	if k == 0 {
-		t.zero, t.zv = true, v
-		return
-	}
-	if (t.n+1)*8 > len(t.slots)*7 {
-		t.grow()
-	}
-	m := uint64(len(t.slots) - 1)
-	for i := mix(k) & m; ; i = (i + 1) & m {
-		switch t.slots[i].key {
-		case k:
-			t.slots[i].val = v
-			return
-		case 0:
-			t.slots[i] = headSlot{k, v}
-			t.n++
-			return
-		}
-	}
-}
-
-func (t *headTable) grow() {
-	old := t.slots
-	t.slots = make([]headSlot, max(16, 2*len(old)))
-	t.n = 0
-	for _, s := range old {
-		if s.key != 0 {
-			t.put(s.key, s.val)
-		}
-	}
-}
-
-func (t *headTable) del(k uint64) {
-	if k == 0 {
-		t.zero, t.zv = false, 0
-		return
-	}
-	if len(t.slots) == 0 {
-		return
-	}
-	m := uint64(len(t.slots) - 1)
-	i := mix(k) & m
-	for ; t.slots[i].key != k; i = (i + 1) & m {
-		if t.slots[i].key == 0 {
-			return
-		}
-	}
-	t.n--
-	for j := (i + 1) & m; t.slots[j].key != 0; j = (j + 1) & m {
-		h := mix(t.slots[j].key) & m
-		// j's entry may fill the hole at i unless its home lies in (i, j].
-		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
-			t.slots[i] = t.slots[j]
-			i = j
-		}
-	}
-	t.slots[i] = headSlot{}
-}
-
-func (t *headTable) len() int {
-	if t.zero {
-		return t.n + 1
-	}
-	return t.n
-}
-
 // freeClass is the free list of ranges of n blocks.
 func freeClass(n uint32) int { return bits.Len32(n) - 1 }
 
@@ -1129,4 +979,74 @@ func (t *runTree) unlinkFree(a, n uint32) {
 	if next != noBlock {
 		t.setFreeLinks(next, prev, t.freeNext(next))
 	}
+}
+
+// resizeFor returns the engine id table of ev's rank grown, if it must
+// be, for the engine ids the Stored event ev adds, as the ids of its first
+// writeChunk blocks suggest: none for a copy of held blocks to another
+// tier. It only reads the tree, so a writer may build it without the
+// lock, and put it in place (useResize) under it.
+func (t *runTree) resizeFor(ev Event) []blockEntry {
+	slot, ok := t.slotOf[ev.Worker]
+	if !ok || len(ev.Blocks) == 0 {
+		return nil
+	}
+	bt := &t.ranks[slot].names
+	if bt.reserveSize(len(ev.Blocks)) == 0 {
+		return nil // counted only when the table could be too small
+	}
+	first := ev.Blocks[:min(writeChunk, len(ev.Blocks))]
+	fresh := 0
+	for _, b := range first {
+		if _, ok := bt.get(b.Hash); !ok {
+			fresh++
+		}
+	}
+	if fresh == 0 {
+		return nil
+	}
+	if size := bt.reserveSize((fresh*len(ev.Blocks) + len(first) - 1) / len(first)); size > 0 {
+		return bt.resized(size)
+	}
+	return nil
+}
+
+// useResize puts tab, from resizeFor(ev) with nothing applied since, in
+// place.
+func (t *runTree) useResize(ev Event, tab []blockEntry) {
+	if tab != nil {
+		t.ranks[t.slotOf[ev.Worker]].names.tab = tab
+	}
+}
+
+// rankList appends the tree's worker ranks to dst.
+func (t *runTree) rankList(dst []WorkerRank) []WorkerRank {
+	for wr := range t.slotOf {
+		dst = append(dst, wr)
+	}
+	return dst
+}
+
+// copyRank appends the entries of one worker rank to dst.
+func (t *runTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
+	slot, ok := t.slotOf[wr]
+	if !ok {
+		return dst
+	}
+	t.ranks[slot].names.each(func(h uint64, x uint32) {
+		b := &t.blocks[x]
+		S := &t.spans[b.span]
+		tiers := t.tiersIn(S.set, slot)
+		if tiers == 0 {
+			return // a name of a block the rank no longer holds
+		}
+		parent := uint64(0)
+		if x != S.first {
+			parent = t.blocks[x-1].key
+		} else if S.parent != noBlock {
+			parent = t.blocks[S.parent].key
+		}
+		dst = append(dst, dumpRec{hash: h, key: b.key, local: b.local, parent: parent, tiers: tiers, depth: -2})
+	})
+	return dst
 }

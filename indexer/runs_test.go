@@ -108,10 +108,18 @@ func TestRunTreeMatchesReferenceModel(t *testing.T) {
 	})
 }
 
+// fatalHelper is what the invariant checks need of *testing.T and
+// *rapid.T.
+type fatalHelper interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}
+
 // checkRunTree checks the tree's invariants: every live block is in the
 // span its record names, spans are maximal where ids allow, heads name
 // spans, and set references are counted.
-func checkRunTree(t *rapid.T, tr *runTree) {
+func checkRunTree(t fatalHelper, tr *runTree) {
+	t.Helper()
 	refs := make(map[uint32]int32)
 	freeSpan := make(map[uint32]bool)
 	for _, s := range tr.free {
@@ -135,8 +143,8 @@ func checkRunTree(t *rapid.T, tr *runTree) {
 		if tr.blocks[S.first+S.n-1].key != S.end {
 			t.Fatalf("span %d end key", s)
 		}
-		if S.set == 0 && S.kids == 0 {
-			t.Fatalf("span %d has no holders and no kids", s)
+		if S.set == 0 && S.kids == 0 && tr.blocks[S.first+S.n-1].pins == 0 {
+			t.Fatalf("span %d has no holders, no kids and its last block no engine id", s)
 		}
 		if S.parent != noBlock {
 			kids[tr.blocks[S.parent].span]++
@@ -160,6 +168,20 @@ func checkRunTree(t *rapid.T, tr *runTree) {
 		}
 	}
 	checkFreeBlocks(t, tr)
+	pins := make(map[uint32]uint32)
+	for _, r := range tr.ranks {
+		r.names.each(func(_ uint64, b uint32) {
+			if tr.blocks[b].span >= freeBlock {
+				t.Fatalf("an engine id of %v names free block %d", r.wr, b)
+			}
+			pins[b]++
+		})
+	}
+	for b := range tr.blocks {
+		if tr.blocks[b].span < freeBlock && tr.blocks[b].pins != pins[uint32(b)] {
+			t.Fatalf("block %d has %d pins, %d engine ids name it", b, tr.blocks[b].pins, pins[uint32(b)])
+		}
+	}
 	if tr.heads.len() != len(tr.spans)-len(tr.free) {
 		t.Fatalf("%d heads for %d spans", tr.heads.len(), len(tr.spans)-len(tr.free))
 	}
@@ -199,7 +221,8 @@ func TestHeadTableMatchesMap(t *testing.T) {
 // checkFreeBlocks checks that every block not in a span is in exactly one
 // listed free range, that free ranges do not touch, and that the last
 // block is not free.
-func checkFreeBlocks(t *rapid.T, tr *runTree) {
+func checkFreeBlocks(t fatalHelper, tr *runTree) {
+	t.Helper()
 	listed := make(map[uint32]uint32) // range start -> length
 	for c, a := range tr.freeHead {
 		prev := noBlock
