@@ -756,7 +756,7 @@ var classTiers = [nClasses]Tier{TierDevice, TierDevice | TierHost, AllTiers}
 type runMatch struct {
 	cands [nClasses][]uint64
 	in    [nClasses][]uint64
-	pos   []int32 // each emitted slot's Overlap, from the match's first
+	reach [nClasses][]int32 // per slot, where it dropped out of each class
 	all   []uint64
 }
 
@@ -767,7 +767,9 @@ func (m *runMatch) reset(slots int) {
 		clear(m.cands[c])
 		m.in[c] = slices.Grow(m.in[c][:0], w)[:w]
 	}
-	m.pos = slices.Grow(m.pos[:0], slots)[:slots]
+	for c := range nClasses {
+		m.reach[c] = slices.Grow(m.reach[c][:0], slots)[:slots]
+	}
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
@@ -792,49 +794,35 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		}
 	}
 	copy(m.all, m.cands[classAny])
+	// A rank not in a class from the first block has 0 in it; others get
+	// the depth where they drop out (in reach), or the match's end.
+	for c := range nClasses {
+		for i, x := range m.all {
+			for x &^= m.cands[c][i]; x != 0; x &= x - 1 {
+				m.reach[c][i*64+bits.TrailingZeros64(x)] = 0
+			}
+		}
+	}
 	clock.lap(phaseStart)
-	// The Overlaps are written first, and their counts as ranks drop.
-	n := 0
-	for _, x := range m.all {
-		n += bits.OnesCount64(x)
-	}
-	at := len(dst)
-	dst = slices.Grow(dst, n)[:at+n]
-	out := dst[at:]
-	k := 0
-	for i, x := range m.all {
-		for x != 0 {
-			s := i*64 + bits.TrailingZeros64(x)
-			x &= x - 1
-			r := &t.ranks[s]
-			out[k] = Overlap{Worker: r.wr, Blocks: int32(r.names.len())}
-			m.pos[s] = int32(k)
-			k++
+	dropped := func(d uint32) { // the ranks in m.in drop at depth d
+		for c := range nClasses {
+			for i, x := range m.in[c] {
+				for ; x != 0; x &= x - 1 {
+					m.reach[c][i*64+bits.TrailingZeros64(x)] = int32(d)
+				}
+			}
 		}
 	}
-	clock.lap(phaseEmit)
 	last := uint32(len(seq) - 1)
-	reached := func(d uint32, which *[nClasses][]uint64) {
-		for i, x := range which[classDev] {
-			for ; x != 0; x &= x - 1 {
-				out[m.pos[i*64+bits.TrailingZeros64(x)]].Device = int32(d)
-			}
-		}
-		for i, x := range which[classHost] {
-			for ; x != 0; x &= x - 1 {
-				out[m.pos[i*64+bits.TrailingZeros64(x)]].Host = int32(d)
-			}
-		}
-		for i, x := range which[classAny] {
-			for ; x != 0; x &= x - 1 {
-				out[m.pos[i*64+bits.TrailingZeros64(x)]].Disk = int32(d)
-			}
-		}
-	}
+	var reached uint32 // where the ranks still in cands end
 	for {
 		end := S.depth + S.n - 1
 		hi := min(end, last)
-		if seq[hi] != t.blocks[S.first+hi-S.depth].key {
+		key := S.end
+		if hi != end {
+			key = t.blocks[S.first+hi-S.depth].key
+		}
+		if seq[hi] != key {
 			lo := S.depth // its head matched
 			for hi-lo > 1 {
 				mid := lo + (hi-lo)/2
@@ -844,16 +832,16 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 					hi = mid
 				}
 			}
-			reached(lo+1, &m.cands)
+			reached = lo + 1
 			break
 		}
 		if hi == last {
-			reached(last+1, &m.cands)
+			reached = last + 1
 			break
 		}
 		c, ok := t.heads.get(seq[end+1])
 		if !ok || t.spans[c].parent != S.first+S.n-1 {
-			reached(end+1, &m.cands)
+			reached = end + 1
 			break
 		}
 		S = &t.spans[c]
@@ -870,12 +858,42 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 				}
 			}
 		}
-		reached(end+1, &m.in) // m.in now holds the ranks dropped here
+		dropped(end + 1)
 		if !any {
-			break
+			break // reached is not read: no rank is left in cands
 		}
 	}
 	clock.lap(phaseWalk)
+	n := 0
+	for _, x := range m.all {
+		n += bits.OnesCount64(x)
+	}
+	at := len(dst)
+	dst = slices.Grow(dst, n)[:at+n]
+	out := dst[at:]
+	k := 0
+	rd, rh, ra := m.reach[classDev], m.reach[classHost], m.reach[classAny]
+	for i, x := range m.all {
+		cd, ch, ca := m.cands[classDev][i], m.cands[classHost][i], m.cands[classAny][i]
+		for ; x != 0; x &= x - 1 {
+			b := x & -x
+			s := i*64 + bits.TrailingZeros64(x)
+			r := &t.ranks[s]
+			o := Overlap{Worker: r.wr, Device: rd[s], Host: rh[s], Disk: ra[s], Blocks: int32(r.names.len())}
+			if cd&b != 0 {
+				o.Device = int32(reached)
+			}
+			if ch&b != 0 {
+				o.Host = int32(reached)
+			}
+			if ca&b != 0 {
+				o.Disk = int32(reached)
+			}
+			out[k] = o
+			k++
+		}
+	}
+	clock.lap(phaseEmit)
 	return dst
 }
 
