@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,7 +32,10 @@ func TestRun(t *testing.T) {
 			t.Errorf("row %q: want rate %s, %s requests, prompt tokens, no errors", r[0], want[0], want[1])
 		}
 	}
-	if !strings.Contains(out.String(), "sustained with decision p99 < 1m0s: 80 req/s") {
+	// Which rates this machine sustains is for the benchmark to measure,
+	// not for a test: only that the summary names one of those tried (0:
+	// none).
+	if !regexp.MustCompile(`sustained with decision p99 < 1m0s: (0|40|80) req/s`).MatchString(out.String()) {
 		t.Errorf("no highest sustained rate:\n%s", out.String())
 	}
 }
