@@ -1,7 +1,8 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
-// prefix index per (model, tenant) (index.go) with its pointer-free storage
-// (store.go), how its writers and matches share a lock (lock.go), its dump
+// prefix index per (model, tenant) (index.go), its path-compressed tree
+// (tree.go) and pointer-free tables (store.go), how its writers and
+// matches share a lock (lock.go), its dump
 // and recovery format (dump.go), the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go), and the event
 // path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
@@ -26,47 +27,43 @@
 // LoRA adapters are isolated by the hash seed (LoRASeed), tenants and models
 // by separate indexes.
 //
-// Storage (store.go) holds no Go pointers in bulk, so the garbage collector
-// never scans it: nodes live by value in a chunked slab, named by uint32
-// ids; sequence hash -> node id and, per worker rank, engine id -> node id
-// are open-addressing tables of plain words. A node's only holder is
-// stored inline and its ends derived from it; nodes held by several ranks
-// keep their holders in an arena of plain holders, by size class, named
-// from the inline holder's words, and only those held by many keep end
-// lists and bit sets. A deleted node that other nodes are still linked to,
-// or engine ids still name, stays in the slab, dead, until the last of them
-// goes, so a link or an engine id's node is a plain id. Every node but a root is linked (to a dead stand-in if its
-// parent's key has no node), and its link names its parent's key: nodes
-// do not keep it.
+// Each shard is a tree of spans (tree.go): chains of blocks in which
+// every block is the only child of the one before and all are held by the
+// same ranks on the same tiers. A span splits where that stops being so
+// and merges back when it is so again; a match crosses a span with one
+// key comparison, so its cost follows the places where ranks drop out,
+// not the prompt's length. Blocks live by value in a slab (ids, not
+// pointers; free ranges reused), spans name their holders by an interned
+// set with a bit set per tier class, and the key of a span's first block
+// -> span and, per worker rank, engine id -> block are open-addressing
+// tables of plain words (store.go). Engine ids only name blocks; a rank's
+// tiers are recorded per block, and a block the rank no longer holds
+// stays while one of its engine ids still names it (see blockRec.pins).
 //
 // Concurrency: an index is split by worker id into shards (Options.
 // IndexShards), each a whole tree with its own RWMutex, so that the apply
 // goroutines of different shards never wait for each other; a match walks
-// every shard, and a block held in several shards has a node in each. In
-// a shard, writers take turns for a whole operation on a mutex of their
-// own, so at most one writer waits for the lock and a match never queues
-// behind several. Matches share the lock with each other and with the
-// writer looking up the first chunk of an event (keys hashed, table slots
-// and nodes loaded into cache). A writer holds it exclusively for at most
-// writeChunk blocks, then releases it and, where the shards are at least
-// as many as the cores Go uses, gives up its core for a moment
+// every shard, and a block held in several shards is in each. In a shard,
+// writers take turns for a whole operation on a mutex of their own, so at
+// most one writer waits for the lock and a match never queues behind
+// several. A writer holds the lock exclusively in steps of at most 16
+// blocks (a stretch of a Stored event, a removed engine id), and lets it
+// go every writeChunk blocks and, for a waiting match, once writers have
+// applied yieldAfter blocks since they last yielded to one: 1 while
+// matches come now and then, up to yieldChunk while they come back to
+// back. Where the shards are at least as many as the cores Go uses, a
+// writer letting the lock go also gives up its core for a moment
 // (runtime.Gosched), so that writers busy on every core do not keep a
-// match of another shard, or a request, waiting for one. Where the shards
-// are fewer, so that a core is spare, a match finding the lock held by a
-// writer hands itself to the writer and spins, and the writer runs it
-// before its next block (at most one in serveAfter blocks, over time, and
-// at once after a spell without matches: see serveBurst); writers
+// match of another shard, or a request, waiting for one. Where the
+// shards are fewer, so that a core is spare, a match finding the lock held
+// by a writer hands itself to the writer and spins, and the writer runs
+// it after its current step (at most one in serveAfter blocks, over time,
+// and at once after a spell without matches: see serveBurst); writers
 // there take the lock by spinning for a while, rather than by sleeping
-// (see lock.go). Other matches waiting for the lock have the writer yield
-// it at its next block once writers have applied yieldAfter blocks since
-// they last yielded to one: 1 while matches come now and then, up to
-// yieldChunk while they come back to back. A writer resizes its rank's
-// table of engine ids without the lock: only the goroutine applying the
-// rank's events changes it, and matches never read it. Matches write only
-// the hints of where they found a stretch's end, atomically (see
-// runHints). Where every rank of a shard is closed, a match looking ahead
-// counts a node's holders per tier class instead of comparing them with
-// the ranks still matching (see matcher.holdsAll).
+// (see lock.go). A writer grows its rank's table of engine ids for a
+// Stored event without the lock: only writers change the tree, and
+// matches never read that table. A rank being removed is ignored by
+// matches from the start, so that none sees it half removed.
 //
 // # The event path
 //

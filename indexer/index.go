@@ -391,10 +391,19 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 		grown = ix.tree.resizeFor(ev)
 	}
 	ix.lock()
-	ix.tree.useResize(ev, grown)
+	ix.tree.useResize(ev.Worker, grown)
 	ix.held = 0
 	res, err := ix.tree.apply(ev)
 	ix.unlock()
+	if ev.Kind == Removed || ev.Kind == Cleared {
+		// Shrink the rank's table, if removals emptied it enough, without
+		// mu too.
+		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
+			ix.lock()
+			ix.tree.useResize(ev.Worker, tab)
+			ix.unlock()
+		}
+	}
 	if errors.Is(err, ErrUnknownParent) {
 		err = fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
 	}

@@ -8,12 +8,13 @@ import (
 // How writers and matches share a shard's lock, mu.
 //
 // A writer holds mu exclusively for at most writeChunk blocks, and calls
-// relax before each block. A match that finds mu free takes it shared.
-// One that finds it held by a writer, where the shard has a spare core
-// (shard.spare), hands itself to that writer (handOver): it publishes
-// itself in shard.handed and spins, and the writer runs it before its
-// next block (serve), on its own core. The match so waits for the
-// writer's current block, not for the writer to let mu go and for Go to
+// relax after each step of at most maxStretch blocks (see runTree.yield).
+// A match that finds mu free takes it shared. One that finds it held by a
+// writer, where the shard has a spare core (shard.spare), hands itself to
+// that writer (handOver): it publishes itself in shard.handed and spins,
+// and the writer runs it after its current step (serve), on its own core.
+// The match so waits for the writer's current step, not for the writer
+// to let mu go and for Go to
 // wake the match's goroutine, and it runs where the blocks the writer
 // just wrote are in cache. If mu comes free first, the match takes itself
 // back and runs itself; if no writer takes it within handWait, it waits
@@ -45,14 +46,14 @@ const serveAfter = 8
 // (shard.serveCredit): each block adds one, up to serveBurst, and each
 // handed match run takes serveAfter. After a spell without matches,
 // writers so run the next serveBurst/serveAfter or so at once, one per
-// block: matches that come now and then, as a router's do, wait for the
-// writer's current block only, and matches back to back get one run
+// step: matches that come now and then, as a router's do, wait for the
+// writer's current step only, and matches back to back get one run
 // every serveAfter blocks.
 const serveBurst = writeChunk
 
 // handWait is how long a handed match waits for a writer to run it (see
 // shard.handWait), if mu does not come free meanwhile, before it waits for
-// mu instead: a writer that does not reach its next block by then is not
+// mu instead: a writer that does not reach its next step by then is not
 // running.
 const handWait = 50 * time.Microsecond
 
@@ -216,7 +217,7 @@ func (ix *shard) handOver(m *matcher) bool {
 }
 
 // serve runs m, handed to the shard, unless it was taken back: called by
-// a writer holding mu, between two blocks.
+// a writer holding mu, between two steps.
 func (ix *shard) serve(m *matcher) {
 	if !ix.handed.CompareAndSwap(m, nil) {
 		return

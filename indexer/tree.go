@@ -6,12 +6,19 @@ import (
 	"slices"
 )
 
-// This file is the first step of a path-compressed index (work in
-// progress on branch runs, not yet used by Index): a tree of spans, each a
-// chain of blocks with consecutive ids, every block the only child of the
-// one before, all held by the same worker ranks on the same tiers. A
-// match crosses a span with one key comparison. See bench/runproto on
-// branch proto-runs for the measurements that motivate it.
+// runTree is one shard's prefix tree, path-compressed: a tree of spans,
+// each a chain of blocks with consecutive ids, every block the only child
+// of the one before, all held by the same worker ranks on the same tiers
+// (an interned holder set). A span is split where a holder changes or a
+// branch starts, and merged with its only child when their holders
+// become equal and their ids follow on. A match looks up a span by the
+// key (sequence hash) of its first block, crosses it with one comparison
+// of the prompt's key at the span's end with the span's last (keys chain,
+// so equal last keys mean equal prefixes), intersects its candidates with
+// the next span's holders a bit-set word at a time, and looks up the next
+// span: a few dependent loads per span, whatever its length. Blocks live
+// by value in one slab, free ranges of it reused; nothing in the tree
+// holds a Go pointer but the holder sets' slices.
 
 const noBlock = ^uint32(0)
 
@@ -659,7 +666,6 @@ func (t *runTree) remove(ev Event) ApplyResult {
 		}
 		t.step(1)
 	}
-	t.ranks[slot].names.trim()
 	return res
 }
 
@@ -700,7 +706,6 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
 		res.Removed += t.detach(slot, h, tiers)
 		t.step(1)
 	}
-	t.ranks[slot].names.trim()
 	return res
 }
 
@@ -1029,11 +1034,25 @@ func (t *runTree) resizeFor(ev Event) []blockEntry {
 	return nil
 }
 
-// useResize puts tab, from resizeFor(ev) with nothing applied since, in
-// place.
-func (t *runTree) useResize(ev Event, tab []blockEntry) {
+// trimmed returns the engine id table of wr shrunk, if removals left it
+// below trimBelow, or nil. It only reads the tree (see resizeFor).
+func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
+	slot, ok := t.slotOf[wr]
+	if !ok {
+		return nil
+	}
+	bt := &t.ranks[slot].names
+	if size := bt.trimSize(); size > 0 {
+		return bt.resized(size)
+	}
+	return nil
+}
+
+// useResize puts tab, from resizeFor or trimmed for rank wr with
+// nothing applied since, in place.
+func (t *runTree) useResize(wr WorkerRank, tab []blockEntry) {
 	if tab != nil {
-		t.ranks[t.slotOf[ev.Worker]].names.tab = tab
+		t.ranks[t.slotOf[wr]].names.tab = tab
 	}
 }
 
