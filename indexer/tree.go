@@ -58,6 +58,13 @@ type holdSet struct {
 	hash uint64
 }
 
+// rankHead is what Match reads of a rank (see runTree.heads), apart from
+// rankInfo, so that a match reading hundreds of them reads little.
+type rankHead struct {
+	wr     WorkerRank
+	blocks int32 // engine ids the rank holds, for Overlap.Blocks
+}
+
 // rankInfo is one worker rank of a runTree.
 type rankInfo struct {
 	wr    WorkerRank
@@ -78,6 +85,7 @@ type runTree struct {
 	// doubly linked list of free ranges of blocks (see release).
 	freeHead [32]uint32
 	ranks    []rankInfo
+	who      []rankHead // by slot, as ranks
 	// retired marks, by slot, the ranks being removed: Match ignores
 	// them, so that it never sees one half removed.
 	retired []uint64
@@ -379,11 +387,13 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	for i := range t.ranks {
 		if !t.ranks[i].used {
 			t.ranks[i] = rankInfo{wr: wr, used: true}
+			t.who[i] = rankHead{wr: wr}
 			t.slotOf[wr] = uint32(i)
 			return uint32(i)
 		}
 	}
 	t.ranks = append(t.ranks, rankInfo{wr: wr, used: true})
+	t.who = append(t.who, rankHead{wr: wr})
 	t.slotOf[wr] = uint32(len(t.ranks) - 1)
 	return uint32(len(t.ranks) - 1)
 }
@@ -418,6 +428,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	}
 	if left == 0 {
 		r.names.del(h)
+		t.who[slot].blocks--
 		t.unpin(b)
 	}
 	return bits.OnesCount8(uint8(before & tiers))
@@ -472,6 +483,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 					}
 					names.fit(len(ev.Blocks) - i - k)
 					names.put(h, nxt+uint32(k))
+					t.who[slot].blocks++
 					t.blocks[nxt+uint32(k)].pins++
 					prev = kk
 					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
@@ -501,6 +513,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				}
 				names.fit(len(ev.Blocks) - i - k)
 				names.put(h, first+uint32(k))
+				t.who[slot].blocks++
 				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock, pins: 1}
 				prev = kk
 				if k++; i+k == len(ev.Blocks) || k == maxStretch {
@@ -580,6 +593,7 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 	}
 	if !had {
 		r.names.put(bl.Hash, nxt)
+		t.who[slot].blocks++
 		t.blocks[nxt].pins++
 	}
 	added := 0
@@ -721,6 +735,7 @@ func (t *runTree) removeRank(wr WorkerRank) {
 	t.retired[slot>>6] |= 1 << (slot & 63)
 	t.clear(wr, AllTiers)
 	t.ranks[slot] = rankInfo{}
+	t.who[slot] = rankHead{}
 	delete(t.slotOf, wr)
 	t.retired[slot>>6] &^= 1 << (slot & 63)
 }
@@ -878,24 +893,26 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	out := dst[at:]
 	k := 0
 	rd, rh, ra := m.reach[classDev], m.reach[classHost], m.reach[classAny]
+	end := int32(reached)
 	for i, x := range m.all {
 		cd, ch, ca := m.cands[classDev][i], m.cands[classHost][i], m.cands[classAny][i]
 		for ; x != 0; x &= x - 1 {
-			b := x & -x
-			s := i*64 + bits.TrailingZeros64(x)
-			r := &t.ranks[s]
-			o := Overlap{Worker: r.wr, Device: rd[s], Host: rh[s], Disk: ra[s], Blocks: int32(r.names.len())}
-			if cd&b != 0 {
-				o.Device = int32(reached)
-			}
-			if ch&b != 0 {
-				o.Host = int32(reached)
-			}
-			if ca&b != 0 {
-				o.Disk = int32(reached)
-			}
-			out[k] = o
+			j := bits.TrailingZeros64(x)
+			s := i*64 + j
+			r := &t.who[s]
+			o := &out[k]
 			k++
+			o.Worker, o.Blocks = r.wr, r.blocks
+			o.Device, o.Host, o.Disk = rd[s], rh[s], ra[s]
+			if cd>>j&1 != 0 {
+				o.Device = end
+			}
+			if ch>>j&1 != 0 {
+				o.Host = end
+			}
+			if ca>>j&1 != 0 {
+				o.Disk = end
+			}
 		}
 	}
 	clock.lap(phaseEmit)

@@ -168,6 +168,11 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 		}
 	}
 	checkFreeBlocks(t, tr)
+	for slot, r := range tr.ranks {
+		if h := tr.who[slot]; h.wr != r.wr || int(h.blocks) != r.names.len() {
+			t.Fatalf("slot %d: match sees %v with %d blocks, rank is %v with %d", slot, h.wr, h.blocks, r.wr, r.names.len())
+		}
+	}
 	pins := make(map[uint32]uint32)
 	for _, r := range tr.ranks {
 		r.names.each(func(_ uint64, b uint32) {
