@@ -52,8 +52,10 @@ type span struct {
 type holdSet struct {
 	elems []uint32
 	// bits are the set's slots in each tier class, up to its last slot's
-	// word.
-	bits [nClasses][]uint64
+	// word: words words per class, one class after the other, so that a
+	// match loads them together.
+	bits  []uint64
+	words int
 	refs int32
 	hash uint64
 }
@@ -138,14 +140,12 @@ func (t *runTree) intern(es []uint32) uint32 {
 	}
 	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h}
 	words := int(es[len(es)-1]>>3)/64 + 1
-	for c := range nClasses {
-		set.bits[c] = make([]uint64, words)
-	}
+	set.bits, set.words = make([]uint64, nClasses*words), words
 	for _, e := range es {
 		s, tiers := e>>3, tiersOfElem(e)
 		for c := range nClasses {
 			if tiers&classTiers[c] != 0 {
-				set.bits[c][s>>6] |= 1 << (s & 63)
+				set.bits[c*words+int(s>>6)] |= 1 << (s & 63)
 			}
 		}
 	}
@@ -421,8 +421,25 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	if !ok {
 		return 0
 	}
-	before := t.blockTiers(slot, b)
+	sp := t.blocks[b].span
+	S := &t.spans[sp]
+	before := t.tiersIn(S.set, slot)
 	left := before &^ tiers
+	if left == 0 && before != 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks[b].pins == 1 && len(t.sets[S.set].elems) == 1 {
+		// The tail of a chain only this rank holds, by this name alone,
+		// as engines evict: the span just gets shorter.
+		r.names.del(h)
+		t.who[slot].blocks--
+		t.blocks[b].pins = 0
+		if S.n == 1 {
+			t.prune(sp)
+		} else {
+			S.n--
+			S.end = t.blocks[b-1].key
+			t.release(b, 1)
+		}
+		return bits.OnesCount8(uint8(before & tiers))
+	}
 	if left != before {
 		t.setTiers(b, 1, slot, left)
 	}
@@ -805,8 +822,9 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	}
 	m.reset(len(t.ranks))
 	S := &t.spans[s]
-	for c, b := range &t.sets[S.set].bits {
-		copy(m.cands[c], b)
+	first := &t.sets[S.set]
+	for c := range nClasses {
+		copy(m.cands[c], first.classBits(c))
 		for i, x := range t.retired {
 			if i < len(m.cands[c]) {
 				m.cands[c][i] &^= x
@@ -843,16 +861,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 			key = t.blocks[S.first+hi-S.depth].key
 		}
 		if seq[hi] != key {
-			lo := S.depth // its head matched
-			for hi-lo > 1 {
-				mid := lo + (hi-lo)/2
-				if seq[mid] == t.blocks[S.first+mid-S.depth].key {
-					lo = mid
-				} else {
-					hi = mid
-				}
-			}
-			reached = lo + 1
+			reached = t.diverge(seq, S, hi) + 1
 			break
 		}
 		if hi == last {
@@ -866,7 +875,9 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		}
 		S = &t.spans[c]
 		any := false
-		for k, b := range &t.sets[S.set].bits {
+		set := &t.sets[S.set]
+		for k := range nClasses {
+			b := set.classBits(k)
 			for i, x := range m.cands[k] {
 				var in uint64
 				if i < len(b) {
@@ -917,6 +928,36 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	}
 	clock.lap(phaseEmit)
 	return dst
+}
+
+// classBits returns the set's bit-set words of tier class c.
+func (h *holdSet) classBits(c int) []uint64 { return h.bits[c*h.words : (c+1)*h.words] }
+
+// diverge returns the depth of the last block of span S that seq matches,
+// given that it matches S's first and not depth hi: the probes of a round
+// are independent loads, so that their cache misses overlap.
+func (t *runTree) diverge(seq []uint64, S *span, hi uint32) uint32 {
+	lo := S.depth
+	at := func(d uint32) uint64 { return t.blocks[S.first+d-S.depth].key }
+	for hi-lo > 4 {
+		q := (hi - lo) / 4
+		d1, d2, d3 := lo+q, lo+2*q, lo+3*q
+		k1, k2, k3 := at(d1), at(d2), at(d3)
+		switch {
+		case seq[d3] == k3:
+			lo = d3
+		case seq[d2] == k2:
+			lo, hi = d2, d3
+		case seq[d1] == k1:
+			lo, hi = d1, d2
+		default:
+			hi = d1
+		}
+	}
+	for lo+1 < hi && seq[lo+1] == at(lo+1) {
+		lo++
+	}
+	return lo
 }
 
 // blockCounts sets, in out, how many engine ids each rank holds.
