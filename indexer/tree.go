@@ -56,8 +56,8 @@ type holdSet struct {
 	// match loads them together.
 	bits  []uint64
 	words int
-	refs int32
-	hash uint64
+	refs  int32
+	hash  uint64
 }
 
 // rankHead is what Match reads of a rank (see runTree.heads), apart from
