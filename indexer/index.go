@@ -412,21 +412,22 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 
 // removeWorker drops every rank of worker.
 func (ix *shard) removeWorker(worker uint64) {
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	ix.lock()
-	ix.held = 0
-	ix.tree.removeWorker(worker)
-	ix.unlock()
+	ix.exclusive(func() { ix.tree.removeWorker(worker) })
 }
 
 // removeWorkerRank drops one rank.
 func (ix *shard) removeWorkerRank(wr WorkerRank) {
+	ix.exclusive(func() { ix.tree.removeRank(wr) })
+}
+
+// exclusive runs f, a writer's operation on the tree, in the writers'
+// turn and holding mu (which the tree's steps may yield: see relax).
+func (ix *shard) exclusive(f func()) {
 	ix.write.Lock()
 	defer ix.write.Unlock()
 	ix.lock()
 	ix.held = 0
-	ix.tree.removeRank(wr)
+	f()
 	ix.unlock()
 }
 

@@ -494,14 +494,9 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			if t.tiersIn(S.set, slot) == 0 {
 				last := S.first + S.n - 1
 				for kk := key; ; {
-					h := ev.Blocks[i+k].Hash
-					if _, had := names.get(h); had {
+					if !t.claim(names, slot, ev.Blocks[i+k].Hash, nxt+uint32(k), len(ev.Blocks)-i-k) {
 						break
 					}
-					names.fit(len(ev.Blocks) - i - k)
-					names.put(h, nxt+uint32(k))
-					t.who[slot].blocks++
-					t.blocks[nxt+uint32(k)].pins++
 					prev = kk
 					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
 						break
@@ -524,14 +519,10 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			}
 			first := pend
 			for kk := key; ; {
-				h := ev.Blocks[i+k].Hash
-				if _, had := names.get(h); had {
+				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
+				if !t.claim(names, slot, ev.Blocks[i+k].Hash, first+uint32(k), len(ev.Blocks)-i-k) {
 					break
 				}
-				names.fit(len(ev.Blocks) - i - k)
-				names.put(h, first+uint32(k))
-				t.who[slot].blocks++
-				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock, pins: 1}
 				prev = kk
 				if k++; i+k == len(ev.Blocks) || k == maxStretch {
 					break
@@ -562,6 +553,20 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		t.release(pend, pendN)
 	}
 	return res, nil
+}
+
+// claim makes engine id h of slot, in names, name block b, if h names
+// nothing yet (else it reports false), growing names for left more ids if
+// it is full.
+func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
+	if _, had := names.get(h); had {
+		return false
+	}
+	names.fit(left)
+	names.put(h, b)
+	t.who[slot].blocks++
+	t.blocks[b].pins++
+	return true
 }
 
 // next returns the block with key under block cur (noBlock: a root), or
