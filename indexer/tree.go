@@ -130,14 +130,7 @@ func (t *runTree) intern(es []uint32) uint32 {
 			return id
 		}
 	}
-	var id uint32
-	if n := len(t.freeS); n > 0 {
-		id = t.freeS[n-1]
-		t.freeS = t.freeS[:n-1]
-	} else {
-		t.sets = append(t.sets, holdSet{})
-		id = uint32(len(t.sets) - 1)
-	}
+	id := reuse(&t.sets, &t.freeS)
 	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h}
 	words := int(es[len(es)-1]>>3)/64 + 1
 	set.bits, set.words = make([]uint64, nClasses*words), words
@@ -209,16 +202,22 @@ func (t *runTree) setSpanSet(s uint32, id uint32) {
 }
 
 func (t *runTree) newSpan(sp span) uint32 {
-	var id uint32
-	if n := len(t.free); n > 0 {
-		id = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		t.spans = append(t.spans, span{})
-		id = uint32(len(t.spans) - 1)
-	}
+	id := reuse(&t.spans, &t.free)
 	t.spans[id] = sp
 	return id
+}
+
+// reuse returns the index in s of an element to use: the last of free, if
+// any, taken off it, or a new one appended.
+func reuse[T any](s *[]T, free *[]uint32) uint32 {
+	if n := len(*free); n > 0 {
+		id := (*free)[n-1]
+		*free = (*free)[:n-1]
+		return id
+	}
+	var zero T
+	*s = append(*s, zero)
+	return uint32(len(*s) - 1)
 }
 
 func (t *runTree) relabel(first, n, s uint32) {
