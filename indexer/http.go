@@ -500,7 +500,7 @@ type sizeCollector struct{ set *Set }
 
 var (
 	sizeWorkers = prometheus.NewDesc("kvgate_index_worker_ranks", "Worker ranks holding blocks, per index.", []string{"model", "tenant"}, nil)
-	sizeNodes   = prometheus.NewDesc("kvgate_index_blocks", "Block positions (prefix-tree nodes), per index; a block held by workers of several index shards counts once in each.", []string{"model", "tenant"}, nil)
+	sizeNodes   = prometheus.NewDesc("kvgate_index_blocks", "Blocks in the prefix tree (held, or named by an engine id), per index; a block held by workers of several index shards counts once in each.", []string{"model", "tenant"}, nil)
 	sizeEntries = prometheus.NewDesc("kvgate_index_entries", "(block, worker rank) entries, per index.", []string{"model", "tenant"}, nil)
 	handedRuns  = prometheus.NewDesc("kvgate_index_matches_handed_total", "Matches that found a shard of the index locked by a writer and were run by that writer, per index.", []string{"model", "tenant"}, nil)
 )

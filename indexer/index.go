@@ -163,14 +163,13 @@ const writeChunk = 64
 // one worker rank must be applied in order, as a Set does. The index
 // itself makes the calls that change a shard (Apply, RemoveWorker,
 // RemoveWorkerRank) take turns (see shard.write), so a writer may resize
-// a rank's table of engine ids or grow node tables without the shard's
-// lock.
+// a rank's table of engine ids without the shard's lock.
 //
 // An index is split by worker id into shards, each a whole prefix tree
 // behind its own lock, so that events of workers in different shards apply
 // in parallel: a Set's apply goroutines each feed one shard when the shard
 // count divides theirs. A match walks every shard; a block held by workers
-// of several shards has a node in each.
+// of several shards is in each.
 type Index struct {
 	blockSize int
 	shards    []*shard

@@ -11,7 +11,7 @@ import "math/bits"
 // grown returns the size of an engine id table after growth from size.
 func grown(size int) int { return max(16, size+size/2) }
 
-// mix spreads a key's bits; its top 32 bits are a node's tag.
+// mix spreads a key's bits.
 func mix(k uint64) uint64 {
 	k ^= k >> 32
 	k *= 0xd6e8feb86659fd93
@@ -23,14 +23,14 @@ func mix(k uint64) uint64 {
 // as the id is kept in two 32-bit halves.
 type blockEntry struct {
 	lo, hi uint32 // the engine id's low and high halves
-	node   uint32
+	word   uint32
 }
 
 // engineID returns the entry's engine id (0: an empty slot).
 func (e *blockEntry) engineID() uint64 { return uint64(e.hi)<<32 | uint64(e.lo) }
 
-func newBlockEntry(id uint64, node uint32) blockEntry {
-	return blockEntry{lo: uint32(id), hi: uint32(id >> 32), node: node}
+func newBlockEntry(id uint64, word uint32) blockEntry {
+	return blockEntry{lo: uint32(id), hi: uint32(id >> 32), word: word}
 }
 
 // blockTable is one rank's map from engine id to a word: Robin Hood
@@ -41,7 +41,7 @@ func newBlockEntry(id uint64, node uint32) blockEntry {
 type blockTable struct {
 	tab      []blockEntry
 	n        int // entries in tab
-	zeroNode uint32
+	zeroWord uint32
 	hasZero  bool
 }
 
@@ -106,26 +106,26 @@ func (t *blockTable) slot(id uint64) int {
 // get returns the word of id.
 func (t *blockTable) get(id uint64) (uint32, bool) {
 	if id == 0 {
-		return t.zeroNode, t.hasZero
+		return t.zeroWord, t.hasZero
 	}
 	if i := t.slot(id); i >= 0 {
-		return t.tab[i].node, true
+		return t.tab[i].word, true
 	}
 	return 0, false
 }
 
 // put sets the word of id.
-func (t *blockTable) put(id uint64, node uint32) {
+func (t *blockTable) put(id uint64, word uint32) {
 	if id == 0 {
-		t.zeroNode, t.hasZero = node, true
+		t.zeroWord, t.hasZero = word, true
 		return
 	}
 	if i := t.slot(id); i >= 0 {
-		t.tab[i].node = node
+		t.tab[i].word = word
 		return
 	}
 	t.reserve(1)
-	robinHood(t.tab, newBlockEntry(id, node))
+	robinHood(t.tab, newBlockEntry(id, word))
 	t.n++
 }
 
@@ -209,7 +209,7 @@ func robinHood(tab []blockEntry, e blockEntry) {
 func (t *blockTable) del(id uint64) bool {
 	if id == 0 {
 		had := t.hasZero
-		t.zeroNode, t.hasZero = 0, false
+		t.zeroWord, t.hasZero = 0, false
 		return had
 	}
 	i := t.slot(id)
@@ -251,13 +251,13 @@ func (t *blockTable) ids(dst []uint64) []uint64 {
 }
 
 // each calls f for every entry.
-func (t *blockTable) each(f func(id uint64, node uint32)) {
+func (t *blockTable) each(f func(id uint64, word uint32)) {
 	if t.hasZero {
-		f(0, t.zeroNode)
+		f(0, t.zeroWord)
 	}
 	for _, e := range t.tab {
 		if id := e.engineID(); id != 0 {
-			f(id, e.node)
+			f(id, e.word)
 		}
 	}
 }

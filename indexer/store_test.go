@@ -11,7 +11,7 @@ func TestBlockTable(t *testing.T) {
 	steps := []struct {
 		op  string // put, del, get
 		id  uint64
-		key uint32 // the node id
+		key uint32 // the word
 		ok  bool   // del: was there; get: found
 		n   int    // len after
 	}{

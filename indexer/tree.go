@@ -796,7 +796,6 @@ var classTiers = [nClasses]Tier{TierDevice, TierDevice | TierHost, AllTiers}
 // runMatch is the state of one match on a runTree.
 type runMatch struct {
 	cands [nClasses][]uint64
-	in    [nClasses][]uint64
 	reach [nClasses][]int32 // per slot, where it dropped out of each class
 	all   []uint64
 }
@@ -806,7 +805,6 @@ func (m *runMatch) reset(slots int) {
 	for c := range nClasses {
 		m.cands[c] = slices.Grow(m.cands[c][:0], w)[:w]
 		clear(m.cands[c])
-		m.in[c] = slices.Grow(m.in[c][:0], w)[:w]
 	}
 	for c := range nClasses {
 		m.reach[c] = slices.Grow(m.reach[c][:0], slots)[:slots]
@@ -846,14 +844,9 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		}
 	}
 	clock.lap(phaseStart)
-	dropped := func(d uint32) { // the ranks in m.in drop at depth d
-		for c := range nClasses {
-			for i, x := range m.in[c] {
-				for ; x != 0; x &= x - 1 {
-					m.reach[c][i*64+bits.TrailingZeros64(x)] = int32(d)
-				}
-			}
-		}
+	live := 0 // ranks in cands[classAny]
+	for _, x := range m.cands[classAny] {
+		live += bits.OnesCount64(x)
 	}
 	last := uint32(len(seq) - 1)
 	var reached uint32 // where the ranks still in cands end
@@ -877,25 +870,41 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 			reached = end + 1
 			break
 		}
+		from := &t.sets[S.set]
 		S = &t.spans[c]
-		any := false
-		set := &t.sets[S.set]
-		for k := range nClasses {
-			b := set.classBits(k)
-			for i, x := range m.cands[k] {
-				var in uint64
-				if i < len(b) {
-					in = b[i]
-				}
-				m.in[k][i], m.cands[k][i] = x&^in, x&in
-				if k == classAny && x&in != 0 {
-					any = true
+		if set := &t.sets[S.set]; set != from {
+			// Candidates are within from's ranks: only words where the
+			// two sets differ can drop any.
+			for k := range nClasses {
+				fb, cb := from.classBits(k), set.classBits(k)
+				reach := m.reach[k]
+				for i, x := range m.cands[k] {
+					var f, in uint64
+					if i < len(fb) {
+						f = fb[i]
+					}
+					if i < len(cb) {
+						in = cb[i]
+					}
+					if f == in {
+						continue
+					}
+					d := x &^ in
+					if d == 0 {
+						continue
+					}
+					m.cands[k][i] = x &^ d
+					if k == classAny {
+						live -= bits.OnesCount64(d)
+					}
+					for ; d != 0; d &= d - 1 {
+						reach[i*64+bits.TrailingZeros64(d)] = int32(end + 1)
+					}
 				}
 			}
-		}
-		dropped(end + 1)
-		if !any {
-			break // reached is not read: no rank is left in cands
+			if live == 0 {
+				break // reached is not read: no rank is left in cands
+			}
 		}
 	}
 	clock.lap(phaseWalk)
