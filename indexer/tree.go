@@ -46,6 +46,14 @@ type span struct {
 	kids     uint32 // child spans of the last block
 	set      uint32 // holder set (runTree.sets)
 	end      uint64 // key of the last block
+	// diff lists, as slot<<3|tiers here, the ranks of the parent span's
+	// set whose tiers differ here, when the parent span's set was set
+	// diffFrom of generation diffGen (see refreshDiff): a match crosses
+	// into the span by looking at those ranks only. A stale diff is not
+	// used.
+	diff     []uint32
+	diffFrom uint32
+	diffGen  uint32
 }
 
 // holdSet is an interned set of (slot, tiers), as slot<<3|tiers, sorted.
@@ -58,6 +66,7 @@ type holdSet struct {
 	words int
 	refs  int32
 	hash  uint64
+	gen   uint32 // counts the uses of this id, so that a span's diff can tell
 }
 
 // rankHead is what Match reads of a rank (see runTree.heads), apart from
@@ -131,7 +140,7 @@ func (t *runTree) intern(es []uint32) uint32 {
 		}
 	}
 	id := reuse(&t.sets, &t.freeS)
-	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h}
+	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h, gen: t.sets[id].gen + 1}
 	words := int(es[len(es)-1]>>3)/64 + 1
 	set.bits, set.words = make([]uint64, nClasses*words), words
 	for _, e := range es {
@@ -165,7 +174,7 @@ func (t *runTree) unref(id uint32) {
 	} else {
 		t.setIDs[s.hash] = ids
 	}
-	*s = holdSet{}
+	*s = holdSet{gen: s.gen}
 	t.freeS = append(t.freeS, id)
 }
 
@@ -195,10 +204,94 @@ func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 	return t.intern(t.tmp)
 }
 
-func (t *runTree) setSpanSet(s uint32, id uint32) {
-	old := t.spans[s].set
-	t.spans[s].set = id
+// setSpanSet gives span s the set id, which differs from its set in
+// slot's tiers only, and brings the diffs that depend on it up to date:
+// its own, and that of the child span next in the slab (others go
+// stale: see span.diff).
+func (t *runTree) setSpanSet(s, id, slot uint32) {
+	S := &t.spans[s]
+	old := S.set
+	var child uint32 = noBlock
+	if nb := S.first + S.n; int(nb) < len(t.blocks) {
+		if c := t.blocks[nb].span; c < freeBlock && t.spans[c].parent == nb-1 {
+			child = c
+		}
+	}
+	childFresh := child != noBlock && t.freshDiff(child, old)
+	S.set = id
+	tiers := t.tiersIn(id, slot)
+	if S.parent != noBlock {
+		if p := t.spans[t.blocks[S.parent].span].set; t.freshDiff(s, p) {
+			S.diff = adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers)
+		} else {
+			t.refreshDiff(s)
+		}
+	}
+	if child != noBlock {
+		C := &t.spans[child]
+		if childFresh {
+			C.diff = adjustDiff(C.diff, slot, tiers, t.tiersIn(C.set, slot))
+			C.diffFrom, C.diffGen = id, t.sets[id].gen
+		} else {
+			t.refreshDiff(child)
+		}
+	}
 	t.unref(old)
+}
+
+// freshDiff reports whether span s's diff is from set p, as it is now.
+func (t *runTree) freshDiff(s, p uint32) bool {
+	S := &t.spans[s]
+	return S.diffFrom == p && S.diffGen == t.sets[p].gen
+}
+
+// adjustDiff returns diff with slot's entry for tiers from in the parent
+// span's set and here in the span's.
+func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
+	i, ok := slices.BinarySearchFunc(diff, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	switch {
+	case from == 0 || from == here:
+		if ok {
+			diff = slices.Delete(diff, i, i+1)
+		}
+	case ok:
+		diff[i] = slot<<3 | uint32(here)
+	default:
+		diff = slices.Insert(diff, i, slot<<3|uint32(here))
+	}
+	return diff
+}
+
+// refreshDiff computes span s's diff from its parent span's set.
+func (t *runTree) refreshDiff(s uint32) {
+	S := &t.spans[s]
+	if S.parent == noBlock {
+		S.diff = S.diff[:0]
+		return
+	}
+	p := t.spans[t.blocks[S.parent].span].set
+	S.diffFrom, S.diffGen = p, t.sets[p].gen
+	S.diff = t.diffOf(p, S.set, S.diff[:0])
+}
+
+// diffOf appends to dst, as slot<<3|tiers in set c, the ranks of set p
+// whose tiers in c differ, and returns it.
+func (t *runTree) diffOf(p, c uint32, dst []uint32) []uint32 {
+	pe, ce := t.sets[p].elems, t.sets[c].elems
+	j := 0
+	for _, e := range pe {
+		for j < len(ce) && ce[j]>>3 < e>>3 {
+			j++
+		}
+		here := e >> 3 << 3 // not in c: tiers 0
+		if j < len(ce) && ce[j]>>3 == e>>3 {
+			here = ce[j]
+		}
+		if here != e {
+			dst = append(dst, here)
+		}
+	}
+	return dst
 }
 
 func (t *runTree) newSpan(sp span) uint32 {
@@ -232,15 +325,18 @@ func (t *runTree) split(s, k uint32) {
 	S := t.spans[s]
 	t.ref(S.set)
 	if k <= S.n-k {
-		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks[S.first+k-1].key})
+		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks[S.first+k-1].key,
+			diff: S.diff, diffFrom: S.diffFrom, diffGen: S.diffGen})
 		t.relabel(S.first, k, ns)
 		t.heads.put(t.blocks[S.first].key, ns)
 		p := &t.spans[s]
 		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
+		p.diff, p.diffFrom, p.diffGen = nil, S.set, t.sets[S.set].gen // its parent has its set
 		t.heads.put(t.blocks[p.first].key, s)
 		return
 	}
-	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end})
+	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end,
+		diffFrom: S.set, diffGen: t.sets[S.set].gen})
 	t.relabel(S.first+k, S.n-k, ns)
 	t.heads.put(t.blocks[S.first+k].key, ns)
 	p := &t.spans[s]
@@ -266,6 +362,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.heads.put(t.blocks[A.first].key, b)
 	p := &t.spans[b]
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
+	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
 	p.n += A.n
 	t.free = append(t.free, a)
 	return b
@@ -370,7 +467,7 @@ func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
 		return
 	}
 	s = t.isolate(b, k)
-	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers))
+	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers), slot)
 	t.tidy(s)
 }
 
@@ -652,6 +749,7 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 	ns := t.newSpan(span{first: first, n: k, depth: depth, parent: cur, set: set, end: end})
 	t.relabel(first, k, ns)
 	t.heads.put(t.blocks[first].key, ns)
+	t.refreshDiff(ns)
 }
 
 // add makes a new block with key under block cur (noBlock: a root) and
@@ -682,6 +780,7 @@ func (t *runTree) add(cur uint32, key, local uint64) uint32 {
 	ns := t.newSpan(span{first: b, n: 1, depth: depth, parent: cur, end: key})
 	t.blocks[b].span = ns
 	t.heads.put(key, ns)
+	t.refreshDiff(ns)
 	return b
 }
 
@@ -870,8 +969,36 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 			reached = end + 1
 			break
 		}
-		from := &t.sets[S.set]
+		fromID := S.set
+		from := &t.sets[fromID]
 		S = &t.spans[c]
+		if S.set == fromID {
+			continue
+		}
+		if S.diffFrom == fromID && S.diffGen == from.gen && len(S.diff) <= 2*len(m.cands[classAny]) {
+			// The ranks whose tiers differ here, and only they: fewer
+			// than the bit sets' words.
+			for _, e := range S.diff {
+				s, here := e>>3, tiersOfElem(e)
+				i, bit := s>>6, uint64(1)<<(s&63)
+				if int(i) >= len(m.cands[classAny]) {
+					continue
+				}
+				for k := range nClasses {
+					if here&classTiers[k] == 0 && m.cands[k][i]&bit != 0 {
+						m.cands[k][i] &^= bit
+						m.reach[k][s] = int32(end + 1)
+						if k == classAny {
+							live--
+						}
+					}
+				}
+			}
+			if live == 0 {
+				break
+			}
+			continue
+		}
 		if set := &t.sets[S.set]; set != from {
 			// Candidates are within from's ranks: only words where the
 			// two sets differ can drop any.

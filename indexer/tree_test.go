@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -49,6 +50,12 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 			t.Fatalf("span %d has no holders, no kids and its last block no engine id", s)
 		}
 		if S.parent != noBlock {
+			ps := tr.spans[tr.blocks[S.parent].span].set
+			if S.diffFrom == ps && S.diffGen == tr.sets[ps].gen {
+				if want := tr.diffOf(ps, S.set, nil); !slices.Equal(S.diff, want) {
+					t.Fatalf("span %d: diff %v from set %d, want %v", s, S.diff, ps, want)
+				}
+			}
 			kids[tr.blocks[S.parent].span]++
 			P := tr.spans[tr.blocks[S.parent].span]
 			if P.first+P.n-1 != S.parent {
