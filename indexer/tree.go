@@ -222,7 +222,9 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 	tiers := t.tiersIn(id, slot)
 	if S.parent != noBlock {
 		if p := t.spans[t.blocks[S.parent].span].set; t.freshDiff(s, p) {
-			S.diff = adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers)
+			if S.diff = adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers); len(S.diff) > t.diffCap() {
+				S.diff, S.diffFrom = nil, noBlock
+			}
 		} else {
 			t.refreshDiff(s)
 		}
@@ -232,6 +234,9 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 		if childFresh {
 			C.diff = adjustDiff(C.diff, slot, tiers, t.tiersIn(C.set, slot))
 			C.diffFrom, C.diffGen = id, t.sets[id].gen
+			if len(C.diff) > t.diffCap() {
+				C.diff, C.diffFrom = nil, noBlock
+			}
 		} else {
 			t.refreshDiff(child)
 		}
@@ -262,17 +267,25 @@ func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
 	return diff
 }
 
-// refreshDiff computes span s's diff from its parent span's set.
+// refreshDiff computes span s's diff from its parent span's set, or
+// leaves it stale if it would be longer than matches use (see diffCap).
 func (t *runTree) refreshDiff(s uint32) {
 	S := &t.spans[s]
+	S.diff = S.diff[:0]
 	if S.parent == noBlock {
-		S.diff = S.diff[:0]
 		return
 	}
 	p := t.spans[t.blocks[S.parent].span].set
-	S.diffFrom, S.diffGen = p, t.sets[p].gen
-	S.diff = t.diffOf(p, S.set, S.diff[:0])
+	if d := t.diffOf(p, S.set, S.diff); len(d) <= t.diffCap() {
+		S.diff, S.diffFrom, S.diffGen = d, p, t.sets[p].gen
+	} else {
+		S.diff, S.diffFrom = nil, noBlock
+	}
 }
+
+// diffCap is the longest diff a match crosses a span by (see match): two
+// per bit-set word of the ranks' slots. Longer ones are not kept.
+func (t *runTree) diffCap() int { return 2 * ((len(t.ranks) + 63) / 64) }
 
 // diffOf appends to dst, as slot<<3|tiers in set c, the ranks of set p
 // whose tiers in c differ, and returns it.
