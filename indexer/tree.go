@@ -14,11 +14,13 @@ import (
 // become equal and their ids follow on. A match looks up a span by the
 // key (sequence hash) of its first block, crosses it with one comparison
 // of the prompt's key at the span's end with the span's last (keys chain,
-// so equal last keys mean equal prefixes), intersects its candidates with
-// the next span's holders a bit-set word at a time, and looks up the next
-// span: a few dependent loads per span, whatever its length. Blocks live
-// by value in one slab, free ranges of it reused; nothing in the tree
-// holds a Go pointer but the holder sets' slices.
+// so equal last keys mean equal prefixes), drops the candidates that the
+// next span's holders lack (by the span's short list of ranks whose tiers
+// differ from its parent's, or word by word where the two sets differ),
+// and looks up the next span: a few dependent loads per span, whatever
+// its length. Blocks live by value in one slab, free ranges of it reused;
+// nothing in the tree holds a Go pointer but the holder sets' slices and
+// the spans' lists.
 
 const noBlock = ^uint32(0)
 
@@ -69,7 +71,7 @@ type holdSet struct {
 	gen   uint32 // counts the uses of this id, so that a span's diff can tell
 }
 
-// rankHead is what Match reads of a rank (see runTree.heads), apart from
+// rankHead is what Match reads of a rank (see runTree.who), apart from
 // rankInfo, so that a match reading hundreds of them reads little.
 type rankHead struct {
 	wr     WorkerRank
@@ -87,11 +89,11 @@ type rankInfo struct {
 type runTree struct {
 	blocks []blockRec
 	spans  []span
-	free   []uint32 // free span ids
-	heads  headTable
+	free   []uint32  // free span ids
+	heads  headTable // key of a span's first block -> span
 	sets   []holdSet
 	setIDs map[uint64][]uint32 // hash -> ids
-	freeS  []uint32
+	freeS  []uint32            // free set ids
 	// freeHead heads, per size class (floor log2 of the length), a
 	// doubly linked list of free ranges of blocks (see release).
 	freeHead [32]uint32
@@ -105,7 +107,7 @@ type runTree struct {
 	// the tree is whole, with the blocks the step applied.
 	yield  func(blocks int)
 	slotOf map[WorkerRank]uint32
-	tmp    []uint32
+	tmp    []uint32 // with's scratch
 }
 
 func newRunTree() *runTree {
