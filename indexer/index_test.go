@@ -482,8 +482,8 @@ func TestOrphanLinks(t *testing.T) {
 			ix.RemoveWorker(1)
 			ix.RemoveWorker(2)
 			checkInvariants(t, ix)
-			if tr := ix.shards[0].tree; tr.live != 0 || len(tr.blocks) != 0 || tr.heads.len() != 0 || len(tr.spans) != len(tr.free) {
-				t.Fatalf("emptied index: %d live blocks of %d, %d heads, %d spans of %d free", tr.live, len(tr.blocks), tr.heads.len(), len(tr.free), len(tr.spans))
+			if tr := ix.shards[0].tree; tr.live != 0 || tr.blocks.len() != 0 || tr.heads.len() != 0 || len(tr.spans) != len(tr.free) {
+				t.Fatalf("emptied index: %d live blocks of %d, %d heads, %d spans of %d free", tr.live, tr.blocks.len(), tr.heads.len(), len(tr.free), len(tr.spans))
 			}
 		})
 	}

@@ -87,7 +87,7 @@ type rankInfo struct {
 
 // runTree is the tree of one shard.
 type runTree struct {
-	blocks []blockRec
+	blocks blockSlab
 	spans  []span
 	free   []uint32  // free span ids
 	heads  headTable // key of a span's first block -> span
@@ -214,8 +214,8 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 	S := &t.spans[s]
 	old := S.set
 	var child uint32 = noBlock
-	if nb := S.first + S.n; int(nb) < len(t.blocks) {
-		if c := t.blocks[nb].span; c < freeBlock && t.spans[c].parent == nb-1 {
+	if nb := S.first + S.n; int(nb) < t.blocks.len() {
+		if c := t.blocks.at(nb).span; c < freeBlock && t.spans[c].parent == nb-1 {
 			child = c
 		}
 	}
@@ -223,7 +223,7 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 	S.set = id
 	tiers := t.tiersIn(id, slot)
 	if S.parent != noBlock {
-		if p := t.spans[t.blocks[S.parent].span].set; t.freshDiff(s, p) {
+		if p := t.spans[t.blocks.at(S.parent).span].set; t.freshDiff(s, p) {
 			if S.diff = adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers); len(S.diff) > t.diffCap() {
 				S.diff, S.diffFrom = nil, noBlock
 			}
@@ -277,7 +277,7 @@ func (t *runTree) refreshDiff(s uint32) {
 	if S.parent == noBlock {
 		return
 	}
-	p := t.spans[t.blocks[S.parent].span].set
+	p := t.spans[t.blocks.at(S.parent).span].set
 	if d := t.diffOf(p, S.set, S.diff); len(d) <= t.diffCap() {
 		S.diff, S.diffFrom, S.diffGen = d, p, t.sets[p].gen
 	} else {
@@ -330,7 +330,7 @@ func reuse[T any](s *[]T, free *[]uint32) uint32 {
 
 func (t *runTree) relabel(first, n, s uint32) {
 	for b := first; b < first+n; b++ {
-		t.blocks[b].span = s
+		t.blocks.at(b).span = s
 	}
 }
 
@@ -340,22 +340,22 @@ func (t *runTree) split(s, k uint32) {
 	S := t.spans[s]
 	t.ref(S.set)
 	if k <= S.n-k {
-		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks[S.first+k-1].key,
+		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks.at(S.first + k - 1).key,
 			diff: S.diff, diffFrom: S.diffFrom, diffGen: S.diffGen})
 		t.relabel(S.first, k, ns)
-		t.heads.put(t.blocks[S.first].key, ns)
+		t.heads.put(t.blocks.at(S.first).key, ns)
 		p := &t.spans[s]
 		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
 		p.diff, p.diffFrom, p.diffGen = nil, S.set, t.sets[S.set].gen // its parent has its set
-		t.heads.put(t.blocks[p.first].key, s)
+		t.heads.put(t.blocks.at(p.first).key, s)
 		return
 	}
 	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end,
 		diffFrom: S.set, diffGen: t.sets[S.set].gen})
 	t.relabel(S.first+k, S.n-k, ns)
-	t.heads.put(t.blocks[S.first+k].key, ns)
+	t.heads.put(t.blocks.at(S.first+k).key, ns)
 	p := &t.spans[s]
-	p.n, p.kids, p.end = k, 1, t.blocks[S.first+k-1].key
+	p.n, p.kids, p.end = k, 1, t.blocks.at(S.first+k-1).key
 }
 
 // merge joins b, the only child span of a, with a consecutive ids and
@@ -365,7 +365,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.unref(B.set)
 	if B.n <= A.n {
 		t.relabel(B.first, B.n, a)
-		t.heads.del(t.blocks[B.first].key)
+		t.heads.del(t.blocks.at(B.first).key)
 		p := &t.spans[a]
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
@@ -373,8 +373,8 @@ func (t *runTree) merge(a, b uint32) uint32 {
 		return a
 	}
 	t.relabel(A.first, A.n, b)
-	t.heads.del(t.blocks[B.first].key)
-	t.heads.put(t.blocks[A.first].key, b)
+	t.heads.del(t.blocks.at(B.first).key)
+	t.heads.put(t.blocks.at(A.first).key, b)
 	p := &t.spans[b]
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
 	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
@@ -392,8 +392,8 @@ func (t *runTree) tidy(s uint32) {
 		return
 	}
 	if S.kids == 1 {
-		if nb := S.first + S.n; int(nb) < len(t.blocks) {
-			if c := t.blocks[nb].span; c < freeBlock {
+		if nb := S.first + S.n; int(nb) < t.blocks.len() {
+			if c := t.blocks.at(nb).span; c < freeBlock {
 				C := &t.spans[c]
 				if C.first == nb && C.parent == nb-1 && C.set == S.set {
 					s = t.merge(s, c)
@@ -403,7 +403,7 @@ func (t *runTree) tidy(s uint32) {
 		}
 	}
 	if pb := S.parent; pb != noBlock && pb+1 == S.first {
-		ps := t.blocks[pb].span
+		ps := t.blocks.at(pb).span
 		P := &t.spans[ps]
 		if P.first+P.n-1 == pb && P.kids == 1 && P.set == S.set {
 			t.merge(ps, s)
@@ -418,18 +418,18 @@ func (t *runTree) prune(s uint32) {
 	for {
 		S := t.spans[s]
 		k := S.n
-		for k > 0 && t.blocks[S.first+k-1].pins == 0 {
+		for k > 0 && t.blocks.at(S.first+k-1).pins == 0 {
 			k--
 		}
 		if k > 0 {
 			if k < S.n {
 				t.release(S.first+k, S.n-k)
 				p := &t.spans[s]
-				p.n, p.end = k, t.blocks[S.first+k-1].key
+				p.n, p.end = k, t.blocks.at(S.first+k-1).key
 			}
 			return
 		}
-		t.heads.del(t.blocks[S.first].key)
+		t.heads.del(t.blocks.at(S.first).key)
 		t.release(S.first, S.n)
 		t.unref(S.set)
 		t.spans[s] = span{}
@@ -437,7 +437,7 @@ func (t *runTree) prune(s uint32) {
 		if S.parent == noBlock {
 			return
 		}
-		s = t.blocks[S.parent].span
+		s = t.blocks.at(S.parent).span
 		P := &t.spans[s]
 		P.kids--
 		if P.kids > 0 || P.set != 0 {
@@ -462,22 +462,22 @@ func (t *runTree) step(n int) {
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
 func (t *runTree) isolate(b, k uint32) uint32 {
-	s := t.blocks[b].span
+	s := t.blocks.at(b).span
 	S := t.spans[s]
 	o := b - S.first
 	if o+k < S.n {
 		t.split(s, o+k)
 	}
 	if o > 0 {
-		t.split(t.blocks[b].span, o)
+		t.split(t.blocks.at(b).span, o)
 	}
-	return t.blocks[b].span
+	return t.blocks.at(b).span
 }
 
 // setTiers makes slot hold blocks b..b+k-1 (in one span) on exactly
 // tiers.
 func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
-	s := t.blocks[b].span
+	s := t.blocks.at(b).span
 	if t.tiersIn(t.spans[s].set, slot) == tiers {
 		return
 	}
@@ -487,7 +487,7 @@ func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
 }
 
 func (t *runTree) depthOf(b uint32) uint32 {
-	S := &t.spans[t.blocks[b].span]
+	S := &t.spans[t.blocks.at(b).span]
 	return S.depth + b - S.first
 }
 
@@ -511,13 +511,13 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 
 // blockTiers returns the tiers slot holds block b on.
 func (t *runTree) blockTiers(slot, b uint32) Tier {
-	return t.tiersIn(t.spans[t.blocks[b].span].set, slot)
+	return t.tiersIn(t.spans[t.blocks.at(b).span].set, slot)
 }
 
 // unpin drops an engine id's pin of block b.
 func (t *runTree) unpin(b uint32) {
-	if t.blocks[b].pins--; t.blocks[b].pins == 0 {
-		if s := t.blocks[b].span; t.spans[s].set == 0 && t.spans[s].kids == 0 {
+	if t.blocks.at(b).pins--; t.blocks.at(b).pins == 0 {
+		if s := t.blocks.at(b).span; t.spans[s].set == 0 && t.spans[s].kids == 0 {
 			t.prune(s)
 		}
 	}
@@ -532,21 +532,21 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	if !ok {
 		return 0
 	}
-	sp := t.blocks[b].span
+	sp := t.blocks.at(b).span
 	S := &t.spans[sp]
 	before := t.tiersIn(S.set, slot)
 	left := before &^ tiers
-	if left == 0 && before != 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks[b].pins == 1 && len(t.sets[S.set].elems) == 1 {
+	if left == 0 && before != 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks.at(b).pins == 1 && len(t.sets[S.set].elems) == 1 {
 		// The tail of a chain only this rank holds, by this name alone,
 		// as engines evict: the span just gets shorter.
 		r.names.del(h)
 		t.who[slot].blocks--
-		t.blocks[b].pins = 0
+		t.blocks.at(b).pins = 0
 		if S.n == 1 {
 			t.prune(sp)
 		} else {
 			S.n--
-			S.end = t.blocks[b-1].key
+			S.end = t.blocks.at(b - 1).key
 			t.release(b, 1)
 		}
 		return bits.OnesCount8(uint8(before & tiers))
@@ -566,7 +566,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 // does not hold yet, under engine ids it does not use, are held a span at
 // a time; other blocks one by one (see storeOne).
 func (t *runTree) store(ev Event) (ApplyResult, error) {
-	if len(t.blocks)+len(ev.Blocks) > 1<<31 {
+	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
 	slot, known := t.slotOf[ev.Worker]
@@ -580,7 +580,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if !ok {
 			return ApplyResult{}, ErrUnknownParent
 		}
-		cur, prev = b, t.blocks[b].key
+		cur, prev = b, t.blocks.at(b).key
 	}
 	if !known {
 		slot = t.rank(ev.Worker)
@@ -601,7 +601,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		k := 0
 		if nxt != noBlock {
 			// Along nxt's span, while the rank holds none of it.
-			S := &t.spans[t.blocks[nxt].span]
+			S := &t.spans[t.blocks.at(nxt).span]
 			if t.tiersIn(S.set, slot) == 0 {
 				last := S.first + S.n - 1
 				for kk := key; ; {
@@ -612,7 +612,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
 						break
 					}
-					if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks[nxt+uint32(k)].key != kk {
+					if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks.at(nxt+uint32(k)).key != kk {
 						break
 					}
 				}
@@ -630,7 +630,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			}
 			first := pend
 			for kk := key; ; {
-				t.blocks[first+uint32(k)] = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
+				*t.blocks.at(first + uint32(k)) = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
 				if !t.claim(names, slot, ev.Blocks[i+k].Hash, first+uint32(k), len(ev.Blocks)-i-k) {
 					break
 				}
@@ -676,7 +676,7 @@ func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left
 	names.fit(left)
 	names.put(h, b)
 	t.who[slot].blocks++
-	t.blocks[b].pins++
+	t.blocks.at(b).pins++
 	return true
 }
 
@@ -689,9 +689,9 @@ func (t *runTree) next(cur uint32, key uint64) uint32 {
 		}
 		return noBlock
 	}
-	S := &t.spans[t.blocks[cur].span]
+	S := &t.spans[t.blocks.at(cur).span]
 	if cur != S.first+S.n-1 {
-		if t.blocks[cur+1].key == key {
+		if t.blocks.at(cur+1).key == key {
 			return cur + 1
 		}
 		return noBlock
@@ -719,15 +719,15 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 		// The engine reused an id for other content: the old block is
 		// gone. (nxt, and cur, its parent, stay: cur has nxt as child,
 		// and nxt is pinned or held, or is new and held below.)
-		t.blocks[nxt].pins++ // keeps a new nxt through the detach
+		t.blocks.at(nxt).pins++ // keeps a new nxt through the detach
 		removed = t.detach(slot, bl.Hash, AllTiers)
-		t.blocks[nxt].pins--
+		t.blocks.at(nxt).pins--
 		had = false
 	}
 	if !had {
 		r.names.put(bl.Hash, nxt)
 		t.who[slot].blocks++
-		t.blocks[nxt].pins++
+		t.blocks.at(nxt).pins++
 	}
 	added := 0
 	if before := t.blockTiers(slot, nxt); before&tier == 0 {
@@ -742,13 +742,13 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 // them where it can.
 func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 	set := t.with(0, slot, tier)
-	end := t.blocks[first+k-1].key
+	end := t.blocks.at(first + k - 1).key
 	depth := uint32(0)
 	if cur != noBlock {
-		s := t.blocks[cur].span
+		s := t.blocks.at(cur).span
 		if S := &t.spans[s]; cur != S.first+S.n-1 {
 			t.split(s, cur-S.first+1)
-			s = t.blocks[cur].span
+			s = t.blocks.at(cur).span
 		}
 		S := &t.spans[s]
 		if S.kids == 0 && S.first+S.n == first && S.set == set {
@@ -763,7 +763,7 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 	}
 	ns := t.newSpan(span{first: first, n: k, depth: depth, parent: cur, set: set, end: end})
 	t.relabel(first, k, ns)
-	t.heads.put(t.blocks[first].key, ns)
+	t.heads.put(t.blocks.at(first).key, ns)
 	t.refreshDiff(ns)
 }
 
@@ -771,19 +771,19 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 // returns its id; nobody holds it yet.
 func (t *runTree) add(cur uint32, key, local uint64) uint32 {
 	b := t.alloc(1)
-	t.blocks[b] = blockRec{key: key, local: local, span: noBlock}
+	*t.blocks.at(b) = blockRec{key: key, local: local, span: noBlock}
 	if cur != noBlock {
-		s := t.blocks[cur].span
+		s := t.blocks.at(cur).span
 		S := &t.spans[s]
 		if cur != S.first+S.n-1 {
 			t.split(s, cur-S.first+1)
 		}
-		s = t.blocks[cur].span
+		s = t.blocks.at(cur).span
 		S = &t.spans[s]
 		if S.kids == 0 && S.first+S.n == b && S.set == 0 {
 			S.n++
 			S.end = key
-			t.blocks[b].span = s
+			t.blocks.at(b).span = s
 			return b
 		}
 		S.kids++
@@ -793,7 +793,7 @@ func (t *runTree) add(cur uint32, key, local uint64) uint32 {
 		depth = t.depthOf(cur) + 1
 	}
 	ns := t.newSpan(span{first: b, n: 1, depth: depth, parent: cur, end: key})
-	t.blocks[b].span = ns
+	t.blocks.at(b).span = ns
 	t.heads.put(key, ns)
 	t.refreshDiff(ns)
 	return b
@@ -969,7 +969,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		hi := min(end, last)
 		key := S.end
 		if hi != end {
-			key = t.blocks[S.first+hi-S.depth].key
+			key = t.blocks.at(S.first + hi - S.depth).key
 		}
 		if seq[hi] != key {
 			reached = t.diverge(seq, S, hi) + 1
@@ -1093,7 +1093,7 @@ func (h *holdSet) classBits(c int) []uint64 { return h.bits[c*h.words : (c+1)*h.
 // are independent loads, so that their cache misses overlap.
 func (t *runTree) diverge(seq []uint64, S *span, hi uint32) uint32 {
 	lo := S.depth
-	at := func(d uint32) uint64 { return t.blocks[S.first+d-S.depth].key }
+	at := func(d uint32) uint64 { return t.blocks.at(S.first + d - S.depth).key }
 	for hi-lo > 4 {
 		q := (hi - lo) / 4
 		d1, d2, d3 := lo+q, lo+2*q, lo+3*q
@@ -1135,14 +1135,14 @@ func (t *runTree) alloc(k uint32) uint32 {
 		if a == noBlock {
 			continue
 		}
-		n := uint32(t.blocks[a].key)
+		n := uint32(t.blocks.at(a).key)
 		if n < k {
 			continue // only in k's own class; longer ones are above
 		}
 		t.unlinkFree(a, n)
 		t.live += int(k)
 		for b := a; b < a+k; b++ {
-			t.blocks[b].span = noBlock
+			t.blocks.at(b).span = noBlock
 		}
 		if n > k {
 			t.linkFree(a+k, n-k)
@@ -1150,10 +1150,9 @@ func (t *runTree) alloc(k uint32) uint32 {
 		return a
 	}
 	t.live += int(k)
-	a := uint32(len(t.blocks))
-	t.blocks = slices.Grow(t.blocks, int(k))[:int(a+k)]
+	a := t.blocks.grow(k)
 	for b := a; b < a+k; b++ {
-		t.blocks[b] = blockRec{span: noBlock}
+		*t.blocks.at(b) = blockRec{span: noBlock}
 	}
 	return a
 }
@@ -1164,20 +1163,20 @@ func (t *runTree) alloc(k uint32) uint32 {
 func (t *runTree) release(a, n uint32) {
 	t.live -= int(n)
 	for b := a; b < a+n; b++ {
-		t.blocks[b] = blockRec{span: freeBlock}
+		*t.blocks.at(b) = blockRec{span: freeBlock}
 	}
-	if a > 0 && t.blocks[a-1].span == freeBlock {
-		l := uint32(t.blocks[a-1].key) // the left range's last block holds its length
+	if a > 0 && t.blocks.at(a-1).span == freeBlock {
+		l := uint32(t.blocks.at(a - 1).key) // the left range's last block holds its length
 		t.unlinkFree(a-l, l)
 		a, n = a-l, n+l
 	}
-	if e := a + n; int(e) < len(t.blocks) && t.blocks[e].span == freeBlock {
-		r := uint32(t.blocks[e].key)
+	if e := a + n; int(e) < t.blocks.len() && t.blocks.at(e).span == freeBlock {
+		r := uint32(t.blocks.at(e).key)
 		t.unlinkFree(e, r)
 		n += r
 	}
-	if int(a+n) == len(t.blocks) {
-		t.blocks = t.blocks[:a]
+	if int(a+n) == t.blocks.len() {
+		t.blocks.n = a
 		return
 	}
 	t.linkFree(a, n)
@@ -1189,19 +1188,19 @@ func (t *runTree) release(a, n uint32) {
 func (t *runTree) linkFree(a, n uint32) {
 	c := freeClass(n)
 	next := t.freeHead[c]
-	t.blocks[a] = blockRec{key: uint64(n), local: uint64(noBlock)<<32 | uint64(next), span: freeBlock}
-	t.blocks[a+n-1].key, t.blocks[a+n-1].span = uint64(n), freeBlock
+	*t.blocks.at(a) = blockRec{key: uint64(n), local: uint64(noBlock)<<32 | uint64(next), span: freeBlock}
+	t.blocks.at(a+n-1).key, t.blocks.at(a+n-1).span = uint64(n), freeBlock
 	if next != noBlock {
 		t.setFreeLinks(next, a, t.freeNext(next))
 	}
 	t.freeHead[c] = a
 }
 
-func (t *runTree) freePrev(a uint32) uint32 { return uint32(t.blocks[a].local >> 32) }
-func (t *runTree) freeNext(a uint32) uint32 { return uint32(t.blocks[a].local) }
+func (t *runTree) freePrev(a uint32) uint32 { return uint32(t.blocks.at(a).local >> 32) }
+func (t *runTree) freeNext(a uint32) uint32 { return uint32(t.blocks.at(a).local) }
 
 func (t *runTree) setFreeLinks(a, prev, next uint32) {
-	t.blocks[a].local = uint64(prev)<<32 | uint64(next)
+	t.blocks.at(a).local = uint64(prev)<<32 | uint64(next)
 }
 
 // unlinkFree takes the free range a..a+n-1 off its list.
@@ -1284,7 +1283,7 @@ func (t *runTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 		return dst
 	}
 	t.ranks[slot].names.each(func(h uint64, x uint32) {
-		b := &t.blocks[x]
+		b := t.blocks.at(x)
 		S := &t.spans[b.span]
 		tiers := t.tiersIn(S.set, slot)
 		if tiers == 0 {
@@ -1292,11 +1291,37 @@ func (t *runTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 		}
 		parent := uint64(0)
 		if x != S.first {
-			parent = t.blocks[x-1].key
+			parent = t.blocks.at(x - 1).key
 		} else if S.parent != noBlock {
-			parent = t.blocks[S.parent].key
+			parent = t.blocks.at(S.parent).key
 		}
 		dst = append(dst, dumpRec{hash: h, key: b.key, local: b.local, parent: parent, tiers: tiers, depth: -2})
 	})
 	return dst
+}
+
+// slabBits sets the blocks per chunk of a blockSlab: 1<<14, 384 KB.
+const slabBits = 14
+
+// blockSlab holds a tree's blocks by value, in chunks that never move, so
+// that growing it copies nothing (under the lock, a copy of a large tree's
+// blocks held matches up for milliseconds).
+type blockSlab struct {
+	chunks [][]blockRec // each of 1<<slabBits blocks
+	n      uint32       // ids below n are in use or free (see release)
+}
+
+// at returns block b, which must be below n.
+func (s *blockSlab) at(b uint32) *blockRec { return &s.chunks[b>>slabBits][b&(1<<slabBits-1)] }
+
+func (s *blockSlab) len() int { return int(s.n) }
+
+// grow makes k more ids usable and returns the first.
+func (s *blockSlab) grow(k uint32) uint32 {
+	a := s.n
+	for uint64(a)+uint64(k) > uint64(len(s.chunks))<<slabBits {
+		s.chunks = append(s.chunks, make([]blockRec, 1<<slabBits))
+	}
+	s.n += k
+	return a
 }

@@ -36,28 +36,28 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 		S := tr.spans[s]
 		refs[S.set]++
 		for b := S.first; b < S.first+S.n; b++ {
-			if tr.blocks[b].span != uint32(s) {
-				t.Fatalf("block %d names span %d, is in %d", b, tr.blocks[b].span, s)
+			if tr.blocks.at(b).span != uint32(s) {
+				t.Fatalf("block %d names span %d, is in %d", b, tr.blocks.at(b).span, s)
 			}
 		}
-		if got, _ := tr.heads.get(tr.blocks[S.first].key); got != uint32(s) {
+		if got, _ := tr.heads.get(tr.blocks.at(S.first).key); got != uint32(s) {
 			t.Fatalf("head of span %d names %d", s, got)
 		}
-		if tr.blocks[S.first+S.n-1].key != S.end {
+		if tr.blocks.at(S.first+S.n-1).key != S.end {
 			t.Fatalf("span %d end key", s)
 		}
-		if S.set == 0 && S.kids == 0 && tr.blocks[S.first+S.n-1].pins == 0 {
+		if S.set == 0 && S.kids == 0 && tr.blocks.at(S.first+S.n-1).pins == 0 {
 			t.Fatalf("span %d has no holders, no kids and its last block no engine id", s)
 		}
 		if S.parent != noBlock {
-			ps := tr.spans[tr.blocks[S.parent].span].set
+			ps := tr.spans[tr.blocks.at(S.parent).span].set
 			if S.diffFrom == ps && S.diffGen == tr.sets[ps].gen {
 				if want := tr.diffOf(ps, S.set, nil); !slices.Equal(S.diff, want) {
 					t.Fatalf("span %d: diff %v from set %d, want %v", s, S.diff, ps, want)
 				}
 			}
-			kids[tr.blocks[S.parent].span]++
-			P := tr.spans[tr.blocks[S.parent].span]
+			kids[tr.blocks.at(S.parent).span]++
+			P := tr.spans[tr.blocks.at(S.parent).span]
 			if P.first+P.n-1 != S.parent {
 				t.Fatalf("span %d's parent %d is not the end of its span", s, S.parent)
 			}
@@ -85,15 +85,15 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 	pins := make(map[uint32]uint32)
 	for _, r := range tr.ranks {
 		r.names.each(func(_ uint64, b uint32) {
-			if tr.blocks[b].span >= freeBlock {
+			if tr.blocks.at(b).span >= freeBlock {
 				t.Fatalf("an engine id of %v names free block %d", r.wr, b)
 			}
 			pins[b]++
 		})
 	}
-	for b := range tr.blocks {
-		if tr.blocks[b].span < freeBlock && tr.blocks[b].pins != pins[uint32(b)] {
-			t.Fatalf("block %d has %d pins, %d engine ids name it", b, tr.blocks[b].pins, pins[uint32(b)])
+	for b := range tr.blocks.n {
+		if tr.blocks.at(b).span < freeBlock && tr.blocks.at(b).pins != pins[uint32(b)] {
+			t.Fatalf("block %d has %d pins, %d engine ids name it", b, tr.blocks.at(b).pins, pins[uint32(b)])
 		}
 	}
 	if tr.heads.len() != len(tr.spans)-len(tr.free) {
@@ -141,7 +141,7 @@ func checkFreeBlocks(t fatalHelper, tr *runTree) {
 	for c, a := range tr.freeHead {
 		prev := noBlock
 		for ; a != noBlock; a = tr.freeNext(a) {
-			n := uint32(tr.blocks[a].key)
+			n := uint32(tr.blocks.at(a).key)
 			if freeClass(n) != c {
 				t.Fatalf("free range %d of %d blocks in list %d", a, n, c)
 			}
@@ -155,36 +155,89 @@ func checkFreeBlocks(t fatalHelper, tr *runTree) {
 			prev = a
 		}
 	}
-	for b := 0; b < len(tr.blocks); {
-		if tr.blocks[b].span != freeBlock {
-			if tr.blocks[b].span == noBlock {
+	for b := uint32(0); b < tr.blocks.n; {
+		if tr.blocks.at(b).span != freeBlock {
+			if tr.blocks.at(b).span == noBlock {
 				t.Fatalf("block %d is neither free nor in a span", b)
 			}
 			b++
 			continue
 		}
-		n, ok := listed[uint32(b)]
+		n, ok := listed[b]
 		if !ok {
 			t.Fatalf("free block %d starts no listed range", b)
 		}
-		delete(listed, uint32(b))
+		delete(listed, b)
 		for i := uint32(0); i < n; i++ {
-			if tr.blocks[b+int(i)].span != freeBlock {
-				t.Fatalf("block %d of free range %d is not free", b+int(i), b)
+			if tr.blocks.at(b+i).span != freeBlock {
+				t.Fatalf("block %d of free range %d is not free", b+i, b)
 			}
 		}
-		if uint32(tr.blocks[b+int(n)-1].key) != n {
-			t.Fatalf("free range %d: last block says %d blocks, want %d", b, tr.blocks[b+int(n)-1].key, n)
+		if uint32(tr.blocks.at(b+n-1).key) != n {
+			t.Fatalf("free range %d: last block says %d blocks, want %d", b, tr.blocks.at(b+n-1).key, n)
 		}
-		b += int(n)
-		if b == len(tr.blocks) {
+		b += n
+		if b == tr.blocks.n {
 			t.Fatalf("free range ends the blocks")
 		}
-		if tr.blocks[b].span == freeBlock {
+		if tr.blocks.at(b).span == freeBlock {
 			t.Fatalf("free ranges touch at block %d", b)
 		}
 	}
 	if len(listed) > 0 {
 		t.Fatalf("listed free ranges not found: %v", listed)
 	}
+}
+
+// TestSpansAcrossSlabChunks stores chains longer than a chunk of the
+// block slab, so that spans run across chunk boundaries, and checks
+// matches, removals from the tail and the tree's invariants.
+func TestSpansAcrossSlabChunks(t *testing.T) {
+	const n = 5<<slabBits/2 + 7 // two and a half chunks
+	local := make([]uint64, n)
+	blocks := func(w uint64, k int) []Block {
+		bs := make([]Block, k)
+		for i := range bs {
+			bs[i] = Block{Hash: w<<40 | uint64(i), Local: local[i]}
+		}
+		return bs
+	}
+	for i := range local {
+		local[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	}
+	seq := SequenceHashes(nil, local)
+	ix := NewIndex(16)
+	a, b := wr(1, 0), wr(2, 0)
+	for _, ev := range []Event{
+		{Kind: Stored, Worker: a, Tier: TierDevice, Blocks: blocks(1, n)},
+		{Kind: Stored, Worker: b, Tier: TierDevice, Blocks: blocks(2, n-(1<<slabBits))},
+	} {
+		if _, err := ix.Apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string, want ...Overlap) {
+		t.Helper()
+		checkInvariants(t, ix)
+		got := ix.Match(seq, nil)
+		sortOverlaps(got)
+		for i := range got {
+			got[i].Blocks = 0
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: match = %v, want %v", when, got, want)
+		}
+	}
+	check("stored", ov(a, n, n, n), ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
+	tail := make([]uint64, 0, 1<<slabBits+5)
+	for i := n - 1; i >= n-(1<<slabBits+5); i-- {
+		tail = append(tail, 1<<40|uint64(i))
+	}
+	if _, err := ix.Apply(removed(a, TierDevice, tail...)); err != nil {
+		t.Fatal(err)
+	}
+	k := n - (1<<slabBits + 5)
+	check("a's tail evicted", ov(a, k, k, k), ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
+	ix.RemoveWorker(1)
+	check("a removed", ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
 }
