@@ -641,6 +641,9 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				kk = NextSequenceHash(kk, ev.Blocks[i+k].Local)
 			}
 			pend, pendN = pend+uint32(k), pendN-uint32(k)
+			if pendN > 0 {
+				t.blocks.at(pend).span = noBlock // the ends of what is pending stay marked
+			}
 			if k > 0 {
 				t.attach(cur, first, uint32(k), slot, ev.Tier)
 			}
@@ -1128,7 +1131,7 @@ func (t *runTree) blockCounts(out map[WorkerRank]int) {
 func freeClass(n uint32) int { return bits.Len32(n) - 1 }
 
 // alloc returns the first of k consecutive block ids, not free and not in
-// any span, reusing a free range where one is long enough.
+// any span (see taken), reusing a free range where one is long enough.
 func (t *runTree) alloc(k uint32) uint32 {
 	for c := freeClass(k); c < len(t.freeHead); c++ {
 		a := t.freeHead[c]
@@ -1140,21 +1143,25 @@ func (t *runTree) alloc(k uint32) uint32 {
 			continue // only in k's own class; longer ones are above
 		}
 		t.unlinkFree(a, n)
-		t.live += int(k)
-		for b := a; b < a+k; b++ {
-			t.blocks.at(b).span = noBlock
-		}
 		if n > k {
 			t.linkFree(a+k, n-k)
 		}
+		t.taken(a, k)
 		return a
 	}
-	t.live += int(k)
 	a := t.blocks.grow(k)
-	for b := a; b < a+k; b++ {
-		*t.blocks.at(b) = blockRec{span: noBlock}
-	}
+	t.taken(a, k)
 	return a
+}
+
+// taken accounts for k blocks from a allocated. Only the range's ends are
+// marked as neither free nor in a span, as release looks at a freed
+// range's neighbours only; the caller writes each block before it puts
+// it in a span, and marks the first of those it keeps pending (see store).
+func (t *runTree) taken(a, k uint32) {
+	t.live += int(k)
+	t.blocks.at(a).span = noBlock
+	t.blocks.at(a + k - 1).span = noBlock
 }
 
 // release frees blocks a..a+n-1, joining them with free neighbours, and
