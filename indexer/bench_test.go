@@ -98,7 +98,7 @@ func BenchmarkDecode(b *testing.B) {
 // time of a load that misses every cache and whose address comes from the
 // load before, over a table of 256 MiB (the size of bench/indexload's
 // index with 16-token blocks). Match and apply are chains of such loads
-// (a node table slot, then its node, then its holders), so this is the
+// (a head table slot, then its span, then its holder set), so this is the
 // unit their costs are counted in: a match of p99 10 µs may make about
 // 10µs/(ns/op) of them in a row.
 func BenchmarkDependentLoad(b *testing.B) {

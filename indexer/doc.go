@@ -60,9 +60,9 @@
 // it after its current step (at most one in serveAfter blocks, over time,
 // and at once after a spell without matches: see serveBurst); writers
 // there take the lock by spinning for a while, rather than by sleeping
-// (see lock.go). A writer grows its rank's table of engine ids for a
-// Stored event without the lock: only writers change the tree, and
-// matches never read that table. A rank being removed is ignored by
+// (see lock.go). A writer builds its rank's table of engine ids grown for
+// a Stored event, or shrunk after removals, without the lock: only
+// writers change the tree, and matches never read that table. A rank being removed is ignored by
 // matches from the start, so that none sees it half removed.
 //
 // # The event path

@@ -215,8 +215,8 @@ func TestIndexSemantics(t *testing.T) {
 		},
 		{
 			// Block 100 (prompt[:4]) is the parent of the event, and its id
-			// is reused for the next block: the parent's node goes, and
-			// the new block hangs under no held block.
+			// is reused for the next block: the rank no longer holds the
+			// parent, and the new block hangs under no held block.
 			name: "engine id of the parent reused for its child",
 			events: []Event{
 				stored(a, TierDevice, nil, chain(100, prompt[:4]...)),
@@ -386,11 +386,8 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 	}
 }
 
-// checkInvariants verifies the index's internal consistency: holders sorted
-// and non-empty, entries counted right, every holder backed by a rank; the
-// ends of every node in step with its holders; and, recomputed from the
-// holders, the child links of nodes and, for every rank that is not holey,
-// its kids and open counts, which Match relies on.
+// checkInvariants verifies the internal consistency of every shard's tree
+// (see checkRunTree).
 func checkInvariants(t testing.TB, ix *Index) {
 	t.Helper()
 	for _, s := range ix.shards {
@@ -400,11 +397,10 @@ func checkInvariants(t testing.TB, ix *Index) {
 	}
 }
 
-// TestOrphanLinks covers blocks stored under a parent the rank holds by
-// engine id only (its node is gone): they are linked to a dead stand-in
-// node, which names their parent's key for Match, removals and the dump,
-// until they are linked to a live parent node. Nothing leaks: once every
-// rank is gone, every node id is free again.
+// TestOrphanLinks covers blocks stored under a parent the rank names by
+// engine id only (it no longer holds it): the parent block stays, pinned
+// by that engine id, for Match, removals and the dump. Nothing leaks: once
+// every rank is gone, the tree is empty.
 func TestOrphanLinks(t *testing.T) {
 	a, b := wr(1, 0), wr(2, 0)
 	type step struct {

@@ -156,11 +156,9 @@ func spun(i int, since *time.Time, limit time.Duration) bool {
 // unlock releases mu, taken by lock.
 func (ix *shard) unlock() { ix.mu.Unlock() }
 
-// rlock takes mu for reading, telling writers when it has to wait.
+// rlock takes mu for reading, found held by a writer (a TryRLock
+// failed), telling writers that a match waits.
 func (ix *shard) rlock() {
-	if ix.mu.TryRLock() {
-		return
-	}
 	ix.waiting.Add(1)
 	ix.mu.RLock()
 	ix.waiting.Add(-1)

@@ -342,12 +342,12 @@ func checkInvariantsRapid(t *rapid.T, ix *Index) {
 	}
 }
 
-// TestDeepMatchesReferenceModel drives the jump-and-bisect path of Match,
-// with the hints it leaves (see runHints) or forged ones:
+// TestDeepMatchesReferenceModel drives long spans and their splits, merges
+// and divergences inside them (see runTree.diverge):
 // long device-only paths over a 2-symbol alphabet (so ranks share long
 // prefixes and diverge anywhere), evicted tail-first as engines do, mixed
-// with occasional out-of-order removals and other tiers that force the
-// block-by-block walk for the ranks they touch.
+// with occasional out-of-order removals and other tiers that split spans
+// in the middle.
 func TestDeepMatchesReferenceModel(t *testing.T) {
 	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("01")), 1, 100, -1)
 	rapid.Check(t, func(t *rapid.T) {
@@ -397,8 +397,8 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 // a small pool, so that one block gets several ids in a rank and one id is
 // reused for other content (the reference model gives each block one id,
 // so it cannot judge these): after every step the index's invariants hold
-// (engine ids naming each node against its holders and alias count, dead
-// nodes kept only while referenced), and at the end load(dump(x)) answers
+// (pins count the engine ids naming each block, blocks no rank holds are
+// kept only while named), and at the end load(dump(x)) answers
 // every query like x.
 func TestEngineIDCollisions(t *testing.T) {
 	genPath := rapid.StringOfN(rapid.RuneFrom([]rune("012")), 1, 6, -1)

@@ -49,7 +49,7 @@ type blockTable struct {
 const blockLoadNum, blockLoadDen = 9, 10
 
 // A blockTable below load trimBelowNum/trimBelowDen after a removal shrinks
-// to load trimToNum/trimToDen (see trim). A rank's table would otherwise
+// to load trimToNum/trimToDen (see trimmed). A rank's table would otherwise
 // stay at the size of its peak (its cache's capacity plus the longest
 // request stored before the eviction that follows), at load ~0.6 once the
 // rank evicts back to capacity. The gap between the two keeps a rank whose
@@ -157,16 +157,18 @@ func (t *blockTable) reserveSize(extra int) int {
 	return max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1)
 }
 
-// trim shrinks a table that removals left below load trimBelow to load
-// trimTo. Called at the end of a removal, not on each deletion, so that an
-// event's removals shrink it once.
-func (t *blockTable) trim() {
+// trimmed returns the table shrunk, if removals left it below load
+// trimBelow, to load trimTo, or nil. It only reads t: a writer builds it
+// without the index's lock (see runTree.trimmed), once per event, not on
+// each deletion.
+func (t *blockTable) trimmed() []blockEntry {
 	if size := t.trimSize(); size > 0 {
-		t.tab = t.resized(size)
+		return t.resized(size)
 	}
+	return nil
 }
 
-// trimSize returns the size trim would shrink the table to, 0 if none.
+// trimSize returns the size trimmed would shrink the table to, 0 if none.
 func (t *blockTable) trimSize() int {
 	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
 		return 0

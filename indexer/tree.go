@@ -96,9 +96,10 @@ type runTree struct {
 	freeS  []uint32            // free set ids
 	// freeHead heads, per size class (floor log2 of the length), a
 	// doubly linked list of free ranges of blocks (see release).
-	freeHead [32]uint32
-	ranks    []rankInfo
-	who      []rankHead // by slot, as ranks
+	freeHead  [32]uint32
+	ranks     []rankInfo
+	freeSlots []uint32   // slots of removed ranks, to reuse
+	who       []rankHead // by slot, as ranks
 	// retired marks, by slot, the ranks being removed: Match ignores
 	// them, so that it never sees one half removed.
 	retired []uint64
@@ -224,21 +225,14 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 	tiers := t.tiersIn(id, slot)
 	if S.parent != noBlock {
 		if p := t.spans[t.blocks.at(S.parent).span].set; t.freshDiff(s, p) {
-			if S.diff = adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers); len(S.diff) > t.diffCap() {
-				S.diff, S.diffFrom = nil, noBlock
-			}
+			t.setDiff(S, adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers), p)
 		} else {
 			t.refreshDiff(s)
 		}
 	}
 	if child != noBlock {
-		C := &t.spans[child]
-		if childFresh {
-			C.diff = adjustDiff(C.diff, slot, tiers, t.tiersIn(C.set, slot))
-			C.diffFrom, C.diffGen = id, t.sets[id].gen
-			if len(C.diff) > t.diffCap() {
-				C.diff, C.diffFrom = nil, noBlock
-			}
+		if C := &t.spans[child]; childFresh {
+			t.setDiff(C, adjustDiff(C.diff, slot, tiers, t.tiersIn(C.set, slot)), id)
 		} else {
 			t.refreshDiff(child)
 		}
@@ -278,11 +272,17 @@ func (t *runTree) refreshDiff(s uint32) {
 		return
 	}
 	p := t.spans[t.blocks.at(S.parent).span].set
-	if d := t.diffOf(p, S.set, S.diff); len(d) <= t.diffCap() {
-		S.diff, S.diffFrom, S.diffGen = d, p, t.sets[p].gen
-	} else {
+	t.setDiff(S, t.diffOf(p, S.set, S.diff), p)
+}
+
+// setDiff makes d span S's diff from set p, or leaves S's diff stale if d
+// is longer than matches use (see diffCap).
+func (t *runTree) setDiff(S *span, d []uint32, p uint32) {
+	if len(d) > t.diffCap() {
 		S.diff, S.diffFrom = nil, noBlock
+		return
 	}
+	S.diff, S.diffFrom, S.diffGen = d, p, t.sets[p].gen
 }
 
 // diffCap is the longest diff a match crosses a span by (see match): two
@@ -449,6 +449,21 @@ func (t *runTree) prune(s uint32) {
 	}
 }
 
+// dropTail frees span s's last block, which no engine id names and
+// nothing holds but through s's set: the span gets shorter, or goes with
+// its block (see prune).
+func (t *runTree) dropTail(s uint32) {
+	S := &t.spans[s]
+	if S.n == 1 {
+		t.prune(s)
+		return
+	}
+	b := S.first + S.n - 1
+	S.n--
+	S.end = t.blocks.at(b - 1).key
+	t.release(b, 1)
+}
+
 // maxStretch bounds the blocks a store applies in one step (see
 // runTree.yield).
 const maxStretch = 16
@@ -495,18 +510,14 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	if s, ok := t.slotOf[wr]; ok {
 		return s
 	}
-	for i := range t.ranks {
-		if !t.ranks[i].used {
-			t.ranks[i] = rankInfo{wr: wr, used: true}
-			t.who[i] = rankHead{wr: wr}
-			t.slotOf[wr] = uint32(i)
-			return uint32(i)
-		}
+	i := reuse(&t.ranks, &t.freeSlots)
+	if int(i) == len(t.who) {
+		t.who = append(t.who, rankHead{})
 	}
-	t.ranks = append(t.ranks, rankInfo{wr: wr, used: true})
-	t.who = append(t.who, rankHead{wr: wr})
-	t.slotOf[wr] = uint32(len(t.ranks) - 1)
-	return uint32(len(t.ranks) - 1)
+	t.ranks[i] = rankInfo{wr: wr, used: true}
+	t.who[i] = rankHead{wr: wr}
+	t.slotOf[wr] = i
+	return i
 }
 
 // blockTiers returns the tiers slot holds block b on.
@@ -536,28 +547,21 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	S := &t.spans[sp]
 	before := t.tiersIn(S.set, slot)
 	left := before &^ tiers
-	if left == 0 && before != 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks.at(b).pins == 1 && len(t.sets[S.set].elems) == 1 {
-		// The tail of a chain only this rank holds, by this name alone,
-		// as engines evict: the span just gets shorter.
+	if left == 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks.at(b).pins == 1 && len(t.sets[S.set].elems) == 1 {
+		// The tail of a chain only this rank holds (h alone names it, so
+		// its one holder is this rank), as engines evict: the span gets
+		// shorter, rather than setTiers splitting the block off.
 		r.names.del(h)
 		t.who[slot].blocks--
 		t.blocks.at(b).pins = 0
-		if S.n == 1 {
-			t.prune(sp)
-		} else {
-			S.n--
-			S.end = t.blocks.at(b - 1).key
-			t.release(b, 1)
-		}
+		t.dropTail(sp)
 		return bits.OnesCount8(uint8(before & tiers))
 	}
 	if left != before {
 		t.setTiers(b, 1, slot, left)
 	}
 	if left == 0 {
-		r.names.del(h)
-		t.who[slot].blocks--
-		t.unpin(b)
+		t.unname(&r.names, slot, h, b)
 	}
 	return bits.OnesCount8(uint8(before & tiers))
 }
@@ -677,10 +681,23 @@ func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left
 		return false
 	}
 	names.fit(left)
+	t.name(names, slot, h, b)
+	return true
+}
+
+// name makes engine id h of slot, in names, which names nothing, name
+// block b.
+func (t *runTree) name(names *blockTable, slot uint32, h uint64, b uint32) {
 	names.put(h, b)
 	t.who[slot].blocks++
 	t.blocks.at(b).pins++
-	return true
+}
+
+// unname drops engine id h of slot, in names, which names block b.
+func (t *runTree) unname(names *blockTable, slot uint32, h uint64, b uint32) {
+	names.del(h)
+	t.who[slot].blocks--
+	t.unpin(b)
 }
 
 // next returns the block with key under block cur (noBlock: a root), or
@@ -728,9 +745,7 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 		had = false
 	}
 	if !had {
-		r.names.put(bl.Hash, nxt)
-		t.who[slot].blocks++
-		t.blocks.at(nxt).pins++
+		t.name(&r.names, slot, bl.Hash, nxt)
 	}
 	added := 0
 	if before := t.blockTiers(slot, nxt); before&tier == 0 {
@@ -744,7 +759,13 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 // (noBlock: a root) held by slot on tier alone, or extends cur's span with
 // them where it can.
 func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
-	set := t.with(0, slot, tier)
+	t.attachSet(cur, first, k, t.with(0, slot, tier))
+}
+
+// attachSet makes blocks first..first+k-1, new and chained, a span of set
+// (whose reference it takes) under cur (noBlock: a root), or extends
+// cur's span with them where it can.
+func (t *runTree) attachSet(cur, first, k, set uint32) {
 	end := t.blocks.at(first + k - 1).key
 	depth := uint32(0)
 	if cur != noBlock {
@@ -775,30 +796,7 @@ func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
 func (t *runTree) add(cur uint32, key, local uint64) uint32 {
 	b := t.alloc(1)
 	*t.blocks.at(b) = blockRec{key: key, local: local, span: noBlock}
-	if cur != noBlock {
-		s := t.blocks.at(cur).span
-		S := &t.spans[s]
-		if cur != S.first+S.n-1 {
-			t.split(s, cur-S.first+1)
-		}
-		s = t.blocks.at(cur).span
-		S = &t.spans[s]
-		if S.kids == 0 && S.first+S.n == b && S.set == 0 {
-			S.n++
-			S.end = key
-			t.blocks.at(b).span = s
-			return b
-		}
-		S.kids++
-	}
-	depth := uint32(0)
-	if cur != noBlock {
-		depth = t.depthOf(cur) + 1
-	}
-	ns := t.newSpan(span{first: b, n: 1, depth: depth, parent: cur, end: key})
-	t.blocks.at(b).span = ns
-	t.heads.put(key, ns)
-	t.refreshDiff(ns)
+	t.attachSet(cur, b, 1, 0)
 	return b
 }
 
@@ -875,6 +873,7 @@ func (t *runTree) removeRank(wr WorkerRank) {
 	t.ranks[slot] = rankInfo{}
 	t.who[slot] = rankHead{}
 	delete(t.slotOf, wr)
+	t.freeSlots = append(t.freeSlots, slot)
 	t.retired[slot>>6] &^= 1 << (slot & 63)
 }
 
@@ -993,15 +992,12 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		if S.set == fromID {
 			continue
 		}
-		if S.diffFrom == fromID && S.diffGen == from.gen && len(S.diff) <= 2*len(m.cands[classAny]) {
-			// The ranks whose tiers differ here, and only they: fewer
-			// than the bit sets' words.
+		if t.freshDiff(c, fromID) {
+			// The ranks whose tiers differ here, and only they: at most
+			// two per bit-set word (see diffCap).
 			for _, e := range S.diff {
 				s, here := e>>3, tiersOfElem(e)
 				i, bit := s>>6, uint64(1)<<(s&63)
-				if int(i) >= len(m.cands[classAny]) {
-					continue
-				}
 				for k := range nClasses {
 					if here&classTiers[k] == 0 && m.cands[k][i]&bit != 0 {
 						m.cands[k][i] &^= bit
@@ -1012,14 +1008,10 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 					}
 				}
 			}
-			if live == 0 {
-				break
-			}
-			continue
-		}
-		if set := &t.sets[S.set]; set != from {
+		} else {
 			// Candidates are within from's ranks: only words where the
 			// two sets differ can drop any.
+			set := &t.sets[S.set]
 			for k := range nClasses {
 				fb, cb := from.classBits(k), set.classBits(k)
 				reach := m.reach[k]
@@ -1047,9 +1039,9 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 					}
 				}
 			}
-			if live == 0 {
-				break // reached is not read: no rank is left in cands
-			}
+		}
+		if live == 0 {
+			break // reached is not read: no rank is left in cands
 		}
 	}
 	clock.lap(phaseWalk)
@@ -1260,11 +1252,7 @@ func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
 	if !ok {
 		return nil
 	}
-	bt := &t.ranks[slot].names
-	if size := bt.trimSize(); size > 0 {
-		return bt.resized(size)
-	}
-	return nil
+	return t.ranks[slot].names.trimmed()
 }
 
 // useResize puts tab, from resizeFor or trimmed for rank wr with
