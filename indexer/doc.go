@@ -62,8 +62,11 @@
 // there take the lock by spinning for a while, rather than by sleeping
 // (see lock.go). A writer builds its rank's table of engine ids grown for
 // a Stored event, or shrunk after removals, without the lock: only
-// writers change the tree, and matches never read that table. A rank being removed is ignored by
-// matches from the start, so that none sees it half removed.
+// writers change the tree, and matches never read that table. Without the
+// lock too, it reads where the event's engine ids and blocks lie, all
+// at once, so that under the lock it finds them in the cache (runTree.warm).
+// A rank being removed is ignored by matches from the start, so that none
+// sees it half removed.
 //
 // # The event path
 //

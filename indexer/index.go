@@ -351,6 +351,8 @@ type shard struct {
 	// held counts the blocks the writer holding mu applied since it took
 	// it (see relax).
 	held int
+	// warmth sums what runTree.warm read, so that its loads are kept.
+	warmth uint64
 }
 
 // newShard returns an empty shard.
@@ -389,6 +391,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 		// only writers change the tree, and they take turns on write.
 		grown = ix.tree.resizeFor(ev)
 	}
+	ix.warmth += ix.tree.warm(ev)
 	ix.lock()
 	ix.tree.useResize(ev.Worker, grown)
 	ix.held = 0

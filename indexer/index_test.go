@@ -523,7 +523,7 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 		}
 		return bs
 	}
-	const held = 1000 // blocks 0..held-1, stored first: the table is then full
+	const held = 1000 // blocks 0..held-1, stored first, in a table then made full
 	cases := []struct {
 		name   string
 		tier   Tier
@@ -544,6 +544,7 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 				t.Fatal(err)
 			}
 			bt := &ix.shards[0].tree.ranks[ix.shards[0].tree.slotOf[a]].names
+			bt.tab = bt.resized((held*blockLoadDen + blockLoadNum - 1) / blockLoadNum)
 			before := *bt
 			if (before.n+1)*blockLoadDen <= len(before.tab)*blockLoadNum {
 				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))

@@ -8,10 +8,8 @@ import "math/bits"
 // multiplication) and each shard's map from a span's first key to the
 // span (headTable, linear probing in a power-of-two table).
 
-// grown returns the size of an engine id table after growth from size.
-func grown(size int) int { return max(16, size+size/2) }
-
-// mix spreads a key's bits.
+// mix spreads a key's bits. It is a bijection (see unmix): a blockTable
+// keeps mix(id) in place of id.
 func mix(k uint64) uint64 {
 	k ^= k >> 32
 	k *= 0xd6e8feb86659fd93
@@ -19,25 +17,40 @@ func mix(k uint64) uint64 {
 	return k
 }
 
-// blockEntry maps an engine block id to a word (see engTable): 12 bytes,
-// as the id is kept in two 32-bit halves.
+// unmix is mix's inverse: 0xcfee444d8b59a89b is 0xd6e8feb86659fd93's
+// inverse modulo 2^64, and k ^= k>>32 is its own.
+func unmix(k uint64) uint64 {
+	k ^= k >> 32
+	k *= 0xcfee444d8b59a89b
+	k ^= k >> 32
+	return k
+}
+
+// blockEntry maps an engine block id to a word: 12 bytes, as the id's mix
+// is kept in two 32-bit halves.
 type blockEntry struct {
-	lo, hi uint32 // the engine id's low and high halves
+	lo, hi uint32 // mix(engine id)'s low and high halves
 	word   uint32
 }
 
-// engineID returns the entry's engine id (0: an empty slot).
-func (e *blockEntry) engineID() uint64 { return uint64(e.hi)<<32 | uint64(e.lo) }
+// mixed returns mix of the entry's engine id (0: an empty slot).
+func (e *blockEntry) mixed() uint64 { return uint64(e.hi)<<32 | uint64(e.lo) }
 
-func newBlockEntry(id uint64, word uint32) blockEntry {
-	return blockEntry{lo: uint32(id), hi: uint32(id >> 32), word: word}
+// engineID returns the entry's engine id.
+func (e *blockEntry) engineID() uint64 { return unmix(e.mixed()) }
+
+func newBlockEntry(m uint64, word uint32) blockEntry {
+	return blockEntry{lo: uint32(m), hi: uint32(m >> 32), word: word}
 }
 
 // blockTable is one rank's map from engine id to a word: Robin Hood
-// linear probing (an entry further from its home slot than the one in a
-// slot takes the slot and moves that one on), so that probe runs stay
-// short at a high load and a miss stops early. Entries with id 0 are kept
-// aside, as id 0 marks an empty slot.
+// linear probing, so that probe runs stay short at a high load and a miss
+// stops early. It keeps each id as m = mix(id), a bijection whose high bits
+// place it: its home slot is m*size/2^64, so homes are in the order of m,
+// and the table keeps its entries in that order (along a run, cyclically),
+// ties too. A lookup stops at the first entry placed after m; a resize
+// copies the entries in order, without probing. Entries with id 0 (mix 0)
+// are kept aside, as 0 marks an empty slot.
 type blockTable struct {
 	tab      []blockEntry
 	n        int // entries in tab
@@ -48,26 +61,29 @@ type blockTable struct {
 // blockLoadNum/blockLoadDen is the load factor past which a blockTable grows.
 const blockLoadNum, blockLoadDen = 9, 10
 
-// A blockTable below load trimBelowNum/trimBelowDen after a removal shrinks
-// to load trimToNum/trimToDen (see trimmed). A rank's table would otherwise
-// stay at the size of its peak (its cache's capacity plus the longest
-// request stored before the eviction that follows), at load ~0.6 once the
-// rank evicts back to capacity. The gap between the two keeps a rank whose
-// cache is full from growing and shrinking at every request: it grows only
-// for a request of more than an eighth of its blocks.
+// A blockTable grows to load sizeToNum/sizeToDen for what it must hold, by
+// a quarter at least; below load trimBelowNum/trimBelowDen after a removal
+// it shrinks to sizeTo (see trimmed). A rank's table would otherwise stay
+// at the size of its peak (its cache's capacity plus the longest request
+// stored before the eviction that follows). The gaps between the three
+// loads keep a rank whose cache is full from growing and shrinking at
+// every request: from load 4/5 it grows only for a request of more than an
+// eighth of its blocks, and after such growth it shrinks back only if the
+// request was more than a third.
 const (
-	trimBelowNum, trimBelowDen = 7, 10
-	trimToNum, trimToDen       = 4, 5
+	sizeToNum, sizeToDen       = 4, 5
+	trimBelowNum, trimBelowDen = 6, 10
 )
 
-func idHome(id uint64, size int) int {
-	hi, _ := bits.Mul64(mix(id), uint64(size))
+// home returns the home slot of m in a table of size slots.
+func home(m uint64, size int) int {
+	hi, _ := bits.Mul64(m, uint64(size))
 	return int(hi)
 }
 
-// dist returns how far slot i is from the home of id, in a table of size.
-func dist(id uint64, i, size int) int {
-	d := i - idHome(id, size)
+// dist returns how far slot i is from the home of m, in a table of size.
+func dist(m uint64, i, size int) int {
+	d := i - home(m, size)
 	if d < 0 {
 		d += size
 	}
@@ -82,20 +98,22 @@ func (t *blockTable) len() int {
 	return t.n
 }
 
-// slot returns the slot of id in tab, or -1.
-func (t *blockTable) slot(id uint64) int {
+// find looks m up. It returns m's slot and true, or the slot m would take
+// and false. The table must have slots.
+func (t *blockTable) find(m uint64) (int, bool) {
 	size := len(t.tab)
-	if size == 0 {
-		return -1
-	}
-	for i, d := idHome(id, size), 0; ; d++ {
-		e := &t.tab[i]
-		eid := e.engineID()
-		if eid == id {
-			return i
+	for i, d := home(m, size), 0; ; d++ {
+		cm := t.tab[i].mixed()
+		if cm == m {
+			return i, true
 		}
-		if eid == 0 || dist(eid, i, size) < d {
-			return -1 // id would have taken this slot
+		if cm == 0 {
+			return i, false
+		}
+		// An entry nearer its home than m would be, or as near with a
+		// larger m, is placed after m.
+		if cd := dist(cm, i, size); cd < d || cd == d && cm > m {
+			return i, false
 		}
 		if i++; i == size {
 			i = 0
@@ -103,30 +121,75 @@ func (t *blockTable) slot(id uint64) int {
 	}
 }
 
+// lookup returns the slot of id, -1 for id 0 (kept aside), and whether
+// id is there.
+func (t *blockTable) lookup(id uint64) (int, bool) {
+	if id == 0 {
+		return -1, t.hasZero
+	}
+	if len(t.tab) == 0 {
+		return 0, false
+	}
+	return t.find(mix(id))
+}
+
+// wordAt returns the word at slot i (from lookup).
+func (t *blockTable) wordAt(i int) uint32 {
+	if i < 0 {
+		return t.zeroWord
+	}
+	return t.tab[i].word
+}
+
 // get returns the word of id.
 func (t *blockTable) get(id uint64) (uint32, bool) {
-	if id == 0 {
-		return t.zeroWord, t.hasZero
-	}
-	if i := t.slot(id); i >= 0 {
-		return t.tab[i].word, true
+	if i, ok := t.lookup(id); ok {
+		return t.wordAt(i), true
 	}
 	return 0, false
 }
 
 // put sets the word of id.
 func (t *blockTable) put(id uint64, word uint32) {
+	if !t.add(id, word, 1) {
+		i, _ := t.lookup(id)
+		if i < 0 {
+			t.zeroWord = word
+		} else {
+			t.tab[i].word = word
+		}
+	}
+}
+
+// add gives id the word, if id has none (else it reports false), with one
+// probe: a full table first grows for left more ids (the blocks left in a
+// Stored event), not for one at a time.
+func (t *blockTable) add(id uint64, word uint32, left int) bool {
 	if id == 0 {
+		if t.hasZero {
+			return false
+		}
 		t.zeroWord, t.hasZero = word, true
-		return
+		return true
 	}
-	if i := t.slot(id); i >= 0 {
-		t.tab[i].word = word
-		return
+	m := mix(id)
+	i := -1
+	if len(t.tab) > 0 {
+		var found bool
+		if i, found = t.find(m); found {
+			return false
+		}
 	}
-	t.reserve(1)
-	robinHood(t.tab, newBlockEntry(id, word))
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
+		t.reserve(max(left, 1))
+		i = -1
+	}
+	if i < 0 {
+		i = findIn(t.tab, m)
+	}
+	shift(t.tab, newBlockEntry(m, word), i)
 	t.n++
+	return true
 }
 
 // reserve grows the table, if needed, so that extra more entries fit
@@ -137,16 +200,6 @@ func (t *blockTable) reserve(extra int) {
 	}
 }
 
-// fit makes room for one more entry: a full table grows once for left
-// more (the blocks left in a Stored event), not for one at a time, and
-// only when it is full (a Stored event that copies held blocks to another
-// tier adds no entries).
-func (t *blockTable) fit(left int) {
-	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
-		t.reserve(left)
-	}
-}
-
 // reserveSize returns the size reserve(extra) would grow the table to, 0
 // if it fits.
 func (t *blockTable) reserveSize(extra int) int {
@@ -154,11 +207,11 @@ func (t *blockTable) reserveSize(extra int) int {
 	if need*blockLoadDen <= len(t.tab)*blockLoadNum {
 		return 0
 	}
-	return max(grown(len(t.tab)), need*blockLoadDen/blockLoadNum+1)
+	return max(16, len(t.tab)+len(t.tab)/4, need*sizeToDen/sizeToNum+1)
 }
 
 // trimmed returns the table shrunk, if removals left it below load
-// trimBelow, to load trimTo, or nil. It only reads t: a writer builds it
+// trimBelow, to load sizeTo, or nil. It only reads t: a writer builds it
 // without the index's lock (see runTree.trimmed), once per event, not on
 // each deletion.
 func (t *blockTable) trimmed() []blockEntry {
@@ -173,34 +226,66 @@ func (t *blockTable) trimSize() int {
 	if t.n*trimBelowDen >= len(t.tab)*trimBelowNum || len(t.tab) <= 16 {
 		return 0
 	}
-	return max(16, t.n*trimToDen/trimToNum+1)
+	return max(16, t.n*sizeToDen/sizeToNum+1)
 }
 
-// resized returns the table's entries in a new table of size slots.
+// resized returns the table's entries in a new table of size slots, which
+// must hold them. It reads them in order of m and places each at its new
+// home or just after the one before; only those that run past the end
+// wrap around, placed by shifting.
 func (t *blockTable) resized(size int) []blockEntry {
 	tab := make([]blockEntry, size)
-	for _, e := range t.tab {
-		if e.engineID() != 0 {
-			robinHood(tab, e)
+	old := len(t.tab)
+	// The run at slot 0 may start with entries wrapped from the end: they
+	// have the largest m, and come last.
+	w := 0
+	for w < old {
+		if m := t.tab[w].mixed(); m == 0 || home(m, old) <= w {
+			break
 		}
+		w++
+	}
+	next := 0 // the first slot free after the entries placed
+	place := func(e blockEntry) {
+		m := e.mixed()
+		i := max(home(m, size), next)
+		if i < size {
+			tab[i] = e
+			next = i + 1
+			return
+		}
+		next = size
+		shift(tab, e, findIn(tab, m))
+	}
+	for _, e := range t.tab[w:] {
+		if e.mixed() != 0 {
+			place(e)
+		}
+	}
+	for _, e := range t.tab[:w] {
+		place(e)
 	}
 	return tab
 }
 
-// robinHood inserts e, whose id is not in tab, which has an empty slot.
-func robinHood(tab []blockEntry, e blockEntry) {
+// findIn returns where find stops for m in tab.
+func findIn(tab []blockEntry, m uint64) int {
+	t := blockTable{tab: tab}
+	i, _ := t.find(m)
+	return i
+}
+
+// shift puts e at slot i, where find stopped for it, and moves the
+// entries from i on along by one, up to an empty slot: they stay in order.
+func shift(tab []blockEntry, e blockEntry, i int) {
 	size := len(tab)
-	for i, d := idHome(e.engineID(), size), 0; ; d++ {
+	for {
 		cur := &tab[i]
-		cid := cur.engineID()
-		if cid == 0 {
+		if cur.mixed() == 0 {
 			*cur = e
 			return
 		}
-		if cd := dist(cid, i, size); cd < d {
-			*cur, e = e, *cur
-			d = cd
-		}
+		*cur, e = e, *cur
 		if i++; i == size {
 			i = 0
 		}
@@ -209,23 +294,27 @@ func robinHood(tab []blockEntry, e blockEntry) {
 
 // del removes id and reports whether it was there.
 func (t *blockTable) del(id uint64) bool {
-	if id == 0 {
-		had := t.hasZero
-		t.zeroWord, t.hasZero = 0, false
-		return had
+	i, ok := t.lookup(id)
+	if ok {
+		t.delAt(i)
 	}
-	i := t.slot(id)
+	return ok
+}
+
+// delAt removes the entry at slot i (from lookup): the rest of its run
+// shifts back by one, up to an entry at its home.
+func (t *blockTable) delAt(i int) {
 	if i < 0 {
-		return false
+		t.zeroWord, t.hasZero = 0, false
+		return
 	}
-	// Shift the rest of the run back by one, up to an entry at its home.
 	size := len(t.tab)
 	for {
 		j := i + 1
 		if j == size {
 			j = 0
 		}
-		if nid := t.tab[j].engineID(); nid == 0 || dist(nid, j, size) == 0 {
+		if nm := t.tab[j].mixed(); nm == 0 || dist(nm, j, size) == 0 {
 			break
 		}
 		t.tab[i] = t.tab[j]
@@ -236,7 +325,6 @@ func (t *blockTable) del(id uint64) bool {
 	if t.n == 0 {
 		t.tab = nil // an emptied rank gives its memory back
 	}
-	return true
 }
 
 // ids appends every engine id to dst.
@@ -245,8 +333,8 @@ func (t *blockTable) ids(dst []uint64) []uint64 {
 		dst = append(dst, 0)
 	}
 	for _, e := range t.tab {
-		if id := e.engineID(); id != 0 {
-			dst = append(dst, id)
+		if e.mixed() != 0 {
+			dst = append(dst, e.engineID())
 		}
 	}
 	return dst
@@ -258,8 +346,8 @@ func (t *blockTable) each(f func(id uint64, word uint32)) {
 		f(0, t.zeroWord)
 	}
 	for _, e := range t.tab {
-		if id := e.engineID(); id != 0 {
-			f(id, e.word)
+		if e.mixed() != 0 {
+			f(e.engineID(), e.word)
 		}
 	}
 }

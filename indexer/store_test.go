@@ -56,8 +56,8 @@ func TestBlockTable(t *testing.T) {
 }
 
 // TestBlockTableSize checks how a blockTable's size follows its entries:
-// reserve makes room for a whole event at once, and trim gives back what a
-// peak left unused, but only below load 7/10.
+// reserve makes room for a whole event at once, at load 4/5, and trim
+// gives back what a peak left unused, but only below load 6/10.
 func TestBlockTableSize(t *testing.T) {
 	cases := []struct {
 		name     string
@@ -67,12 +67,12 @@ func TestBlockTableSize(t *testing.T) {
 		wantSize int // slots after
 	}{
 		{name: "empty", wantSize: 0},
-		{name: "grows by half", put: 15, wantSize: 24},
-		{name: "reserve grows once to fit", put: 15, reserve: 1000, wantSize: 1128},
+		{name: "grows by a quarter", put: 15, wantSize: 20},
+		{name: "reserve grows once to load 4/5", put: 15, reserve: 1000, wantSize: 1269},
 		{name: "reserve within the load", put: 10, reserve: 4, wantSize: 16},
-		{name: "trim above 7/10 keeps", put: 1000, del: 0, trim: true, wantSize: 1369},
-		{name: "trim below 7/10 shrinks to 4/5", put: 1000, del: 100, trim: true, wantSize: 1126},
-		{name: "no trim, no shrink", put: 1000, del: 500, wantSize: 1369},
+		{name: "trim above 6/10 keeps", put: 1000, del: 100, trim: true, wantSize: 1293},
+		{name: "trim below 6/10 shrinks to 4/5", put: 1000, del: 300, trim: true, wantSize: 876},
+		{name: "no trim, no shrink", put: 1000, del: 500, wantSize: 1293},
 		{name: "trim of a small table", put: 10, del: 8, trim: true, wantSize: 16},
 		{name: "emptied", put: 100, del: 100, trim: true, wantSize: 0},
 	}
@@ -165,12 +165,7 @@ func TestBlockTableMatchesMap(t *testing.T) {
 				t.Fatalf("get(%d) = %d, %v, want %d", id, key, ok, want)
 			}
 		}
-		checkRobinHood(t, "engine-id table", len(bt.tab), func(i int) int {
-			if id := bt.tab[i].engineID(); id != 0 {
-				return dist(id, i, len(bt.tab))
-			}
-			return -1
-		})
+		checkBlockTable(t, &bt)
 		got := map[uint64]uint32{}
 		bt.each(func(id uint64, node uint32) { got[id] = node })
 		if len(got) != len(ref) || len(bt.ids(nil)) != len(ref) {
@@ -202,6 +197,76 @@ func checkRobinHood(t interface{ Fatalf(string, ...any) }, name string, size int
 		j := (i + 1) % size
 		if next := distOf(j); next > d+1 {
 			t.Fatalf("%s: slot %d is %d from its home, slot %d %d", name, j, next, i, d)
+		}
+	}
+}
+
+// checkBlockTable fails t unless bt's entries are in Robin Hood order
+// (homes in order along a run) and those with the same home in order of
+// their mixed ids (what find relies on).
+func checkBlockTable(t interface{ Fatalf(string, ...any) }, bt *blockTable) {
+	size := len(bt.tab)
+	distOf := func(i int) int {
+		if m := bt.tab[i].mixed(); m != 0 {
+			return dist(m, i, size)
+		}
+		return -1
+	}
+	checkRobinHood(t, "engine-id table", size, distOf)
+	for i := range size {
+		j := (i + 1) % size
+		mi, mj := bt.tab[i].mixed(), bt.tab[j].mixed()
+		if mi != 0 && mj != 0 && home(mi, size) == home(mj, size) && mi >= mj {
+			t.Fatalf("engine-id table: slot %d (mix %#x) is after slot %d (mix %#x), of the same home", j, mj, i, mi)
+		}
+	}
+}
+
+// TestBlockTableResizeWraps resizes tables whose runs wrap around the end,
+// which resized places by shifting, and checks every entry is found.
+func TestBlockTableResizeWraps(t *testing.T) {
+	cases := []struct {
+		name      string
+		low, high int // entries with the smallest and with the largest mixes
+		size      int // resized to
+	}{
+		{"grow", 4, 12, 64},
+		{"shrink", 4, 12, 20},
+		{"only the end", 0, 15, 18},
+		{"full run to the end", 10, 10, 21},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var bt blockTable
+			var ids []uint64
+			for k := range c.low {
+				ids = append(ids, unmix(uint64(k+1)))
+			}
+			for k := range c.high {
+				ids = append(ids, unmix(^uint64(0)-uint64(k)))
+			}
+			for _, id := range ids {
+				bt.put(id, uint32(id))
+			}
+			checkBlockTable(t, &bt)
+			if size := len(bt.tab); bt.tab[0].mixed() == 0 || home(bt.tab[0].mixed(), size) == 0 {
+				t.Fatalf("the run at slot 0 does not wrap: the test sets nothing up")
+			}
+			bt.tab = bt.resized(c.size)
+			checkBlockTable(t, &bt)
+			for _, id := range ids {
+				if w, ok := bt.get(id); !ok || w != uint32(id) {
+					t.Fatalf("get(%#x) = %d, %v after resizing to %d", id, w, ok, c.size)
+				}
+			}
+		})
+	}
+}
+
+func TestUnmix(t *testing.T) {
+	for _, k := range []uint64{0, 1, 5, 1 << 40, ^uint64(0), 0x9e3779b97f4a7c15} {
+		if got := unmix(mix(k)); got != k {
+			t.Errorf("unmix(mix(%#x)) = %#x", k, got)
 		}
 	}
 }

@@ -539,10 +539,11 @@ func (t *runTree) unpin(b uint32) {
 // hold it). It returns the (block, tier) entries that removed.
 func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	r := &t.ranks[slot]
-	b, ok := r.names.get(h)
+	i, ok := r.names.lookup(h)
 	if !ok {
 		return 0
 	}
+	b := r.names.wordAt(i)
 	sp := t.blocks.at(b).span
 	S := &t.spans[sp]
 	before := t.tiersIn(S.set, slot)
@@ -551,7 +552,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 		// The tail of a chain only this rank holds (h alone names it, so
 		// its one holder is this rank), as engines evict: the span gets
 		// shorter, rather than setTiers splitting the block off.
-		r.names.del(h)
+		r.names.delAt(i)
 		t.who[slot].blocks--
 		t.blocks.at(b).pins = 0
 		t.dropTail(sp)
@@ -561,7 +562,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 		t.setTiers(b, 1, slot, left)
 	}
 	if left == 0 {
-		t.unname(&r.names, slot, h, b)
+		t.unname(&r.names, slot, i, b)
 	}
 	return bits.OnesCount8(uint8(before & tiers))
 }
@@ -602,7 +603,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 	for i := 0; i < len(ev.Blocks); {
 		key := keyOf(i)
 		nxt := t.next(cur, key)
-		k := 0
+		k, at := 0, nxt // at: the first of the k blocks claimed
 		if nxt != noBlock {
 			// Along nxt's span, while the rank holds none of it.
 			S := &t.spans[t.blocks.at(nxt).span]
@@ -633,6 +634,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 				pend = t.alloc(pendN)
 			}
 			first := pend
+			at = first
 			for kk := key; ; {
 				*t.blocks.at(first + uint32(k)) = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
 				if !t.claim(names, slot, ev.Blocks[i+k].Hash, first+uint32(k), len(ev.Blocks)-i-k) {
@@ -655,7 +657,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 		if k > 0 {
 			res.Stored += k
 			i += k
-			cur, _ = names.get(ev.Blocks[i-1].Hash)
+			cur = at + uint32(k) - 1
 			t.step(k)
 			continue
 		}
@@ -677,11 +679,11 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 // nothing yet (else it reports false), growing names for left more ids if
 // it is full.
 func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
-	if _, had := names.get(h); had {
+	if !names.add(h, b, left) {
 		return false
 	}
-	names.fit(left)
-	t.name(names, slot, h, b)
+	t.who[slot].blocks++
+	t.blocks.at(b).pins++
 	return true
 }
 
@@ -693,9 +695,10 @@ func (t *runTree) name(names *blockTable, slot uint32, h uint64, b uint32) {
 	t.blocks.at(b).pins++
 }
 
-// unname drops engine id h of slot, in names, which names block b.
-func (t *runTree) unname(names *blockTable, slot uint32, h uint64, b uint32) {
-	names.del(h)
+// unname drops the engine id at i in names (see blockTable.lookup) of
+// slot, which names block b.
+func (t *runTree) unname(names *blockTable, slot uint32, i int, b uint32) {
+	names.delAt(i)
 	t.who[slot].blocks--
 	t.unpin(b)
 }
@@ -1243,6 +1246,40 @@ func (t *runTree) resizeFor(ev Event) []blockEntry {
 		return bt.resized(size)
 	}
 	return nil
+}
+
+// warm reads, for each block of ev, the slot of its rank's engine id
+// table where a lookup of its engine id starts, and, for a Removed event,
+// the block that id names, so that applying ev finds them in the cache.
+// It only reads the tree (see resizeFor): a writer calls it without the
+// lock, and the loads of one pass are independent of each other, so the
+// processor makes them at once rather than one miss after the other.
+func (t *runTree) warm(ev Event) uint64 {
+	slot, ok := t.slotOf[ev.Worker]
+	if !ok || ev.ByID || ev.Kind != Stored && ev.Kind != Removed {
+		return 0
+	}
+	names := &t.ranks[slot].names
+	size := len(names.tab)
+	if size == 0 {
+		return 0
+	}
+	var sum uint64
+	if ev.Kind == Stored {
+		for _, b := range ev.Blocks {
+			sum += uint64(names.tab[home(mix(b.Hash), size)].lo)
+		}
+		return sum
+	}
+	for _, h := range ev.Hashes {
+		sum += uint64(names.tab[home(mix(h), size)].lo)
+	}
+	for _, h := range ev.Hashes {
+		if w, ok := names.get(h); ok {
+			sum += uint64(t.blocks.at(w).span)
+		}
+	}
+	return sum
 }
 
 // trimmed returns the engine id table of wr shrunk, if removals left it
