@@ -385,15 +385,12 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	}
 	ix.write.Lock()
 	defer ix.write.Unlock()
-	var grown []blockEntry
-	if ev.Kind == Stored && !ev.ByID {
-		// Grow the rank's table of engine ids for the event without mu:
-		// only writers change the tree, and they take turns on write.
-		grown = ix.tree.resizeFor(ev)
-	}
+	// Grow what the event may outgrow without mu: only writers change the
+	// tree, and they take turns on write.
+	grown := ix.tree.prepare(ev)
 	ix.warmth += ix.tree.warm(ev)
 	ix.lock()
-	ix.tree.useResize(ev.Worker, grown)
+	ix.tree.use(ev.Worker, grown)
 	ix.held = 0
 	res, err := ix.tree.apply(ev)
 	ix.unlock()
@@ -402,7 +399,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 		// mu too.
 		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
 			ix.lock()
-			ix.tree.useResize(ev.Worker, tab)
+			ix.tree.useTrimmed(ev.Worker, tab)
 			ix.unlock()
 		}
 	}

@@ -407,15 +407,36 @@ func (t *headTable) put(k uint64, v uint32) {
 	}
 }
 
-func (t *headTable) grow() {
-	old := t.slots
-	t.slots = make([]headSlot, max(16, 2*len(old)))
-	t.n = 0
-	for _, s := range old {
-		if s.key != 0 {
-			t.put(s.key, s.val)
-		}
+func (t *headTable) grow() { t.slots = t.rehashed(max(16, 2*len(t.slots))) }
+
+// grownFor returns the table's slots rehashed into a table large enough
+// for extra more keys, if it is not, or nil. It only reads t.
+func (t *headTable) grownFor(extra int) []headSlot {
+	size := len(t.slots)
+	for (t.n+extra)*8 > size*7 {
+		size = max(16, 2*size)
 	}
+	if size == len(t.slots) {
+		return nil
+	}
+	return t.rehashed(size)
+}
+
+// rehashed returns the table's slots in a new table of size slots.
+func (t *headTable) rehashed(size int) []headSlot {
+	slots := make([]headSlot, size)
+	m := uint64(size - 1)
+	for _, s := range t.slots {
+		if s.key == 0 {
+			continue
+		}
+		i := mix(s.key) & m
+		for slots[i].key != 0 {
+			i = (i + 1) & m
+		}
+		slots[i] = s
+	}
+	return slots
 }
 
 func (t *headTable) del(k uint64) {

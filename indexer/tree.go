@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/bits"
 	"slices"
+	"unsafe"
 )
 
 // runTree is one shard's prefix tree, path-compressed: a tree of spans,
@@ -1218,11 +1219,71 @@ func (t *runTree) unlinkFree(a, n uint32) {
 	}
 }
 
+// growth is what a writer builds for an event without the lock (see
+// runTree.prepare) and puts in place under it (runTree.use): the arrays
+// the event may outgrow, copied into larger ones. Under the lock, a copy
+// of a large tree's spans or heads would hold matches up for
+// milliseconds.
+type growth struct {
+	names []blockEntry // the rank's engine-id table (see resizeFor)
+	spans []span
+	sets  []holdSet
+	heads []headSlot
+}
+
+// prepare returns the growth ev may need, and makes the slab's chunks for
+// its new blocks. It only reads the tree, but for the slab's spare chunks,
+// which only writers use: a writer may call it without the lock, as writers
+// take turns.
+func (t *runTree) prepare(ev Event) growth {
+	var g growth
+	k := len(ev.Blocks) + len(ev.Hashes)
+	if ev.Kind == Stored && !ev.ByID {
+		g.names = t.resizeFor(ev)
+		t.blocks.reserve(k)
+	}
+	// An event makes at most two spans a block (isolate's splits), and as
+	// many sets and heads.
+	room := 2*k + 2
+	g.spans = roomFor(t.spans, len(t.free), room)
+	g.sets = roomFor(t.sets, len(t.freeS), room)
+	g.heads = t.heads.grownFor(room)
+	return g
+}
+
+// roomFor returns s copied into an array with room for n more elements
+// than it and free have, if they do not have it, or nil.
+func roomFor[T any](s []T, free, n int) []T {
+	if cap(s)-len(s)+free >= n {
+		return nil
+	}
+	g := make([]T, len(s), max(2*cap(s), len(s)+n))
+	copy(g, s)
+	return g
+}
+
+// use puts g, prepared for the event about to be applied to rank wr, in
+// place.
+func (t *runTree) use(wr WorkerRank, g growth) {
+	if g.names != nil {
+		t.ranks[t.slotOf[wr]].names.tab = g.names
+	}
+	if g.spans != nil {
+		t.spans = g.spans
+	}
+	if g.sets != nil {
+		t.sets = g.sets
+	}
+	if g.heads != nil {
+		t.heads.slots = g.heads
+	}
+}
+
 // resizeFor returns the engine id table of ev's rank grown, if it must
 // be, for the engine ids the Stored event ev adds, as the ids of its first
 // writeChunk blocks suggest: none for a copy of held blocks to another
 // tier. It only reads the tree, so a writer may build it without the
-// lock, and put it in place (useResize) under it.
+// lock, and put it in place (use) under it.
 func (t *runTree) resizeFor(ev Event) []blockEntry {
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok || len(ev.Blocks) == 0 {
@@ -1292,12 +1353,10 @@ func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
 	return t.ranks[slot].names.trimmed()
 }
 
-// useResize puts tab, from resizeFor or trimmed for rank wr with
-// nothing applied since, in place.
-func (t *runTree) useResize(wr WorkerRank, tab []blockEntry) {
-	if tab != nil {
-		t.ranks[t.slotOf[wr]].names.tab = tab
-	}
+// useTrimmed puts tab, from trimmed for rank wr with nothing applied
+// since, in place.
+func (t *runTree) useTrimmed(wr WorkerRank, tab []blockEntry) {
+	t.ranks[t.slotOf[wr]].names.tab = tab
 }
 
 // rankList appends the tree's worker ranks to dst.
@@ -1340,6 +1399,7 @@ const slabBits = 14
 // blocks held matches up for milliseconds).
 type blockSlab struct {
 	chunks [][]blockRec // each of 1<<slabBits blocks
+	spare  [][]blockRec // chunks made ahead (see reserve)
 	n      uint32       // ids below n are in use or free (see release)
 }
 
@@ -1348,12 +1408,37 @@ func (s *blockSlab) at(b uint32) *blockRec { return &s.chunks[b>>slabBits][b&(1<
 
 func (s *blockSlab) len() int { return int(s.n) }
 
-// grow makes k more ids usable and returns the first.
+// grow makes k more ids usable and returns the first. It takes the chunks
+// it needs from spare, made by reserve, if it can.
 func (s *blockSlab) grow(k uint32) uint32 {
 	a := s.n
 	for uint64(a)+uint64(k) > uint64(len(s.chunks))<<slabBits {
-		s.chunks = append(s.chunks, make([]blockRec, 1<<slabBits))
+		if n := len(s.spare); n > 0 {
+			s.chunks = append(s.chunks, s.spare[n-1])
+			s.spare = s.spare[:n-1]
+		} else {
+			s.chunks = append(s.chunks, newChunk())
+		}
 	}
 	s.n += k
 	return a
+}
+
+// reserve makes spare chunks, if needed, for k more ids: the memory of a
+// new chunk comes from the system on its first write, a page at a time,
+// so a writer makes it without the lock, and writes it.
+func (s *blockSlab) reserve(k int) {
+	for uint64(s.n)+uint64(k) > uint64(len(s.chunks)+len(s.spare))<<slabBits {
+		s.spare = append(s.spare, newChunk())
+	}
+}
+
+// newChunk returns a chunk of blocks whose pages are all written.
+func newChunk() []blockRec {
+	c := make([]blockRec, 1<<slabBits)
+	step := max(1, 4096/int(unsafe.Sizeof(blockRec{})))
+	for i := 0; i < len(c); i += step {
+		c[i] = blockRec{}
+	}
+	return c
 }
