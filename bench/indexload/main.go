@@ -8,6 +8,8 @@
 // It reports sustained blocks applied per second (alone, while the trace's
 // requests are matched as they come, and under matches run back to back),
 // match latency percentiles, and heap bytes per (block, worker) entry.
+// First it measures how often the machine holds up a running thread
+// (-holdups): the floor under the tail of match latency on a shared VM.
 // Built with -tags matchphases, it also reports how long the replay's and
 // the idle matches spent in each phase: waiting for the lock, starting,
 // walking, emitting (see indexer.Index.ObservePhases). It owns nothing
@@ -26,6 +28,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -51,6 +54,7 @@ type config struct {
 	idleRounds   int
 	seed         uint64
 	cpuProfile   string
+	holdUps      time.Duration
 }
 
 func main() {
@@ -66,6 +70,7 @@ func main() {
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
+	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
 	flag.Parse()
 	if err := run(cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "indexload:", err)
@@ -110,7 +115,13 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- trace: %s (%d requests, %d prompt blocks of %d tokens)\n", cfg.trace, len(reqs), totalLen(prompts), 512/cfg.split)
 	fmt.Fprintf(out, "- workers: %d, cache %d blocks each; %d events carrying %d block operations\n", cfg.workers, cfg.capacity, len(events), blocks)
 	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
-	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n\n", cfg.eventThreads, cfg.queriers)
+	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n", cfg.eventThreads, cfg.queriers)
+	if cfg.holdUps > 0 {
+		h := measureHoldUps(cfg.holdUps)
+		fmt.Fprintf(out, "- hold-ups: a thread repeating the same %s of work was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
+			h.work.Round(10*time.Nanosecond), holdUpMin, float64(h.n)/h.total.Seconds(), 100*h.lost.Seconds()/h.total.Seconds(), h.total.Round(time.Millisecond))
+	}
+	fmt.Fprintln(out)
 
 	// Phase 1: apply alone, measuring throughput and memory: the heap's
 	// growth from the empty index (its Set and queues made) to the full one.
@@ -499,6 +510,59 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		return nil, nil, 0, fmt.Errorf("%d events failed to apply", n)
 	}
 	return set, ix, elapsed, nil
+}
+
+// holdUpMin is the shortest repeat of the work counted as a hold-up.
+const holdUpMin = 8 * time.Microsecond
+
+// holdUps is what holdUpsOf measured.
+type holdUps struct {
+	n     int           // repeats that took holdUpMin or longer
+	lost  time.Duration // their time, less the work's usual time
+	total time.Duration
+	work  time.Duration // the shortest repeat
+}
+
+// measureHoldUps measures, for d, how often the machine holds up a thread
+// doing fixed work: interrupts, the hypervisor's steal, the Go runtime. A
+// match that waits for a writer waits longer when the writer is held up
+// while it holds the lock, so these set a floor to the tail of match
+// latency.
+func measureHoldUps(d time.Duration) holdUps {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	x := uint64(1)
+	h := holdUpsOf(d, time.Now, func() {
+		for range 200 {
+			x = x*6364136223846793005 + 1442695040888963407
+		}
+	})
+	runtime.KeepAlive(x)
+	return h
+}
+
+// holdUpsOf runs work back to back for d, timed by now, and counts the
+// repeats that took holdUpMin or longer. It allocates nothing.
+func holdUpsOf(d time.Duration, now func() time.Time, work func()) holdUps {
+	h := holdUps{work: time.Duration(math.MaxInt64)}
+	var long time.Duration // the time of the hold-ups
+	start := now()
+	for prev := start; ; {
+		work()
+		t := now()
+		gap := t.Sub(prev)
+		prev = t
+		h.work = min(h.work, gap)
+		if gap >= holdUpMin {
+			h.n++
+			long += gap
+		}
+		if h.total = t.Sub(start); h.total >= d {
+			break
+		}
+	}
+	h.lost = long - time.Duration(h.n)*h.work
+	return h
 }
 
 // latencies collects match durations.

@@ -40,6 +40,36 @@ func TestSimulateEvictsTailFirst(t *testing.T) {
 	}
 }
 
+func TestHoldUpsOf(t *testing.T) {
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	cases := []struct {
+		name  string
+		gaps  []time.Duration // each repeat's time
+		d     time.Duration
+		n     int
+		lost  time.Duration
+		work  time.Duration
+		total time.Duration
+	}{
+		{"none", []time.Duration{us(1), us(1), us(1)}, us(3), 0, 0, us(1), us(3)},
+		{"two", []time.Duration{us(1), us(10), us(1), us(1), us(40)}, us(50), 2, us(48), us(1), us(53)},
+		{"the shortest repeat", []time.Duration{us(3), us(2), us(9), us(4)}, us(18), 1, us(7), us(2), us(18)},
+		{"at the threshold", []time.Duration{us(2), holdUpMin, us(2)}, us(11), 1, holdUpMin - us(2), us(2), us(12)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clock := time.Unix(0, 0)
+			i := 0
+			now := func() time.Time { return clock }
+			work := func() { clock = clock.Add(c.gaps[i]); i++ }
+			h := holdUpsOf(c.d, now, work)
+			if i != len(c.gaps) || h.n != c.n || h.lost != c.lost || h.work != c.work || h.total != c.total {
+				t.Fatalf("%d repeats: %+v, want %d repeats, n %d lost %s work %s total %s", i, h, len(c.gaps), c.n, c.lost, c.work, c.total)
+			}
+		})
+	}
+}
+
 func TestGroupShapes(t *testing.T) {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	shapes := []shape{
@@ -137,7 +167,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, indexShards: 1, queriers: 1, idleRounds: 2, backlog: 2, seed: 1}
+	cfg := config{trace: trace, workers: 2, split: 4, capacity: 6, eventThreads: 2, indexShards: 1, queriers: 1, idleRounds: 2, backlog: 2, seed: 1, holdUps: time.Millisecond}
 	for _, shards := range []int{1, 2} {
 		out.Reset()
 		cfg.indexShards = shards
@@ -148,7 +178,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		if got := strings.Contains(out.String(), "| wait for the lock |"); got != timed {
 			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
 		}
-		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry",
+		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "- hold-ups: a thread repeating",
 			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
