@@ -10,6 +10,8 @@
 // match latency percentiles, and heap bytes per (block, worker) entry.
 // First it measures how often the machine holds up a running thread
 // (-holdups): the floor under the tail of match latency on a shared VM.
+// With -pace, the replay submits events no faster than a given rate, to
+// time its matches at that apply rate rather than at the fastest.
 // Built with -tags matchphases, it also reports how long the replay's and
 // the idle matches spent in each phase: waiting for the lock, starting,
 // walking, emitting (see indexer.Index.ObservePhases). It owns nothing
@@ -55,6 +57,7 @@ type config struct {
 	seed         uint64
 	cpuProfile   string
 	holdUps      time.Duration
+	pace         float64 // replay: blocks submitted per second, at most (0: as fast as applied)
 }
 
 func main() {
@@ -70,6 +73,7 @@ func main() {
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
+	flag.Float64Var(&cfg.pace, "pace", 0, "submit the replay's events at this many million blocks per second, at most (0: as fast as they apply), to time its matches at a given apply rate")
 	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
 	flag.Parse()
 	if err := run(cfg, os.Stdout); err != nil {
@@ -79,8 +83,8 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 {
-		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1, queriers >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 || cfg.pace < 0 {
+		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1, queriers and pace >= 0")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -130,7 +134,7 @@ func run(cfg config, out io.Writer) error {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 	}
-	set, ix, elapsed, err := apply(cfg, events, empty, nil, nil)
+	set, ix, elapsed, err := apply(cfg, events, empty, nil, nil, 0)
 	if err != nil {
 		return err
 	}
@@ -153,7 +157,7 @@ func run(cfg config, out io.Writer) error {
 	// router does: it routes the request, then the worker stores).
 	var replay latencies
 	r := &replayer{queries: queries, firsts: firsts}
-	_, rix, replayElapsed, err := apply(cfg, events, nil, nil, r.before)
+	_, rix, replayElapsed, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
 	if err != nil {
 		return err
 	}
@@ -166,7 +170,7 @@ func run(cfg config, out io.Writer) error {
 	var lat latencies
 	_, six, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
 		lat = measureBusy(ix, queries, cfg.queriers, stop)
-	}, nil)
+	}, nil, 0)
 	if err != nil {
 		return err
 	}
@@ -174,7 +178,11 @@ func run(cfg config, out io.Writer) error {
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
 	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(out, "| blocks applied per second, alone | %s (%d ops in %s) |\n", rate(elapsed), blocks, elapsed.Round(time.Millisecond))
-	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events) | %s (%d ops in %s) |\n", rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
+	paced := ""
+	if cfg.pace > 0 {
+		paced = fmt.Sprintf(", events submitted at %.2f M blocks/s at most", cfg.pace)
+	}
+	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events%s) | %s (%d ops in %s) |\n", paced, rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
@@ -449,7 +457,10 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 // running during(ix, stop) concurrently when given, and calling before(ix,
 // i) (when given) before submitting event i and, with i = len(events),
 // after the last.
-func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int)) (*indexer.Set, *indexer.Index, time.Duration, error) {
+//
+// With pace > 0 (blocks per second), it submits each event no earlier
+// than the blocks before it take at that rate.
+func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int), pace float64) (*indexer.Set, *indexer.Index, time.Duration, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, IndexShards: cfg.indexShards, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
@@ -477,13 +488,20 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	}
 	ctx := context.Background()
 	start := time.Now()
-	pace := func(i int) { // until fewer than backlog of events[:i] are left
+	wait := func(i int) { // until fewer than backlog of events[:i] are left
 		for int64(i)-applied.Load() >= int64(cfg.backlog) {
 			<-room
 		}
 	}
+	ops := 0
 	for i, ev := range events {
-		pace(i)
+		wait(i)
+		if pace > 0 {
+			if d := time.Until(start.Add(time.Duration(float64(ops) / pace * 1e9))); d > 0 {
+				time.Sleep(d)
+			}
+			ops += len(ev.Blocks) + len(ev.Hashes)
+		}
 		if before != nil {
 			before(ix, i)
 		}
@@ -492,7 +510,7 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		}
 	}
 	if before != nil {
-		pace(len(events))
+		wait(len(events))
 		before(ix, len(events))
 	}
 	for w := range cfg.workers {

@@ -215,11 +215,45 @@ func TestApplyKeepsTheBacklog(t *testing.T) {
 				low = append(low, fmt.Sprintf("event %d: %d applied", i, got))
 			}
 		}
-		if _, _, _, err := apply(cfg, events, nil, nil, before); err != nil {
+		if _, _, _, err := apply(cfg, events, nil, nil, before, 0); err != nil {
 			t.Fatal(err)
 		}
 		if len(low) > 0 {
 			t.Errorf("backlog %d: submitted too early: %v", backlog, low)
+		}
+	}
+}
+
+// TestApplyPaces: with a pace of p blocks per second, event i is submitted
+// no earlier than the blocks of the events before it take at that rate.
+func TestApplyPaces(t *testing.T) {
+	const n, pace = 20, 2000.0 // 20 events of 1 or 2 blocks: at least 14 ms
+	var events []indexer.Event
+	var ops []int // blocks before event i
+	total := 0
+	for i := range n {
+		ops = append(ops, total)
+		blocks := []indexer.Block{{Hash: uint64(2*i + 1), Local: uint64(2*i + 1)}}
+		if i%2 == 1 {
+			blocks = append(blocks, indexer.Block{Hash: uint64(2*i + 2), Local: uint64(2*i + 2)})
+		}
+		total += len(blocks)
+		events = append(events, indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: uint64(i)}, Tier: indexer.TierDevice, Blocks: blocks})
+	}
+	cfg := config{workers: n, eventThreads: 2, indexShards: 1, backlog: n}
+	var at []time.Duration
+	t0 := time.Now() // no later than apply's start
+	before := func(_ *indexer.Index, i int) {
+		if i < n {
+			at = append(at, time.Since(t0))
+		}
+	}
+	if _, _, _, err := apply(cfg, events, nil, nil, before, pace); err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range at {
+		if due := time.Duration(float64(ops[i]) / pace * float64(time.Second)); d < due {
+			t.Errorf("event %d submitted %s after the start, before %s", i, d, due)
 		}
 	}
 }
