@@ -1232,9 +1232,11 @@ type growth struct {
 }
 
 // prepare returns the growth ev may need, and makes the slab's chunks for
-// its new blocks. It only reads the tree, but for the slab's spare chunks,
-// which only writers use: a writer may call it without the lock, as writers
-// take turns.
+// its new blocks. It reads the tree and writes only the slab's spare
+// chunks, which matches never read: a writer calls it without the lock,
+// as writers take turns. An event that needs more than prepare foresaw
+// (a Cleared event, which splits spans without naming blocks) grows what
+// it needs under the lock, as before.
 func (t *runTree) prepare(ev Event) growth {
 	var g growth
 	k := len(ev.Blocks) + len(ev.Hashes)
