@@ -241,3 +241,65 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 	ix.RemoveWorker(1)
 	check("a removed", ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
 }
+
+// TestPrepareGrowsOffTheLock checks that what prepare builds for an event
+// without the lock is all the event needs: applying it grows no array of
+// the tree (spans, sets, heads), makes no slab chunk and resizes no
+// known rank's engine-id table, where a copy or a chunk's first writes
+// would hold matches up under the lock.
+func TestPrepareGrowsOffTheLock(t *testing.T) {
+	const n = 3<<slabBits/2 + 11 // a chain over two chunks
+	local := func(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
+	chain := func(w uint64, from, k int) []Block {
+		bs := make([]Block, k)
+		for i := range bs {
+			bs[i] = Block{Hash: w<<40 | uint64(from+i), Local: local(from + i)}
+		}
+		return bs
+	}
+	every3 := func(w uint64, from, to int) []uint64 {
+		var hs []uint64
+		for i := from; i < to; i += 3 {
+			hs = append(hs, w<<40|uint64(i))
+		}
+		return hs
+	}
+	a, b := wr(1, 0), wr(2, 0)
+	events := []struct {
+		name string
+		ev   Event
+	}{
+		{"a new chain", stored(a, TierDevice, nil, chain(1, 0, n))},
+		{"another rank along it", stored(b, TierDevice, nil, chain(2, 0, 3000))},
+		{"along it again, to host", stored(b, TierHost, nil, chain(2, 0, 3000))},
+		{"every third block of a stretch evicted", removed(a, TierDevice, every3(1, 100, 2500)...)},
+		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, Hashes: every3(1, 101, 2500)}},
+		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), chain(1, n, 6000))},
+		{"b's tail evicted", removed(b, TierDevice, every3(2, 2000, 3000)...)},
+	}
+	tr := newRunTree()
+	for _, e := range events {
+		g := tr.prepare(e.ev)
+		tr.use(e.ev.Worker, g)
+		spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
+		chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
+		slot, known := tr.slotOf[e.ev.Worker]
+		var names int
+		if known {
+			names = len(tr.ranks[slot].names.tab)
+		}
+		if _, err := tr.apply(e.ev); err != nil {
+			t.Fatalf("%s: %v", e.name, err)
+		}
+		checkRunTree(t, tr)
+		if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
+			t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", e.name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
+		}
+		if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
+			t.Errorf("%s: applying made %d slab chunks", e.name, got-chunks)
+		}
+		if known && len(tr.ranks[slot].names.tab) != names {
+			t.Errorf("%s: applying resized the engine-id table, %d -> %d slots", e.name, names, len(tr.ranks[slot].names.tab))
+		}
+	}
+}
