@@ -141,8 +141,8 @@ type Overlap struct {
 	Device int32
 	Host   int32
 	Disk   int32
-	// Blocks is how many blocks the rank holds in all, of any prompt and
-	// on any tier (its tree size; see RankBlocks), as of the match.
+	// Blocks is how many engine ids the rank holds in all, of any prompt
+	// and on any tier (see RankBlocks), as of the match.
 	Blocks int32
 }
 
@@ -151,8 +151,9 @@ func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
 	return int(o.Device) * blockSize, int(o.Host) * blockSize, int(o.Disk) * blockSize
 }
 
-// writeChunk is how many blocks a writer processes per lock hold, so a long
-// event or a worker removal never stalls matches for long. Readers may
+// writeChunk is how many blocks a writer processes per lock hold, and the
+// step that reaches it (see lock.go), so a long event or a worker removal
+// never stalls matches for long. Readers may
 // observe a Stored or Removed event part-applied, which is the same state as
 // applying its blocks one by one: never a torn one.
 const writeChunk = 64
@@ -399,7 +400,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 		// mu too.
 		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
 			ix.lock()
-			ix.tree.useTrimmed(ev.Worker, tab)
+			ix.tree.use(ev.Worker, growth{names: tab})
 			ix.unlock()
 		}
 	}

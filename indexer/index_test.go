@@ -388,7 +388,7 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 
 // checkInvariants verifies the internal consistency of every shard's tree
 // (see checkRunTree).
-func checkInvariants(t testing.TB, ix *Index) {
+func checkInvariants(t fatalHelper, ix *Index) {
 	t.Helper()
 	for _, s := range ix.shards {
 		s.mu.RLock()
@@ -479,7 +479,7 @@ func TestOrphanLinks(t *testing.T) {
 			ix.RemoveWorker(2)
 			checkInvariants(t, ix)
 			if tr := ix.shards[0].tree; tr.live != 0 || tr.blocks.len() != 0 || tr.heads.len() != 0 || len(tr.spans) != len(tr.free) {
-				t.Fatalf("emptied index: %d live blocks of %d, %d heads, %d spans of %d free", tr.live, tr.blocks.len(), tr.heads.len(), len(tr.free), len(tr.spans))
+				t.Fatalf("emptied index: %d live blocks of %d, %d heads, %d spans of %d free", tr.live, tr.blocks.len(), tr.heads.len(), len(tr.spans), len(tr.free))
 			}
 		})
 	}

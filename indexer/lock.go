@@ -7,8 +7,9 @@ import (
 
 // How writers and matches share a shard's lock, mu.
 //
-// A writer holds mu exclusively for at most writeChunk blocks, and calls
-// relax after each step of at most maxStretch blocks (see runTree.yield).
+// A writer holds mu exclusively for writeChunk blocks, and the step that
+// reaches it (at most maxStretch blocks: see runTree.yield), at most; it
+// calls relax after each step.
 // A match that finds mu free takes it shared. One that finds it held by a
 // writer, where the shard has a spare core (shard.spare), hands itself to
 // that writer (handOver): it publishes itself in shard.handed and spins,

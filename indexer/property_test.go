@@ -272,12 +272,12 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 			}
 			queries = append(queries, genPath.Draw(t, "probe"))
 			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (%s)", step, log))
-			checkInvariantsRapid(t, ix)
+			checkInvariants(t, ix)
 			if got, want := nonZero(ix.BlockCounts()), m.counts(); !mapsEqual(got, want) {
 				t.Fatalf("after step %d (%s): block counts %v, want %v", step, log, got, want)
 			}
 		}
-		checkInvariantsRapid(t, ix)
+		checkInvariants(t, ix)
 
 		// load(dump(x)) answers every query like x.
 		loaded := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "loadedShards"))
@@ -333,15 +333,6 @@ func mapsEqual(a, b map[WorkerRank]int) bool {
 	return true
 }
 
-// checkInvariantsRapid checks the trees of ix (see checkRunTree).
-func checkInvariantsRapid(t *rapid.T, ix *Index) {
-	for _, s := range ix.shards {
-		s.mu.RLock()
-		checkRunTree(t, s.tree)
-		s.mu.RUnlock()
-	}
-}
-
 // TestDeepMatchesReferenceModel drives long spans and their splits, merges
 // and divergences inside them (see runTree.diverge):
 // long device-only paths over a 2-symbol alphabet (so ranks share long
@@ -387,9 +378,9 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 			}
 			queries = append(queries, path, genPath.Draw(t, "probe"))
 			checkQueries(t, ix, m, m.counts(), queries, fmt.Sprintf("after step %d (op on %v, path len %d)", step, w, len(path)))
-			checkInvariantsRapid(t, ix)
+			checkInvariants(t, ix)
 		}
-		checkInvariantsRapid(t, ix)
+		checkInvariants(t, ix)
 	})
 }
 
@@ -435,13 +426,13 @@ func TestEngineIDCollisions(t *testing.T) {
 				ix.RemoveWorkerRank(w)
 			}
 			queries = append(queries, path)
-			checkInvariantsRapid(t, ix)
+			checkInvariants(t, ix)
 		}
 		loaded := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "loadedShards"))
 		if _, err := loaded.Load(ix.Dump()); err != nil {
 			t.Fatalf("load: %v", err)
 		}
-		checkInvariantsRapid(t, loaded)
+		checkInvariants(t, loaded)
 		for _, q := range queries {
 			got, want := matchSorted(loaded, q), matchSorted(ix, q)
 			for i := range got {

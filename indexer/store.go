@@ -98,12 +98,12 @@ func (t *blockTable) len() int {
 	return t.n
 }
 
-// find looks m up. It returns m's slot and true, or the slot m would take
-// and false. The table must have slots.
-func (t *blockTable) find(m uint64) (int, bool) {
-	size := len(t.tab)
+// find looks m up in tab. It returns m's slot and true, or the slot m
+// would take and false. tab must have slots.
+func find(tab []blockEntry, m uint64) (int, bool) {
+	size := len(tab)
 	for i, d := home(m, size), 0; ; d++ {
-		cm := t.tab[i].mixed()
+		cm := tab[i].mixed()
 		if cm == m {
 			return i, true
 		}
@@ -130,7 +130,7 @@ func (t *blockTable) lookup(id uint64) (int, bool) {
 	if len(t.tab) == 0 {
 		return 0, false
 	}
-	return t.find(mix(id))
+	return find(t.tab, mix(id))
 }
 
 // wordAt returns the word at slot i (from lookup).
@@ -149,18 +149,6 @@ func (t *blockTable) get(id uint64) (uint32, bool) {
 	return 0, false
 }
 
-// put sets the word of id.
-func (t *blockTable) put(id uint64, word uint32) {
-	if !t.add(id, word, 1) {
-		i, _ := t.lookup(id)
-		if i < 0 {
-			t.zeroWord = word
-		} else {
-			t.tab[i].word = word
-		}
-	}
-}
-
 // add gives id the word, if id has none (else it reports false), with one
 // probe: a full table first grows for left more ids (the blocks left in a
 // Stored event), not for one at a time.
@@ -176,7 +164,7 @@ func (t *blockTable) add(id uint64, word uint32, left int) bool {
 	i := -1
 	if len(t.tab) > 0 {
 		var found bool
-		if i, found = t.find(m); found {
+		if i, found = find(t.tab, m); found {
 			return false
 		}
 	}
@@ -185,7 +173,7 @@ func (t *blockTable) add(id uint64, word uint32, left int) bool {
 		i = -1
 	}
 	if i < 0 {
-		i = findIn(t.tab, m)
+		i, _ = find(t.tab, m)
 	}
 	shift(t.tab, newBlockEntry(m, word), i)
 	t.n++
@@ -255,7 +243,8 @@ func (t *blockTable) resized(size int) []blockEntry {
 			return
 		}
 		next = size
-		shift(tab, e, findIn(tab, m))
+		j, _ := find(tab, m)
+		shift(tab, e, j)
 	}
 	for _, e := range t.tab[w:] {
 		if e.mixed() != 0 {
@@ -266,13 +255,6 @@ func (t *blockTable) resized(size int) []blockEntry {
 		place(e)
 	}
 	return tab
-}
-
-// findIn returns where find stops for m in tab.
-func findIn(tab []blockEntry, m uint64) int {
-	t := blockTable{tab: tab}
-	i, _ := t.find(m)
-	return i
 }
 
 // shift puts e at slot i, where find stopped for it, and moves the
@@ -290,15 +272,6 @@ func shift(tab []blockEntry, e blockEntry, i int) {
 			i = 0
 		}
 	}
-}
-
-// del removes id and reports whether it was there.
-func (t *blockTable) del(id uint64) bool {
-	i, ok := t.lookup(id)
-	if ok {
-		t.delAt(i)
-	}
-	return ok
 }
 
 // delAt removes the entry at slot i (from lookup): the rest of its run
@@ -390,8 +363,8 @@ func (t *headTable) put(k uint64, v uint32) {
 		t.zero, t.zv = true, v
 		return
 	}
-	if (t.n+1)*8 > len(t.slots)*7 {
-		t.grow()
+	if g := t.grownFor(1); g != nil {
+		t.slots = g
 	}
 	m := uint64(len(t.slots) - 1)
 	for i := mix(k) & m; ; i = (i + 1) & m {
@@ -406,8 +379,6 @@ func (t *headTable) put(k uint64, v uint32) {
 		}
 	}
 }
-
-func (t *headTable) grow() { t.slots = t.rehashed(max(16, 2*len(t.slots))) }
 
 // grownFor returns the table's slots rehashed into a table large enough
 // for extra more keys, if it is not, or nil. It only reads t.

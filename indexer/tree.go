@@ -69,7 +69,9 @@ type holdSet struct {
 	words int
 	refs  int32
 	hash  uint64
-	gen   uint32 // counts the uses of this id, so that a span's diff can tell
+	// gen counts the uses of this id, so that a span's diff can tell a
+	// set reused under the id from the one it was made from.
+	gen uint32
 }
 
 // rankHead is what Match reads of a rank (see runTree.who), apart from
@@ -81,9 +83,7 @@ type rankHead struct {
 
 // rankInfo is one worker rank of a runTree.
 type rankInfo struct {
-	wr    WorkerRank
 	names blockTable // engine id -> block
-	used  bool
 }
 
 // runTree is the tree of one shard.
@@ -182,10 +182,16 @@ func (t *runTree) unref(id uint32) {
 	t.freeS = append(t.freeS, id)
 }
 
+// slotIndex returns where slot's element is, or would go, in es, sorted
+// elements slot<<3|tiers, and whether it is there.
+func slotIndex(es []uint32, slot uint32) (int, bool) {
+	return slices.BinarySearchFunc(es, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+}
+
 // tiersIn returns the tiers slot holds in set id.
 func (t *runTree) tiersIn(id uint32, slot uint32) Tier {
 	es := t.sets[id].elems
-	i, ok := slices.BinarySearchFunc(es, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	i, ok := slotIndex(es, slot)
 	if !ok {
 		return 0
 	}
@@ -196,7 +202,7 @@ func (t *runTree) tiersIn(id uint32, slot uint32) Tier {
 // removed), taking a reference.
 func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 	es := t.sets[id].elems
-	i, ok := slices.BinarySearchFunc(es, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	i, ok := slotIndex(es, slot)
 	t.tmp = append(t.tmp[:0], es[:i]...)
 	if tiers != 0 {
 		t.tmp = append(t.tmp, slot<<3|uint32(tiers))
@@ -215,12 +221,7 @@ func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 func (t *runTree) setSpanSet(s, id, slot uint32) {
 	S := &t.spans[s]
 	old := S.set
-	var child uint32 = noBlock
-	if nb := S.first + S.n; int(nb) < t.blocks.len() {
-		if c := t.blocks.at(nb).span; c < freeBlock && t.spans[c].parent == nb-1 {
-			child = c
-		}
-	}
+	child := t.chainedChild(S)
 	childFresh := child != noBlock && t.freshDiff(child, old)
 	S.set = id
 	tiers := t.tiersIn(id, slot)
@@ -250,7 +251,7 @@ func (t *runTree) freshDiff(s, p uint32) bool {
 // adjustDiff returns diff with slot's entry for tiers from in the parent
 // span's set and here in the span's.
 func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
-	i, ok := slices.BinarySearchFunc(diff, slot, func(e, s uint32) int { return int(e>>3) - int(s) })
+	i, ok := slotIndex(diff, slot)
 	switch {
 	case from == 0 || from == here:
 		if ok {
@@ -384,6 +385,17 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	return b
 }
 
+// chainedChild returns the child span of S whose first block is the one
+// after S's last in the slab, or noBlock.
+func (t *runTree) chainedChild(S *span) uint32 {
+	if nb := S.first + S.n; int(nb) < t.blocks.len() {
+		if c := t.blocks.at(nb).span; c < freeBlock && t.spans[c].parent == nb-1 {
+			return c
+		}
+	}
+	return noBlock
+}
+
 // tidy merges span s with its only child and its parent where they can
 // be one span, or prunes it if it has no holders and no kids.
 func (t *runTree) tidy(s uint32) {
@@ -393,14 +405,9 @@ func (t *runTree) tidy(s uint32) {
 		return
 	}
 	if S.kids == 1 {
-		if nb := S.first + S.n; int(nb) < t.blocks.len() {
-			if c := t.blocks.at(nb).span; c < freeBlock {
-				C := &t.spans[c]
-				if C.first == nb && C.parent == nb-1 && C.set == S.set {
-					s = t.merge(s, c)
-					S = &t.spans[s]
-				}
-			}
+		if c := t.chainedChild(S); c != noBlock && t.spans[c].set == S.set {
+			s = t.merge(s, c)
+			S = &t.spans[s]
 		}
 	}
 	if pb := S.parent; pb != noBlock && pb+1 == S.first {
@@ -493,11 +500,10 @@ func (t *runTree) isolate(b, k uint32) uint32 {
 // setTiers makes slot hold blocks b..b+k-1 (in one span) on exactly
 // tiers.
 func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
-	s := t.blocks.at(b).span
-	if t.tiersIn(t.spans[s].set, slot) == tiers {
+	if t.blockTiers(slot, b) == tiers {
 		return
 	}
-	s = t.isolate(b, k)
+	s := t.isolate(b, k)
 	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers), slot)
 	t.tidy(s)
 }
@@ -515,7 +521,7 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	if int(i) == len(t.who) {
 		t.who = append(t.who, rankHead{})
 	}
-	t.ranks[i] = rankInfo{wr: wr, used: true}
+	t.ranks[i] = rankInfo{}
 	t.who[i] = rankHead{wr: wr}
 	t.slotOf[wr] = i
 	return i
@@ -549,15 +555,14 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	S := &t.spans[sp]
 	before := t.tiersIn(S.set, slot)
 	left := before &^ tiers
+	removed := bits.OnesCount8(uint8(before & tiers))
 	if left == 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks.at(b).pins == 1 && len(t.sets[S.set].elems) == 1 {
 		// The tail of a chain only this rank holds (h alone names it, so
 		// its one holder is this rank), as engines evict: the span gets
 		// shorter, rather than setTiers splitting the block off.
-		r.names.delAt(i)
-		t.who[slot].blocks--
-		t.blocks.at(b).pins = 0
+		t.unname(&r.names, slot, i, b) // no prune: the span has a holder
 		t.dropTail(sp)
-		return bits.OnesCount8(uint8(before & tiers))
+		return removed
 	}
 	if left != before {
 		t.setTiers(b, 1, slot, left)
@@ -565,12 +570,13 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	if left == 0 {
 		t.unname(&r.names, slot, i, b)
 	}
-	return bits.OnesCount8(uint8(before & tiers))
+	return removed
 }
 
 // store applies a Stored event (not ByID). Stretches of blocks the rank
-// does not hold yet, under engine ids it does not use, are held a span at
-// a time; other blocks one by one (see storeOne).
+// does not hold yet, under engine ids it does not use, along one span or
+// new, are held up to maxStretch at a time; other blocks one by one (see
+// storeOne).
 func (t *runTree) store(ev Event) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
@@ -663,7 +669,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			continue
 		}
 		var added, removed int
-		cur, added, removed = t.storeOne(slot, cur, key, ev.Blocks[i], ev.Tier)
+		cur, added, removed = t.storeOne(slot, cur, nxt, key, ev.Blocks[i], ev.Tier)
 		res.Stored += added
 		res.Removed += removed
 		prev = key
@@ -688,14 +694,6 @@ func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left
 	return true
 }
 
-// name makes engine id h of slot, in names, which names nothing, name
-// block b.
-func (t *runTree) name(names *blockTable, slot uint32, h uint64, b uint32) {
-	names.put(h, b)
-	t.who[slot].blocks++
-	t.blocks.at(b).pins++
-}
-
 // unname drops the engine id at i in names (see blockTable.lookup) of
 // slot, which names block b.
 func (t *runTree) unname(names *blockTable, slot uint32, i int, b uint32) {
@@ -708,7 +706,7 @@ func (t *runTree) unname(names *blockTable, slot uint32, i int, b uint32) {
 // noBlock.
 func (t *runTree) next(cur uint32, key uint64) uint32 {
 	if cur == noBlock {
-		if s, ok := t.heads.get(key); ok && t.spans[s].parent == noBlock {
+		if s, ok := t.childSpan(noBlock, key); ok {
 			return t.spans[s].first
 		}
 		return noBlock
@@ -721,18 +719,24 @@ func (t *runTree) next(cur uint32, key uint64) uint32 {
 		return noBlock
 	}
 	if S.kids > 0 {
-		if s, ok := t.heads.get(key); ok && t.spans[s].parent == cur {
+		if s, ok := t.childSpan(cur, key); ok {
 			return t.spans[s].first
 		}
 	}
 	return noBlock
 }
 
+// childSpan returns the span under block parent (noBlock: a root) whose
+// first block has key.
+func (t *runTree) childSpan(parent uint32, key uint64) (uint32, bool) {
+	s, ok := t.heads.get(key)
+	return s, ok && t.spans[s].parent == parent
+}
+
 // storeOne stores one block with key under cur for slot, whatever its
 // engine id named before, and returns it and the (block, tier) entries
-// added and removed.
-func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (uint32, int, int) {
-	nxt := t.next(cur, key)
+// added and removed. nxt is next(cur, key).
+func (t *runTree) storeOne(slot, cur, nxt uint32, key uint64, bl Block, tier Tier) (uint32, int, int) {
 	if nxt == noBlock {
 		nxt = t.add(cur, key, bl.Local)
 	}
@@ -749,7 +753,7 @@ func (t *runTree) storeOne(slot, cur uint32, key uint64, bl Block, tier Tier) (u
 		had = false
 	}
 	if !had {
-		t.name(&r.names, slot, bl.Hash, nxt)
+		t.claim(&r.names, slot, bl.Hash, nxt, 1) // h names nothing now
 	}
 	added := 0
 	if before := t.blockTiers(slot, nxt); before&tier == 0 {
@@ -827,15 +831,14 @@ func (t *runTree) remove(ev Event) ApplyResult {
 // whose engine ids the rank holds on some tier.
 func (t *runTree) storeByID(ev Event) ApplyResult {
 	var res ApplyResult
-	slot, ok := t.slotOf[ev.Worker]
+	slot, known := t.slotOf[ev.Worker]
 	for _, h := range ev.Hashes {
 		var b uint32
 		var before Tier
-		if ok {
-			if b, ok = t.ranks[slot].names.get(h); ok {
-				before = t.blockTiers(slot, b)
+		if known {
+			if named, ok := t.ranks[slot].names.get(h); ok {
+				b, before = named, t.blockTiers(slot, named)
 			}
-			ok = true
 		}
 		switch {
 		case before == 0:
@@ -938,8 +941,8 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	if len(seq) == 0 {
 		return dst
 	}
-	s, ok := t.heads.get(seq[0])
-	if !ok || t.spans[s].parent != noBlock {
+	s, ok := t.childSpan(noBlock, seq[0])
+	if !ok {
 		return dst
 	}
 	m.reset(len(t.ranks))
@@ -968,6 +971,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	for _, x := range m.cands[classAny] {
 		live += bits.OnesCount64(x)
 	}
+	n := live // ranks emitted: all of m.all
 	last := uint32(len(seq) - 1)
 	var reached uint32 // where the ranks still in cands end
 	for {
@@ -985,13 +989,12 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 			reached = last + 1
 			break
 		}
-		c, ok := t.heads.get(seq[end+1])
-		if !ok || t.spans[c].parent != S.first+S.n-1 {
+		c, ok := t.childSpan(S.first+S.n-1, seq[end+1])
+		if !ok {
 			reached = end + 1
 			break
 		}
 		fromID := S.set
-		from := &t.sets[fromID]
 		S = &t.spans[c]
 		if S.set == fromID {
 			continue
@@ -1015,7 +1018,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		} else {
 			// Candidates are within from's ranks: only words where the
 			// two sets differ can drop any.
-			set := &t.sets[S.set]
+			from, set := &t.sets[fromID], &t.sets[S.set]
 			for k := range nClasses {
 				fb, cb := from.classBits(k), set.classBits(k)
 				reach := m.reach[k]
@@ -1049,10 +1052,6 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 		}
 	}
 	clock.lap(phaseWalk)
-	n := 0
-	for _, x := range m.all {
-		n += bits.OnesCount64(x)
-	}
 	at := len(dst)
 	dst = slices.Grow(dst, n)[:at+n]
 	out := dst[at:]
@@ -1116,10 +1115,8 @@ func (t *runTree) diverge(seq []uint64, S *span, hi uint32) uint32 {
 
 // blockCounts sets, in out, how many engine ids each rank holds.
 func (t *runTree) blockCounts(out map[WorkerRank]int) {
-	for _, r := range t.ranks {
-		if r.used {
-			out[r.wr] = r.names.len()
-		}
+	for wr, slot := range t.slotOf {
+		out[wr] = t.ranks[slot].names.len()
 	}
 }
 
@@ -1225,7 +1222,7 @@ func (t *runTree) unlinkFree(a, n uint32) {
 // of a large tree's spans or heads would hold matches up for
 // milliseconds.
 type growth struct {
-	names []blockEntry // the rank's engine-id table (see resizeFor)
+	names []blockEntry // the rank's engine-id table (see resizeFor, trimmed)
 	spans []span
 	sets  []holdSet
 	heads []headSlot
@@ -1236,7 +1233,7 @@ type growth struct {
 // chunks, which matches never read: a writer calls it without the lock,
 // as writers take turns. An event that needs more than prepare foresaw
 // (a Cleared event, which splits spans without naming blocks) grows what
-// it needs under the lock, as before.
+// it needs under the lock (blockTable.add, headTable.put, append).
 func (t *runTree) prepare(ev Event) growth {
 	var g growth
 	k := len(ev.Blocks) + len(ev.Hashes)
@@ -1353,12 +1350,6 @@ func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
 		return nil
 	}
 	return t.ranks[slot].names.trimmed()
-}
-
-// useTrimmed puts tab, from trimmed for rank wr with nothing applied
-// since, in place.
-func (t *runTree) useTrimmed(wr WorkerRank, tab []blockEntry) {
-	t.ranks[t.slotOf[wr]].names.tab = tab
 }
 
 // rankList appends the tree's worker ranks to dst.

@@ -83,8 +83,9 @@ func main() {
 }
 
 func run(cfg config, out io.Writer) error {
-	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 || cfg.pace < 0 {
-		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1, queriers and pace >= 0")
+	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 ||
+		cfg.pace < 0 || math.IsNaN(cfg.pace) || math.IsInf(cfg.pace, 0) || cfg.holdUps < 0 {
+		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1; queriers, holdups and pace >= 0, pace finite")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -95,17 +96,6 @@ func run(cfg config, out io.Writer) error {
 		prompts[i] = expand(r, cfg.split)
 	}
 	events, firsts, blocks := simulate(cfg, prompts)
-	if cfg.cpuProfile != "" {
-		f, err := os.Create(cfg.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpu profile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
-	}
 	queries := make([][]uint64, len(prompts))
 	for i, p := range prompts {
 		local := make([]uint64, len(p))
@@ -122,10 +112,21 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n", cfg.eventThreads, cfg.queriers)
 	if cfg.holdUps > 0 {
 		h := measureHoldUps(cfg.holdUps)
-		fmt.Fprintf(out, "- hold-ups: a thread repeating the same %s of work was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
+		fmt.Fprintf(out, "- hold-ups: a thread repeating the same work (%s at the shortest, a clock read included) was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
 			h.work.Round(10*time.Nanosecond), holdUpMin, float64(h.n)/h.total.Seconds(), 100*h.lost.Seconds()/h.total.Seconds(), h.total.Round(time.Millisecond))
 	}
 	fmt.Fprintln(out)
+	if cfg.cpuProfile != "" {
+		f, err := os.Create(cfg.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 
 	// Phase 1: apply alone, measuring throughput and memory: the heap's
 	// growth from the empty index (its Set and queues made) to the full one.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -171,6 +172,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 	for _, shards := range []int{1, 2} {
 		out.Reset()
 		cfg.indexShards = shards
+		cfg.pace = float64(shards-1) * 1e3 // the second run paced, at a rate it never waits for
 		if err := run(cfg, &out); err != nil {
 			t.Fatal(err)
 		}
@@ -184,6 +186,9 @@ func TestRunOnASmallTrace(t *testing.T) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
 			}
 		}
+		if got, want := strings.Contains(out.String(), "events submitted at 1000.00 M blocks/s at most"), cfg.pace > 0; got != want {
+			t.Errorf("paced label printed %v, paced %v:\n%s", got, want, out.String())
+		}
 	}
 	if err := os.WriteFile(trace, []byte("{not json\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -193,6 +198,13 @@ func TestRunOnASmallTrace(t *testing.T) {
 	}
 	if err := run(config{trace: trace}, &out); err == nil {
 		t.Fatal("zero workers accepted")
+	}
+	for _, bad := range []config{{pace: -1}, {pace: math.NaN()}, {pace: math.Inf(1)}, {holdUps: -time.Second}} {
+		c := cfg
+		c.pace, c.holdUps = bad.pace, bad.holdUps
+		if err := run(c, &out); err == nil || !strings.Contains(err.Error(), "pace finite") {
+			t.Errorf("pace %v, holdups %v: err = %v", bad.pace, bad.holdUps, err)
+		}
 	}
 }
 
