@@ -11,7 +11,9 @@
 // First it measures how often the machine holds up a running thread
 // (-holdups): the floor under the tail of match latency on a shared VM.
 // With -pace, the replay submits events no faster than a given rate, to
-// time its matches at that apply rate rather than at the fastest.
+// time its matches at that apply rate rather than at the fastest. With
+// -rematch, the replay matches each prompt a second time at once, and
+// times that too: the same match with the blocks it reads in cache.
 // Built with -tags matchphases, it also reports how long the replay's and
 // the idle matches spent in each phase: waiting for the lock, starting,
 // walking, emitting (see indexer.Index.ObservePhases). It owns nothing
@@ -58,6 +60,7 @@ type config struct {
 	cpuProfile   string
 	holdUps      time.Duration
 	pace         float64 // replay: blocks submitted per second, at most (0: as fast as applied)
+	rematch      bool    // replay: match each prompt again at once, and time that too
 }
 
 func main() {
@@ -74,6 +77,7 @@ func main() {
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
 	flag.Float64Var(&cfg.pace, "pace", 0, "submit the replay's events at this many million blocks per second, at most (0: as fast as they apply), to time its matches at a given apply rate")
+	flag.BoolVar(&cfg.rematch, "rematch", false, "in the replay, match each prompt a second time at once and time that too: the same match with what it reads in cache")
 	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
 	flag.Parse()
 	if err := run(cfg, os.Stdout); err != nil {
@@ -157,7 +161,7 @@ func run(cfg config, out io.Writer) error {
 	// request's prompt when the trace reaches it, before its events (as a
 	// router does: it routes the request, then the worker stores).
 	var replay latencies
-	r := &replayer{queries: queries, firsts: firsts}
+	r := &replayer{queries: queries, firsts: firsts, rematch: cfg.rematch}
 	_, rix, replayElapsed, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
 	if err != nil {
 		return err
@@ -185,6 +189,10 @@ func run(cfg config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events%s) | %s (%d ops in %s) |\n", paced, rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
+	if cfg.rematch {
+		slices.Sort(r.again)
+		fmt.Fprintf(out, "| the same, each matched again at once (-rematch) | %s |\n", r.again)
+	}
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
 	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n(), six.Stats().Handed, lat.n())
@@ -236,6 +244,9 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Emit += p.Emit
 	l.cur.Ranks += p.Ranks
 }
+
+// drop forgets the current match's phases.
+func (l *phaseLog) drop() { l.cur = indexer.MatchPhases{} }
 
 // end files the current match's phases if it had candidates.
 func (l *phaseLog) end() {
@@ -432,6 +443,8 @@ type replayer struct {
 	next    int   // the next prompt to match
 	buf     []indexer.Overlap
 	lat     latencies
+	rematch bool      // match each prompt again at once, timed in again
+	again   latencies // the second matches
 	phases  phaseLog
 	hooked  bool // phases observes the replay's index
 }
@@ -447,6 +460,12 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
 		r.lat = append(r.lat, time.Since(t0))
 		r.phases.end()
+		if r.rematch {
+			t0 = time.Now()
+			r.buf = ix.Match(r.queries[r.next], r.buf[:0])
+			r.again = append(r.again, time.Since(t0))
+			r.phases.drop()
+		}
 	}
 }
 

@@ -99,13 +99,16 @@ func TestGroupShapes(t *testing.T) {
 }
 
 // TestPhaseLog: the shards' phases of one match are summed; matches
-// without candidates are left out; a wait over 1µs counts as waited.
+// without candidates are left out; a wait over 1µs counts as waited; a
+// dropped match (the replay's second, with -rematch) is not filed.
 func TestPhaseLog(t *testing.T) {
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	l := phaseLog{timed: true}
 	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(1), Walk: us(3), Emit: us(1), Ranks: 4})
 	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(1), Ranks: 0})
 	l.end()
+	l.observe(indexer.MatchPhases{Wait: us(5), Start: us(5), Walk: us(5), Emit: us(5), Ranks: 4})
+	l.drop()
 	l.observe(indexer.MatchPhases{Start: us(1)}) // no candidates
 	l.end()
 	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(2), Walk: us(2), Emit: us(2), Ranks: 1})
@@ -173,6 +176,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		out.Reset()
 		cfg.indexShards = shards
 		cfg.pace = float64(shards-1) * 1e3 // the second run paced, at a rate it never waits for
+		cfg.rematch = shards == 2
 		if err := run(cfg, &out); err != nil {
 			t.Fatal(err)
 		}
@@ -188,6 +192,9 @@ func TestRunOnASmallTrace(t *testing.T) {
 		}
 		if got, want := strings.Contains(out.String(), "events submitted at 1000.00 M blocks/s at most"), cfg.pace > 0; got != want {
 			t.Errorf("paced label printed %v, paced %v:\n%s", got, want, out.String())
+		}
+		if got, want := strings.Contains(out.String(), "| the same, each matched again at once (-rematch) | 3, "), cfg.rematch; got != want {
+			t.Errorf("second matches printed %v, rematch %v:\n%s", got, want, out.String())
 		}
 	}
 	if err := os.WriteFile(trace, []byte("{not json\n"), 0o600); err != nil {
