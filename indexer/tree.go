@@ -72,6 +72,9 @@ type holdSet struct {
 	// gen counts the uses of this id, so that a span's diff can tell a
 	// set reused under the id from the one it was made from.
 	gen uint32
+	// same is the next set with the same hash (see runTree.setIDs), 0 at
+	// the end.
+	same uint32
 }
 
 // rankHead is what Match reads of a rank (see runTree.who), apart from
@@ -93,8 +96,13 @@ type runTree struct {
 	free   []uint32  // free span ids
 	heads  headTable // key of a span's first block -> span
 	sets   []holdSet
-	setIDs map[uint64][]uint32 // hash -> ids
-	freeS  []uint32            // free set ids
+	// setIDs maps a hash to the first of the sets with that hash, which
+	// holdSet.same chains. Free set ids keep their sets' arrays, which
+	// intern reuses: writers, holding the lock, then allocate only as
+	// the sets grow in number or size (an allocation can make them help
+	// the garbage collector meanwhile).
+	setIDs map[uint64]uint32
+	freeS  []uint32 // free set ids
 	// freeHead heads, per size class (floor log2 of the length), a
 	// doubly linked list of free ranges of blocks (see release).
 	freeHead  [32]uint32
@@ -110,10 +118,16 @@ type runTree struct {
 	yield  func(blocks int)
 	slotOf map[WorkerRank]uint32
 	tmp    []uint32 // with's scratch
+	// diffs are spare arrays for span diffs, each with room for
+	// diffCap()+1 entries, freed by spans (see spareDiff): spans split,
+	// merge and go all the time, and their diffs then need no new
+	// memory, so that writers holding the lock do not allocate (an
+	// allocation can make them help the garbage collector meanwhile).
+	diffs [][]uint32
 }
 
 func newRunTree() *runTree {
-	t := &runTree{setIDs: make(map[uint64][]uint32), slotOf: make(map[WorkerRank]uint32)}
+	t := &runTree{setIDs: make(map[uint64]uint32), slotOf: make(map[WorkerRank]uint32)}
 	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
 	for c := range t.freeHead {
 		t.freeHead[c] = noBlock
@@ -136,17 +150,24 @@ func (t *runTree) intern(es []uint32) uint32 {
 	if len(es) == 0 {
 		return 0
 	}
-	h := hashElems(es)
-	for _, id := range t.setIDs[h] {
+	return t.internAs(es, hashElems(es))
+}
+
+// internAs is intern of es, not empty, whose hash is h.
+func (t *runTree) internAs(es []uint32, h uint64) uint32 {
+	first := t.setIDs[h]
+	for id := first; id != 0; id = t.sets[id].same {
 		if slices.Equal(t.sets[id].elems, es) {
 			t.sets[id].refs++
 			return id
 		}
 	}
 	id := reuse(&t.sets, &t.freeS)
-	set := holdSet{elems: slices.Clone(es), refs: 1, hash: h, gen: t.sets[id].gen + 1}
+	old := &t.sets[id]
 	words := int(es[len(es)-1]>>3)/64 + 1
-	set.bits, set.words = make([]uint64, nClasses*words), words
+	bits := slices.Grow(old.bits[:0], nClasses*words)[:nClasses*words]
+	clear(bits)
+	set := holdSet{elems: append(old.elems[:0], es...), bits: bits, words: words, refs: 1, hash: h, gen: old.gen + 1, same: first}
 	for _, e := range es {
 		s, tiers := e>>3, tiersOfElem(e)
 		for c := range nClasses {
@@ -156,7 +177,7 @@ func (t *runTree) intern(es []uint32) uint32 {
 		}
 	}
 	t.sets[id] = set
-	t.setIDs[h] = append(t.setIDs[h], id)
+	t.setIDs[h] = id
 	return id
 }
 
@@ -170,15 +191,19 @@ func (t *runTree) unref(id uint32) {
 	if s.refs--; s.refs > 0 {
 		return
 	}
-	ids := t.setIDs[s.hash]
-	i := slices.Index(ids, id)
-	ids = slices.Delete(ids, i, i+1)
-	if len(ids) == 0 {
+	switch first := t.setIDs[s.hash]; {
+	case first != id:
+		p := first
+		for t.sets[p].same != id {
+			p = t.sets[p].same
+		}
+		t.sets[p].same = s.same
+	case s.same != 0:
+		t.setIDs[s.hash] = s.same
+	default:
 		delete(t.setIDs, s.hash)
-	} else {
-		t.setIDs[s.hash] = ids
 	}
-	*s = holdSet{gen: s.gen}
+	*s = holdSet{elems: s.elems[:0], bits: s.bits[:0], gen: s.gen}
 	t.freeS = append(t.freeS, id)
 }
 
@@ -227,14 +252,14 @@ func (t *runTree) setSpanSet(s, id, slot uint32) {
 	tiers := t.tiersIn(id, slot)
 	if S.parent != noBlock {
 		if p := t.spans[t.blocks.at(S.parent).span].set; t.freshDiff(s, p) {
-			t.setDiff(S, adjustDiff(S.diff, slot, t.tiersIn(p, slot), tiers), p)
+			t.setDiff(S, adjustDiff(t.roomyDiff(S), slot, t.tiersIn(p, slot), tiers), p)
 		} else {
 			t.refreshDiff(s)
 		}
 	}
 	if child != noBlock {
 		if C := &t.spans[child]; childFresh {
-			t.setDiff(C, adjustDiff(C.diff, slot, tiers, t.tiersIn(C.set, slot)), id)
+			t.setDiff(C, adjustDiff(t.roomyDiff(C), slot, tiers, t.tiersIn(C.set, slot)), id)
 		} else {
 			t.refreshDiff(child)
 		}
@@ -249,7 +274,7 @@ func (t *runTree) freshDiff(s, p uint32) bool {
 }
 
 // adjustDiff returns diff with slot's entry for tiers from in the parent
-// span's set and here in the span's.
+// span's set and here in the span's. diff has room for one more entry.
 func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
 	i, ok := slotIndex(diff, slot)
 	switch {
@@ -273,15 +298,52 @@ func (t *runTree) refreshDiff(s uint32) {
 	if S.parent == noBlock {
 		return
 	}
+	if cap(S.diff) <= t.diffCap() {
+		t.dropDiff(S.diff)
+		S.diff = t.spareDiff()
+	}
 	p := t.spans[t.blocks.at(S.parent).span].set
-	t.setDiff(S, t.diffOf(p, S.set, S.diff), p)
+	t.setDiff(S, t.diffOf(p, S.set, S.diff, t.diffCap()+1), p)
+}
+
+// roomyDiff returns span S's diff, fresh, moved first to a spare array if
+// it has no room for one more entry.
+func (t *runTree) roomyDiff(S *span) []uint32 {
+	if len(S.diff) == cap(S.diff) {
+		d := append(t.spareDiff(), S.diff...)
+		t.dropDiff(S.diff)
+		S.diff = d
+	}
+	return S.diff
+}
+
+// spareDiff returns an empty array with room for diffCap()+1 entries: one
+// a span freed, if any is that large (diffCap grows with the ranks), or a
+// new one.
+func (t *runTree) spareDiff() []uint32 {
+	for n := len(t.diffs); n > 0; n-- {
+		d := t.diffs[n-1]
+		t.diffs = t.diffs[:n-1]
+		if cap(d) > t.diffCap() {
+			return d
+		}
+	}
+	return make([]uint32, 0, t.diffCap()+1)
+}
+
+// dropDiff keeps d, a diff array no span uses any more, for spareDiff, if
+// it is as large as spareDiff's.
+func (t *runTree) dropDiff(d []uint32) {
+	if cap(d) > t.diffCap() {
+		t.diffs = append(t.diffs, d[:0])
+	}
 }
 
 // setDiff makes d span S's diff from set p, or leaves S's diff stale if d
 // is longer than matches use (see diffCap).
 func (t *runTree) setDiff(S *span, d []uint32, p uint32) {
 	if len(d) > t.diffCap() {
-		S.diff, S.diffFrom = nil, noBlock
+		S.diff, S.diffFrom = d[:0], noBlock
 		return
 	}
 	S.diff, S.diffFrom, S.diffGen = d, p, t.sets[p].gen
@@ -292,8 +354,8 @@ func (t *runTree) setDiff(S *span, d []uint32, p uint32) {
 func (t *runTree) diffCap() int { return 2 * ((len(t.ranks) + 63) / 64) }
 
 // diffOf appends to dst, as slot<<3|tiers in set c, the ranks of set p
-// whose tiers in c differ, and returns it.
-func (t *runTree) diffOf(p, c uint32, dst []uint32) []uint32 {
+// whose tiers in c differ, up to limit of them, and returns it.
+func (t *runTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
 	pe, ce := t.sets[p].elems, t.sets[c].elems
 	j := 0
 	for _, e := range pe {
@@ -305,6 +367,9 @@ func (t *runTree) diffOf(p, c uint32, dst []uint32) []uint32 {
 			here = ce[j]
 		}
 		if here != e {
+			if len(dst) == limit {
+				break
+			}
 			dst = append(dst, here)
 		}
 	}
@@ -371,6 +436,8 @@ func (t *runTree) merge(a, b uint32) uint32 {
 		p := &t.spans[a]
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
+		t.dropDiff(B.diff)
+		t.spans[b].diff = nil
 		t.free = append(t.free, b)
 		return a
 	}
@@ -379,8 +446,10 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.heads.put(t.blocks.at(A.first).key, b)
 	p := &t.spans[b]
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
+	t.dropDiff(p.diff)
 	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
 	p.n += A.n
+	t.spans[a].diff = nil
 	t.free = append(t.free, a)
 	return b
 }
@@ -440,6 +509,7 @@ func (t *runTree) prune(s uint32) {
 		t.heads.del(t.blocks.at(S.first).key)
 		t.release(S.first, S.n)
 		t.unref(S.set)
+		t.dropDiff(S.diff)
 		t.spans[s] = span{}
 		t.free = append(t.free, s)
 		if S.parent == noBlock {

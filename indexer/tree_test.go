@@ -1,8 +1,11 @@
 package indexer
 
 import (
+	"fmt"
+	"math"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"pgregory.net/rapid"
 )
@@ -14,13 +17,34 @@ type fatalHelper interface {
 	Fatalf(format string, args ...any)
 }
 
+// checkSetIDs checks that the sets in use, and only they, are each
+// chained once from their hash in setIDs, and that free sets are empty.
+func checkSetIDs(t fatalHelper, tr *runTree) {
+	t.Helper()
+	seen := make(map[uint32]bool)
+	for h, first := range tr.setIDs {
+		for id := first; id != 0; id = tr.sets[id].same {
+			if seen[id] || tr.sets[id].hash != h || tr.sets[id].refs <= 0 {
+				t.Fatalf("set %d (hash %x, %d refs) chained from hash %x, seen before %v", id, tr.sets[id].hash, tr.sets[id].refs, h, seen[id])
+			}
+			seen[id] = true
+		}
+	}
+	for id := 1; id < len(tr.sets); id++ {
+		if s := &tr.sets[id]; s.refs > 0 != seen[uint32(id)] || s.refs == 0 && (len(s.elems) != 0 || len(s.bits) != 0 || s.same != 0) {
+			t.Fatalf("set %d: %d refs, chained %v, %d elems", id, s.refs, seen[uint32(id)], len(s.elems))
+		}
+	}
+}
+
 // checkRunTree checks the tree's invariants: every block in a span names
 // it, every span's head names it in the head table, its end key is its
 // last block's, its depth follows its parent's, which ends its span; kids
 // counts are exact; a span without holders or kids ends in a block an
 // engine id names; set references and pins are counted exactly; what
-// Match reads of each rank agrees with the rank; and free blocks are
-// listed (see checkFreeBlocks).
+// Match reads of each rank agrees with the rank; no two spans, nor a
+// span and the spare diff arrays, share a diff array, and free spans
+// have none; and free blocks are listed (see checkFreeBlocks).
 func checkRunTree(t fatalHelper, tr *runTree) {
 	t.Helper()
 	refs := make(map[uint32]int32)
@@ -52,7 +76,7 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 		if S.parent != noBlock {
 			ps := tr.spans[tr.blocks.at(S.parent).span].set
 			if S.diffFrom == ps && S.diffGen == tr.sets[ps].gen {
-				if want := tr.diffOf(ps, S.set, nil); !slices.Equal(S.diff, want) {
+				if want := tr.diffOf(ps, S.set, nil, math.MaxInt); !slices.Equal(S.diff, want) {
 					t.Fatalf("span %d: diff %v from set %d, want %v", s, S.diff, ps, want)
 				}
 			}
@@ -71,6 +95,32 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 			t.Fatalf("span %d counts %d kids, has %d", s, tr.spans[s].kids, kids[uint32(s)])
 		}
 	}
+	owner := make(map[*uint32]string)
+	own := func(d []uint32, who string) {
+		if cap(d) == 0 {
+			return
+		}
+		p := unsafe.SliceData(d[:cap(d)])
+		if o, ok := owner[p]; ok {
+			t.Fatalf("%s and %s share a diff array", who, o)
+		}
+		owner[p] = who
+	}
+	for s := range tr.spans {
+		switch d := tr.spans[s].diff; {
+		case !freeSpan[uint32(s)]:
+			own(d, fmt.Sprintf("span %d", s))
+		case d != nil:
+			t.Fatalf("free span %d keeps a diff array", s)
+		}
+	}
+	for i, d := range tr.diffs {
+		if len(d) != 0 || cap(d) == 0 {
+			t.Fatalf("spare diff array %d has %d entries and room for %d", i, len(d), cap(d))
+		}
+		own(d, fmt.Sprintf("spare diff array %d", i))
+	}
+	checkSetIDs(t, tr)
 	for id := 1; id < len(tr.sets); id++ {
 		if tr.sets[id].refs != refs[uint32(id)] {
 			t.Fatalf("set %d has %d refs, used by %d spans", id, tr.sets[id].refs, refs[uint32(id)])
@@ -301,5 +351,44 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		if known && len(tr.ranks[slot].names.tab) != names {
 			t.Errorf("%s: applying resized the engine-id table, %d -> %d slots", e.name, names, len(tr.ranks[slot].names.tab))
 		}
+	}
+}
+
+// TestSetsSharingAHash interns sets whose hashes are the same, as
+// different sets' may be, and frees them in every position of the chain;
+// and checks that a set made where one of its size was freed allocates
+// nothing.
+func TestSetsSharingAHash(t *testing.T) {
+	sets := [][]uint32{{1<<3 | 1}, {2<<3 | 1}, {3<<3 | 1}, {2<<3 | 1, 3<<3 | 2}}
+	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 2, 0, 3}, {2, 0, 3, 1}} {
+		tr := newRunTree()
+		ids := make([]uint32, len(sets))
+		for i, es := range sets {
+			ids[i] = tr.internAs(es, 7)
+			checkSetIDs(t, tr)
+		}
+		if again := tr.internAs(sets[1], 7); again != ids[1] || tr.sets[again].refs != 2 {
+			t.Fatalf("interning set 1 again gave %d with %d refs, want %d with 2", again, tr.sets[again].refs, ids[1])
+		}
+		tr.unref(ids[1])
+		for k, i := range order {
+			tr.unref(ids[i])
+			checkSetIDs(t, tr)
+			for _, j := range order[k+1:] {
+				if got := tr.internAs(sets[j], 7); got != ids[j] {
+					t.Fatalf("order %v: after freeing %v, set %d is %d, want %d", order, order[:k+1], j, got, ids[j])
+				}
+				tr.unref(ids[j])
+			}
+		}
+		if len(tr.setIDs) != 0 {
+			t.Fatalf("order %v: hashes left %v", order, tr.setIDs)
+		}
+	}
+	tr := newRunTree()
+	es := []uint32{5<<3 | 1, 70<<3 | 3}
+	tr.unref(tr.internAs(es, 7))
+	if n := testing.AllocsPerRun(100, func() { tr.unref(tr.internAs(es, 7)) }); n != 0 {
+		t.Errorf("a set made where one as large was freed allocated %v times", n)
 	}
 }
