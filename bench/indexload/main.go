@@ -148,6 +148,7 @@ func run(cfg config, out io.Writer) error {
 	runtime.ReadMemStats(&after)
 	stats, shards := ix.Stats(), ix.Shards()
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
+	allocs := float64(after.Mallocs-before.Mallocs) / float64(max(blocks, 1)) * 1000
 
 	// Matches on the final, quiescent index.
 	var idlePhases phaseLog
@@ -199,6 +200,7 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
+	fmt.Fprintf(out, "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | %.2f |\n", allocs)
 	fmt.Fprintf(out, "\nIdle matches by how many distinct device prefix lengths the matched ranks have:\n\n")
 	fmt.Fprintf(out, "| distinct lengths | matches | median ranks | median prompt blocks | p50 | p99 |\n|---|---|---|---|---|---|\n")
 	for _, g := range groupShapes(shapes) {

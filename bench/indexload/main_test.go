@@ -191,7 +191,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		if got := strings.Contains(out.String(), "| wait for the lock |"); got != timed {
 			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
 		}
-		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "- hold-ups: a thread repeating",
+		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | ", "- hold-ups: a thread repeating",
 			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
