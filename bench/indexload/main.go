@@ -58,6 +58,7 @@ type config struct {
 	idleRounds   int
 	seed         uint64
 	cpuProfile   string
+	memProfile   string // where to write the heap profile of allocations, after the alone phase
 	holdUps      time.Duration
 	pace         float64 // replay: blocks submitted per second, at most (0: as fast as applied)
 	rematch      bool    // replay: match each prompt again at once, and time that too
@@ -76,6 +77,7 @@ func main() {
 	flag.IntVar(&cfg.idleRounds, "idle-rounds", 1, "times every prompt is matched on the idle index")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the worker assignment")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
+	flag.StringVar(&cfg.memProfile, "memprofile", "", "write a profile of the heap allocations made until the end of the alone phase to this file")
 	flag.Float64Var(&cfg.pace, "pace", 0, "submit the replay's events at this many million blocks per second, at most (0: as fast as they apply), to time its matches at a given apply rate")
 	flag.BoolVar(&cfg.rematch, "rematch", false, "in the replay, match each prompt a second time at once and time that too: the same match with what it reads in cache")
 	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
@@ -149,6 +151,11 @@ func run(cfg config, out io.Writer) error {
 	stats, shards := ix.Stats(), ix.Shards()
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 	allocs := float64(after.Mallocs-before.Mallocs) / float64(max(blocks, 1)) * 1000
+	if cfg.memProfile != "" {
+		if err := writeAllocs(cfg.memProfile); err != nil {
+			return err
+		}
+	}
 
 	// Matches on the final, quiescent index.
 	var idlePhases phaseLog
@@ -226,6 +233,20 @@ func run(cfg config, out io.Writer) error {
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
 	}
 	return nil
+}
+
+// writeAllocs writes the profile of the heap allocations made so far to
+// path.
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("memory profile: %w", err)
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return fmt.Errorf("memory profile: %w", err)
+	}
+	return f.Close()
 }
 
 // phaseLog collects the phases of matches made one at a time, by one

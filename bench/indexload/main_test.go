@@ -184,6 +184,9 @@ func TestRunOnASmallTrace(t *testing.T) {
 		cfg.indexShards = shards
 		cfg.pace = float64(shards-1) * 1e3 // the second run paced, at a rate it never waits for
 		cfg.rematch = shards == 2
+		if shards == 2 {
+			cfg.memProfile = filepath.Join(t.TempDir(), "mem.prof")
+		}
 		if err := run(cfg, &out); err != nil {
 			t.Fatal(err)
 		}
@@ -199,6 +202,11 @@ func TestRunOnASmallTrace(t *testing.T) {
 		}
 		if got, want := strings.Contains(out.String(), "events submitted at 1000.00 M blocks/s at most"), cfg.pace > 0; got != want {
 			t.Errorf("paced label printed %v, paced %v:\n%s", got, want, out.String())
+		}
+		if cfg.memProfile != "" {
+			if fi, err := os.Stat(cfg.memProfile); err != nil || fi.Size() == 0 {
+				t.Errorf("memory profile: %v, %v", fi, err)
+			}
 		}
 		if got, want := strings.Contains(out.String(), "| the same, each matched again at once (-rematch) | 3, "), cfg.rematch; got != want {
 			t.Errorf("second matches printed %v, rematch %v:\n%s", got, want, out.String())
