@@ -306,8 +306,8 @@ func (t *runTree) refreshDiff(s uint32) {
 	t.setDiff(S, t.diffOf(p, S.set, S.diff, t.diffCap()+1), p)
 }
 
-// roomyDiff returns span S's diff, fresh, moved first to a spare array if
-// it has no room for one more entry.
+// roomyDiff returns span S's diff, moved first to a spare array if it has
+// no room for one more entry, which adjustDiff may insert.
 func (t *runTree) roomyDiff(S *span) []uint32 {
 	if len(S.diff) == cap(S.diff) {
 		d := append(t.spareDiff(), S.diff...)
