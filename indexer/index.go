@@ -269,7 +269,8 @@ func (ix *Index) RemoveWorker(worker uint64) { ix.shardFor(worker).removeWorker(
 // the rank half-removed.
 func (ix *Index) RemoveWorkerRank(wr WorkerRank) { ix.shardFor(wr.Worker).removeWorkerRank(wr) }
 
-// BlockCounts returns how many blocks each worker rank holds (on any tier).
+// BlockCounts returns how many engine ids each worker rank holds, of
+// blocks on any tier (its tree size; see Overlap.Blocks).
 func (ix *Index) BlockCounts() map[WorkerRank]int {
 	out := make(map[WorkerRank]int)
 	for _, s := range ix.shards {
@@ -278,14 +279,15 @@ func (ix *Index) BlockCounts() map[WorkerRank]int {
 	return out
 }
 
-// RankBlocks returns how many blocks one worker rank holds (on any tier).
+// RankBlocks returns how many engine ids one worker rank holds (see
+// BlockCounts).
 func (ix *Index) RankBlocks(wr WorkerRank) int { return ix.shardFor(wr.Worker).rankBlocks(wr) }
 
 // Stats describes the size of an index.
 type Stats struct {
 	Workers int // worker ranks with state
 	Nodes   int // block positions, counted once per shard that has them
-	Entries int // (block, worker rank) pairs
+	Entries int // (block, worker rank) pairs, counted as the ranks' engine ids
 	// Handed counts the matches that found a shard's lock held by a
 	// writer and were run by it, since the index was made (see lock.go).
 	Handed int64
@@ -479,14 +481,14 @@ func (m *matcher) do() {
 	m.dst = m.ix.tree.match(m.seq, &m.rm, m.dst, &m.clock)
 }
 
-// blockCounts sets, in out, how many blocks each worker rank holds.
+// blockCounts sets, in out, how many engine ids each worker rank holds.
 func (ix *shard) blockCounts(out map[WorkerRank]int) {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	ix.tree.blockCounts(out)
 }
 
-// rankBlocks returns how many blocks one worker rank holds (on any tier).
+// rankBlocks returns how many engine ids one worker rank holds.
 func (ix *shard) rankBlocks(wr WorkerRank) int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()

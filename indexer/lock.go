@@ -118,7 +118,7 @@ func (ix *shard) relax(held *int, n int) bool {
 
 // yieldAfter is how many blocks writers apply, at least, between two
 // yields of mu to waiting matches: 1 while matches come now and then, as
-// a router's do, so that one waits for the writer's current block only;
+// a router's do, so that one waits for the writer's current step only;
 // doubling, up to yieldChunk, with each match that comes within
 // yieldChunk blocks of the last yield (matches back to back), and halving
 // with each that comes later.

@@ -21,7 +21,8 @@ import (
 // and looks up the next span: a few dependent loads per span, whatever
 // its length. Blocks live by value in one slab, free ranges of it reused;
 // nothing in the tree holds a Go pointer but the holder sets' slices and
-// the spans' lists.
+// the spans' lists, and the spare arrays kept for them (free sets keep
+// theirs; see runTree.diffs).
 
 const noBlock = ^uint32(0)
 
@@ -118,8 +119,9 @@ type runTree struct {
 	yield  func(blocks int)
 	slotOf map[WorkerRank]uint32
 	tmp    []uint32 // with's scratch
-	// diffs are spare arrays for span diffs, each with room for
-	// diffCap()+1 entries, freed by spans (see spareDiff): spans split,
+	// diffs are spare arrays for span diffs, freed by spans, each with
+	// room for diffCap()+1 entries as of when it was freed (spareDiff
+	// lets go of those the ranks outgrew since): spans split,
 	// merge and go all the time, and their diffs then need no new
 	// memory, so that writers holding the lock do not allocate (an
 	// allocation can make them help the garbage collector meanwhile).
@@ -240,16 +242,15 @@ func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 }
 
 // setSpanSet gives span s the set id, which differs from its set in
-// slot's tiers only, and brings the diffs that depend on it up to date:
-// its own, and that of the child span next in the slab (others go
-// stale: see span.diff).
-func (t *runTree) setSpanSet(s, id, slot uint32) {
+// slot's tiers only, those being tiers in id, and brings the diffs that
+// depend on it up to date: its own, and that of the child span next in
+// the slab (others go stale: see span.diff).
+func (t *runTree) setSpanSet(s, id, slot uint32, tiers Tier) {
 	S := &t.spans[s]
 	old := S.set
 	child := t.chainedChild(S)
 	childFresh := child != noBlock && t.freshDiff(child, old)
 	S.set = id
-	tiers := t.tiersIn(id, slot)
 	if S.parent != noBlock {
 		if p := t.spans[t.blocks.at(S.parent).span].set; t.freshDiff(s, p) {
 			t.setDiff(S, adjustDiff(t.roomyDiff(S), slot, t.tiersIn(p, slot), tiers), p)
@@ -298,21 +299,16 @@ func (t *runTree) refreshDiff(s uint32) {
 	if S.parent == noBlock {
 		return
 	}
-	if cap(S.diff) <= t.diffCap() {
-		t.dropDiff(S.diff)
-		S.diff = t.spareDiff()
-	}
 	p := t.spans[t.blocks.at(S.parent).span].set
-	t.setDiff(S, t.diffOf(p, S.set, S.diff, t.diffCap()+1), p)
+	t.setDiff(S, t.diffOf(p, S.set, t.roomyDiff(S), t.diffCap()+1), p)
 }
 
-// roomyDiff returns span S's diff, moved first to a spare array if it has
-// no room for one more entry, which adjustDiff may insert.
+// roomyDiff returns span S's diff, moved first to a spare array if its
+// array cannot hold diffCap()+1 entries: a diff as long as matches use and
+// one more, which adjustDiff may insert or diffOf append.
 func (t *runTree) roomyDiff(S *span) []uint32 {
-	if len(S.diff) == cap(S.diff) {
-		d := append(t.spareDiff(), S.diff...)
-		t.dropDiff(S.diff)
-		S.diff = d
+	if cap(S.diff) <= t.diffCap() {
+		S.diff = append(t.spareDiff(), S.diff...)
 	}
 	return S.diff
 }
@@ -436,9 +432,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 		p := &t.spans[a]
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
-		t.dropDiff(B.diff)
-		t.spans[b].diff = nil
-		t.free = append(t.free, b)
+		t.freeSpan(b)
 		return a
 	}
 	t.relabel(A.first, A.n, b)
@@ -446,12 +440,18 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.heads.put(t.blocks.at(A.first).key, b)
 	p := &t.spans[b]
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
-	t.dropDiff(p.diff)
 	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
 	p.n += A.n
-	t.spans[a].diff = nil
-	t.free = append(t.free, a)
+	t.spans[a].diff = B.diff // a, freed, gives back b's array, not its own
+	t.freeSpan(a)
 	return b
+}
+
+// freeSpan frees span s, keeping its diff array for spareDiff.
+func (t *runTree) freeSpan(s uint32) {
+	t.dropDiff(t.spans[s].diff)
+	t.spans[s] = span{}
+	t.free = append(t.free, s)
 }
 
 // chainedChild returns the child span of S whose first block is the one
@@ -509,9 +509,7 @@ func (t *runTree) prune(s uint32) {
 		t.heads.del(t.blocks.at(S.first).key)
 		t.release(S.first, S.n)
 		t.unref(S.set)
-		t.dropDiff(S.diff)
-		t.spans[s] = span{}
-		t.free = append(t.free, s)
+		t.freeSpan(s)
 		if S.parent == noBlock {
 			return
 		}
@@ -568,13 +566,10 @@ func (t *runTree) isolate(b, k uint32) uint32 {
 }
 
 // setTiers makes slot hold blocks b..b+k-1 (in one span) on exactly
-// tiers.
+// tiers, which differ from the tiers it holds them on.
 func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
-	if t.blockTiers(slot, b) == tiers {
-		return
-	}
 	s := t.isolate(b, k)
-	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers), slot)
+	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers), slot, tiers)
 	t.tidy(s)
 }
 

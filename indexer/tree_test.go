@@ -1,9 +1,11 @@
 package indexer
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -18,11 +20,22 @@ type fatalHelper interface {
 }
 
 // checkSetIDs checks that the sets in use, and only they, are each
-// chained once from their hash in setIDs, and that free sets are empty.
+// chained once from their hash in setIDs, and that the others are empty
+// and listed free once each.
 func checkSetIDs(t fatalHelper, tr *runTree) {
 	t.Helper()
+	free := make(map[uint32]bool)
+	for _, id := range tr.freeS {
+		if id == 0 || free[id] {
+			t.Fatalf("set %d listed free twice, or the empty set listed", id)
+		}
+		free[id] = true
+	}
 	seen := make(map[uint32]bool)
 	for h, first := range tr.setIDs {
+		if first == 0 {
+			t.Fatalf("hash %x names no set", h)
+		}
 		for id := first; id != 0; id = tr.sets[id].same {
 			if seen[id] || tr.sets[id].hash != h || tr.sets[id].refs <= 0 {
 				t.Fatalf("set %d (hash %x, %d refs) chained from hash %x, seen before %v", id, tr.sets[id].hash, tr.sets[id].refs, h, seen[id])
@@ -31,8 +44,8 @@ func checkSetIDs(t fatalHelper, tr *runTree) {
 		}
 	}
 	for id := 1; id < len(tr.sets); id++ {
-		if s := &tr.sets[id]; s.refs > 0 != seen[uint32(id)] || s.refs == 0 && (len(s.elems) != 0 || len(s.bits) != 0 || s.same != 0) {
-			t.Fatalf("set %d: %d refs, chained %v, %d elems", id, s.refs, seen[uint32(id)], len(s.elems))
+		if s := &tr.sets[id]; s.refs > 0 != seen[uint32(id)] || s.refs > 0 == free[uint32(id)] || s.refs == 0 && (len(s.elems) != 0 || len(s.bits) != 0 || s.same != 0) {
+			t.Fatalf("set %d: %d refs, chained %v, listed free %v, %d elems", id, s.refs, seen[uint32(id)], free[uint32(id)], len(s.elems))
 		}
 	}
 }
@@ -95,16 +108,16 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 			t.Fatalf("span %d counts %d kids, has %d", s, tr.spans[s].kids, kids[uint32(s)])
 		}
 	}
-	owner := make(map[*uint32]string)
+	type held struct {
+		from, to uintptr // the memory a diff's array may use
+		who      string
+	}
+	var arrays []held
 	own := func(d []uint32, who string) {
-		if cap(d) == 0 {
-			return
+		if cap(d) > 0 {
+			p := uintptr(unsafe.Pointer(unsafe.SliceData(d)))
+			arrays = append(arrays, held{p, p + uintptr(cap(d))*4, who})
 		}
-		p := unsafe.SliceData(d[:cap(d)])
-		if o, ok := owner[p]; ok {
-			t.Fatalf("%s and %s share a diff array", who, o)
-		}
-		owner[p] = who
 	}
 	for s := range tr.spans {
 		switch d := tr.spans[s].diff; {
@@ -119,6 +132,12 @@ func checkRunTree(t fatalHelper, tr *runTree) {
 			t.Fatalf("spare diff array %d has %d entries and room for %d", i, len(d), cap(d))
 		}
 		own(d, fmt.Sprintf("spare diff array %d", i))
+	}
+	slices.SortFunc(arrays, func(a, b held) int { return cmp.Compare(a.from, b.from) })
+	for i := 1; i < len(arrays); i++ {
+		if arrays[i].from < arrays[i-1].to {
+			t.Fatalf("%s and %s share a diff array", arrays[i-1].who, arrays[i].who)
+		}
 	}
 	checkSetIDs(t, tr)
 	for id := 1; id < len(tr.sets); id++ {
@@ -356,8 +375,8 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 
 // TestSetsSharingAHash interns sets whose hashes are the same, as
 // different sets' may be, and frees them in every position of the chain;
-// and checks that a set made where one of its size was freed allocates
-// nothing.
+// and checks that a set made where another of its size was freed
+// allocates nothing.
 func TestSetsSharingAHash(t *testing.T) {
 	sets := [][]uint32{{1<<3 | 1}, {2<<3 | 1}, {3<<3 | 1}, {2<<3 | 1, 3<<3 | 2}}
 	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 2, 0, 3}, {2, 0, 3, 1}} {
@@ -386,9 +405,39 @@ func TestSetsSharingAHash(t *testing.T) {
 		}
 	}
 	tr := newRunTree()
-	es := []uint32{5<<3 | 1, 70<<3 | 3}
-	tr.unref(tr.internAs(es, 7))
-	if n := testing.AllocsPerRun(100, func() { tr.unref(tr.internAs(es, 7)) }); n != 0 {
-		t.Errorf("a set made where one as large was freed allocated %v times", n)
+	es := [][]uint32{{5<<3 | 1, 70<<3 | 3}, {6<<3 | 2, 100<<3 | 1}} // 2 elements, 2 words each
+	i := 0
+	if n := testing.AllocsPerRun(100, func() { tr.unref(tr.internAs(es[i%2], 7)); i++ }); n != 0 {
+		t.Errorf("a set made where another as large was freed allocated %v times", n)
 	}
+}
+
+// TestSpanDiffsReuseArrays checks that spans splitting and merging again,
+// as a rank drops a block in the middle of a chain another rank holds too
+// and stores it back, take their diff arrays from those spans freed: the
+// writer allocates nothing.
+func TestSpanDiffsReuseArrays(t *testing.T) {
+	const n = 100 // long enough that one id more or less resizes no table
+	ix := NewIndex(4)
+	path := strings.Repeat("0123", n/4)
+	chain := blocksOf("", path)
+	for _, w := range []WorkerRank{wr(1, 0), wr(2, 0)} {
+		if _, err := ix.Apply(stored(w, TierDevice, nil, chain)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drop := removed(wr(2, 0), TierDevice, chain[n/2].Hash)
+	back := stored(wr(2, 0), TierDevice, &chain[n/2-1].Hash, chain[n/2:n/2+1])
+	cycle := func() {
+		for _, ev := range []Event{drop, back} {
+			if _, err := ix.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cycle()
+	if n := testing.AllocsPerRun(100, cycle); n != 0 {
+		t.Errorf("a split and merge again allocated %v times", n)
+	}
+	checkRunTree(t, ix.shards[0].tree)
 }

@@ -7,7 +7,9 @@
 //
 // It reports sustained blocks applied per second (alone, while the trace's
 // requests are matched as they come, and under matches run back to back),
-// match latency percentiles, and heap bytes per (block, worker) entry.
+// match latency percentiles, heap bytes per (block, worker) entry, and
+// heap allocations per 1 000 blocks applied (the bench's own few among
+// them; -memprofile writes where they were made).
 // First it measures how often the machine holds up a running thread
 // (-holdups): the floor under the tail of match latency on a shared VM.
 // With -pace, the replay submits events no faster than a given rate, to
@@ -133,6 +135,15 @@ func run(cfg config, out io.Writer) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	var memProfile *os.File // written after the alone phase
+	if cfg.memProfile != "" {
+		f, err := os.Create(cfg.memProfile)
+		if err != nil {
+			return fmt.Errorf("memory profile: %w", err)
+		}
+		defer f.Close()
+		memProfile = f
+	}
 
 	// Phase 1: apply alone, measuring throughput and memory: the heap's
 	// growth from the empty index (its Set and queues made) to the full one.
@@ -151,9 +162,12 @@ func run(cfg config, out io.Writer) error {
 	stats, shards := ix.Stats(), ix.Shards()
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 	allocs := float64(after.Mallocs-before.Mallocs) / float64(max(blocks, 1)) * 1000
-	if cfg.memProfile != "" {
-		if err := writeAllocs(cfg.memProfile); err != nil {
-			return err
+	if memProfile != nil {
+		if err := pprof.Lookup("allocs").WriteTo(memProfile, 0); err != nil {
+			return fmt.Errorf("memory profile: %w", err)
+		}
+		if err := memProfile.Close(); err != nil {
+			return fmt.Errorf("memory profile: %w", err)
 		}
 	}
 
@@ -176,6 +190,7 @@ func run(cfg config, out io.Writer) error {
 	}
 	replay = r.lat
 	slices.Sort(replay)
+	slices.Sort(r.again)
 	r.phases.sort()
 	idlePhases.sort()
 
@@ -198,7 +213,6 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events%s) | %s (%d ops in %s) |\n", paced, rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
 	if cfg.rematch {
-		slices.Sort(r.again)
 		fmt.Fprintf(out, "| the same, each matched again at once (-rematch) | %s |\n", r.again)
 	}
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
@@ -233,20 +247,6 @@ func run(cfg config, out io.Writer) error {
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
 	}
 	return nil
-}
-
-// writeAllocs writes the profile of the heap allocations made so far to
-// path.
-func writeAllocs(path string) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return fmt.Errorf("memory profile: %w", err)
-	}
-	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
-		f.Close()
-		return fmt.Errorf("memory profile: %w", err)
-	}
-	return f.Close()
 }
 
 // phaseLog collects the phases of matches made one at a time, by one

@@ -42,7 +42,6 @@ func TestSimulateEvictsTailFirst(t *testing.T) {
 }
 
 func TestHoldUpsOf(t *testing.T) {
-	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	cases := []struct {
 		name  string
 		gaps  []time.Duration // each repeat's time
@@ -72,7 +71,6 @@ func TestHoldUpsOf(t *testing.T) {
 }
 
 func TestGroupShapes(t *testing.T) {
-	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	shapes := []shape{
 		{d: us(3), blocks: 10, ranks: 1, lengths: 1},
 		{d: us(1), blocks: 30, ranks: 3, lengths: 0},
@@ -102,7 +100,6 @@ func TestGroupShapes(t *testing.T) {
 // without candidates are left out; a wait over 1µs counts as waited; a
 // dropped match (the replay's second, with -rematch) is not filed.
 func TestPhaseLog(t *testing.T) {
-	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	l := phaseLog{timed: true}
 	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(1), Walk: us(3), Emit: us(1), Ranks: 4})
 	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(1), Ranks: 0})
@@ -158,6 +155,9 @@ func describe(ev indexer.Event) string {
 	return b.String()
 }
 
+// us is n microseconds.
+func us(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+
 func itoa(v uint64) string { return strconv.FormatUint(v, 10) }
 
 func TestRunOnASmallTrace(t *testing.T) {
@@ -211,6 +211,11 @@ func TestRunOnASmallTrace(t *testing.T) {
 		if want := fmt.Sprintf(" of %d / ", matches); !strings.Contains(out.String(), want) {
 			t.Errorf("handed matches not counted out of all the replay's (%q):\n%s", want, out.String())
 		}
+	}
+	bad := cfg
+	bad.memProfile = filepath.Join(t.TempDir(), "no such dir", "mem.prof")
+	if err := run(bad, &out); err == nil || !strings.Contains(err.Error(), "memory profile") {
+		t.Errorf("memory profile in a missing directory: err = %v", err)
 	}
 	if err := os.WriteFile(trace, []byte("{not json\n"), 0o600); err != nil {
 		t.Fatal(err)
