@@ -311,23 +311,10 @@ func (ix *Index) Stats() Stats {
 // runTree behind one RWMutex. Matches run concurrently with each other and
 // with event application; the calls that change it take turns on write.
 type shard struct {
-	// write is held by a writer for a whole operation (an event, a rank's
-	// removal), before it takes mu: writers take turns on it, so that at
-	// most one of them waits for mu. Go's RWMutex makes new readers wait
-	// behind a waiting writer; with several, a match would queue behind
-	// each in turn, and behind the goroutine switches between them.
-	write sync.Mutex
-	mu    sync.RWMutex
-	// waiting counts matches blocked on mu: a writer holding it gives it
-	// up early (see relax).
-	waiting atomic.Int32
-	// sinceYield counts the blocks writers applied, under mu, since one
-	// last released it for a waiting match (see relax); arrived is what
-	// it was when a writer first saw a match waiting since (0: none is
-	// waiting), and yieldShift sets yieldAfter from how soon matches came.
-	sinceYield int
-	arrived    int
-	yieldShift uint8
+	// What matches read and only construction and ObservePhases write,
+	// a cache line away from what writers or matches write at nearly
+	// every step or match (see cacheLine).
+	//
 	// spare is set where the index has fewer shards than Go uses cores,
 	// so that a core stays free for matches and requests while the
 	// writers of every shard run: a match finding mu held by a writer
@@ -339,18 +326,42 @@ type shard struct {
 	// does not wait for a writer's whole event, and nothing spins, which
 	// could keep the goroutine it waits for off the cores.
 	spare bool
-	// handed is the match handed to the writer holding mu, if any;
-	// serveCredit is what writers may spend on running handed matches
-	// (see relax), handedRuns counts the handed matches writers ran;
 	// handWait bounds how long a handed match waits for a writer to run
 	// it.
-	handed      atomic.Pointer[matcher]
-	handedRuns  atomic.Int64
-	serveCredit int
-	handWait    time.Duration
+	handWait time.Duration
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	tree   *runTree
+	_      [cacheLine]byte
+
+	// What both writers and matches write.
+	mu sync.RWMutex
+	// waiting counts matches blocked on mu: a writer holding it gives it
+	// up early (see relax).
+	waiting atomic.Int32
+	// handed is the match handed to the writer holding mu, if any.
+	handed atomic.Pointer[matcher]
+	_      [cacheLine]byte
+
+	// What only writers read and write.
+	//
+	// write is held by a writer for a whole operation (an event, a rank's
+	// removal), before it takes mu: writers take turns on it, so that at
+	// most one of them waits for mu. Go's RWMutex makes new readers wait
+	// behind a waiting writer; with several, a match would queue behind
+	// each in turn, and behind the goroutine switches between them.
+	write sync.Mutex
+	// sinceYield counts the blocks writers applied, under mu, since one
+	// last released it for a waiting match (see relax); arrived is what
+	// it was when a writer first saw a match waiting since (0: none is
+	// waiting), and yieldShift sets yieldAfter from how soon matches came.
+	sinceYield int
+	arrived    int
+	yieldShift uint8
+	// serveCredit is what writers may spend on running handed matches
+	// (see relax), handedRuns counts the handed matches writers ran.
+	serveCredit int
+	handedRuns  atomic.Int64
 	// held counts the blocks the writer holding mu applied since it took
 	// it (see relax).
 	held int

@@ -1,6 +1,7 @@
 package indexer
 
 import (
+	"reflect"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -365,4 +366,75 @@ func TestWriterSpinsThenWaits(t *testing.T) {
 	sh.mu.RUnlock()
 	within(t, "writer taking the lock", locked)
 	sh.unlock()
+}
+
+// field is a field's name and where it lies in its struct.
+type field struct {
+	name     string
+	from, to uintptr // bytes [from, to)
+}
+
+// fieldsOf lists the fields of struct type t, those of the struct types
+// in open listed in their stead, and the blank ones (padding) left out.
+func fieldsOf(t reflect.Type, open ...reflect.Type) []field {
+	var out []field
+	var walk func(t reflect.Type, at uintptr, prefix string)
+	walk = func(t reflect.Type, at uintptr, prefix string) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if f.Name == "_" {
+				continue
+			}
+			if slices.Contains(open, f.Type) {
+				walk(f.Type, at+f.Offset, prefix+f.Name+".")
+				continue
+			}
+			out = append(out, field{prefix + f.Name, at + f.Offset, at + f.Offset + f.Type.Size()})
+		}
+	}
+	walk(t, 0, "")
+	return out
+}
+
+// TestMatchFieldsApart checks that the fields of a runTree and a shard
+// that matches read lie at least a cache line away from those that
+// writers change (and, in a shard, that both change), so that no line
+// holds both, however the struct is aligned.
+func TestMatchFieldsApart(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fields []field
+		groups [][]string // fields that may share lines; the rest one more group
+	}{
+		{"runTree", fieldsOf(reflect.TypeFor[runTree](), reflect.TypeFor[blockSlab](), reflect.TypeFor[headTable]()),
+			[][]string{{"blocks.chunks", "spans", "sets", "who", "retired", "heads.slots", "heads.zero", "heads.zv"}}},
+		{"shard", fieldsOf(reflect.TypeFor[shard]()),
+			[][]string{{"spare", "handWait", "phases", "tree"}, {"mu", "waiting", "handed"}}},
+	} {
+		groupOf := func(name string) int {
+			for g, names := range tc.groups {
+				if slices.Contains(names, name) {
+					return g
+				}
+			}
+			return len(tc.groups)
+		}
+		for _, names := range tc.groups {
+			for _, n := range names {
+				if !slices.ContainsFunc(tc.fields, func(f field) bool { return f.name == n }) {
+					t.Fatalf("%s has no field %s", tc.name, n)
+				}
+			}
+		}
+		for i, a := range tc.fields {
+			for _, b := range tc.fields[i+1:] {
+				if groupOf(a.name) == groupOf(b.name) {
+					continue
+				}
+				if a.to+cacheLine > b.from && b.to+cacheLine > a.from {
+					t.Errorf("%s: %s (bytes %d-%d) and %s (%d-%d) are less than a cache line apart", tc.name, a.name, a.from, a.to, b.name, b.from, b.to)
+				}
+			}
+		}
+	}
 }

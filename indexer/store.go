@@ -330,9 +330,13 @@ func (t *blockTable) each(f func(id uint64, word uint32)) {
 // aside.
 type headTable struct {
 	slots []headSlot
-	n     int
 	zero  bool
 	zv    uint32
+	// n, the keys in slots, changes with nearly every span made or
+	// gone; matches read only the fields above (get), so it lies a cache
+	// line away from them.
+	_ [cacheLine]byte
+	n int
 }
 
 type headSlot struct {

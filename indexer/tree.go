@@ -90,13 +90,31 @@ type rankInfo struct {
 	names blockTable // engine id -> block
 }
 
+// cacheLine is the size of a cache line, as far apart as fields must be
+// so that a write to one does not take the other's line from another
+// core: the fields matches read lie that far from those writers change
+// at nearly every step (see runTree, shard), so that a match running on
+// one core does not miss on them each time the writer on the other has
+// stepped.
+const cacheLine = 64
+
 // runTree is the tree of one shard.
+//
+// Matches read blocks.chunks, spans, sets, who, retired and heads' slots,
+// whose headers change only as the tree grows; writers change the other
+// fields at nearly every step. They are kept apart: the last of blocks'
+// fields, the ones after it up to heads, and the first of heads' (see
+// cacheLine; TestMatchFieldsApart checks it).
 type runTree struct {
 	blocks blockSlab
 	spans  []span
-	free   []uint32  // free span ids
-	heads  headTable // key of a span's first block -> span
 	sets   []holdSet
+	who    []rankHead // by slot, as ranks
+	// retired marks, by slot, the ranks being removed: Match ignores
+	// them, so that it never sees one half removed.
+	retired []uint64
+	heads   headTable // key of a span's first block -> span
+	free    []uint32  // free span ids
 	// setIDs maps a hash to the first of the sets with that hash, which
 	// holdSet.same chains. Free set ids keep their sets' arrays, which
 	// intern reuses: writers, holding the lock, then allocate only as
@@ -108,12 +126,8 @@ type runTree struct {
 	// doubly linked list of free ranges of blocks (see release).
 	freeHead  [32]uint32
 	ranks     []rankInfo
-	freeSlots []uint32   // slots of removed ranks, to reuse
-	who       []rankHead // by slot, as ranks
-	// retired marks, by slot, the ranks being removed: Match ignores
-	// them, so that it never sees one half removed.
-	retired []uint64
-	live    int // blocks in spans
+	freeSlots []uint32 // slots of removed ranks, to reuse
+	live      int      // blocks in spans
 	// yield, if set, is called between the steps of an operation, where
 	// the tree is whole, with the blocks the step applied.
 	yield  func(blocks int)
@@ -1010,7 +1024,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	if !ok {
 		return dst
 	}
-	m.reset(len(t.ranks))
+	m.reset(len(t.who))
 	S := &t.spans[s]
 	first := &t.sets[S.set]
 	for c := range nClasses {
@@ -1456,9 +1470,12 @@ const slabBits = 14
 // that growing it copies nothing (under the lock, a copy of a large tree's
 // blocks held matches up for milliseconds).
 type blockSlab struct {
+	spare [][]blockRec // chunks made ahead (see reserve)
+	n     uint32       // ids below n are in use or free (see release)
+	// chunks, which matches read (at), lies a cache line away from n,
+	// which writers change as they store.
+	_      [cacheLine]byte
 	chunks [][]blockRec // each of 1<<slabBits blocks
-	spare  [][]blockRec // chunks made ahead (see reserve)
-	n      uint32       // ids below n are in use or free (see release)
 }
 
 // at returns block b, which must be below n.
