@@ -102,9 +102,10 @@ const cacheLine = 64
 //
 // Matches read blocks.chunks, spans, sets, who, retired and heads' slots,
 // whose headers change only as the tree grows; writers change the other
-// fields at nearly every step. They are kept apart: the last of blocks'
-// fields, the ones after it up to heads, and the first of heads' (see
-// cacheLine; TestMatchFieldsApart checks it).
+// fields at nearly every step. The fields matches read lie together,
+// from blocks.chunks to heads.zv, with a cache line of padding inside
+// blockSlab before them and inside headTable after them (see cacheLine;
+// TestMatchFieldsApart checks it).
 type runTree struct {
 	blocks blockSlab
 	spans  []span
