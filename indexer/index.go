@@ -372,12 +372,9 @@ type shard struct {
 // newShard returns an empty shard.
 func newShard() *shard {
 	ix := &shard{handWait: handWait, tree: newRunTree()}
-	ix.tree.yield = ix.step
+	ix.tree.yield = ix.relax
 	return ix
 }
-
-// step is the tree's yield: the writer holding mu applied n blocks.
-func (ix *shard) step(n int) { ix.relax(&ix.held, n) }
 
 // apply applies one event. On error the shard is unchanged.
 func (ix *shard) apply(ev Event) (ApplyResult, error) {

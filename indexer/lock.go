@@ -64,19 +64,18 @@ const handWait = 50 * time.Microsecond
 const lockSpin = 100 * time.Microsecond
 
 // relax is called by a writer holding mu after each step of an operation
-// (see runTree.yield), with n the blocks the step applied and held
-// counting the blocks it applied since it took mu, n not included. It
+// (see runTree.yield), with n the blocks the step applied; shard.held
+// counts the blocks it applied since it took mu, n not included. It
 // first runs the match handed to it, if any, if writers have the credit
 // for it (see serveBurst). Once held reaches writeChunk, or a match waits
 // for mu and writers have applied yieldAfter blocks since they last
-// yielded to one, relax releases mu and takes it again, resets held and
-// reports true.
+// yielded to one, relax releases mu and takes it again, and resets held.
 // Only matches and other readers run meanwhile (writers take turns on
 // shard.write), so what the writer knew still holds. Where no match waits
 // and the shard has no spare core, it also gives up its core in between
 // (runtime.Gosched) to any goroutine waiting for one.
-func (ix *shard) relax(held *int, n int) bool {
-	*held += n
+func (ix *shard) relax(n int) {
+	ix.held += n
 	ix.sinceYield += n
 	ix.serveCredit = min(ix.serveCredit+n, serveBurst)
 	if m := ix.handed.Load(); m != nil && ix.serveCredit >= serveAfter {
@@ -89,7 +88,7 @@ func (ix *shard) relax(held *int, n int) bool {
 	case ix.arrived == 0:
 		ix.arrived = ix.sinceYield
 	}
-	if *held >= writeChunk || waiting && ix.sinceYield >= ix.yieldAfter() {
+	if ix.held >= writeChunk || waiting && ix.sinceYield >= ix.yieldAfter() {
 		if waiting {
 			switch {
 			case ix.arrived > yieldChunk && ix.yieldShift > 0:
@@ -110,10 +109,8 @@ func (ix *shard) relax(held *int, n int) bool {
 			}
 			ix.lock()
 		}
-		*held = 0
-		return true
+		ix.held = 0
 	}
-	return false
 }
 
 // yieldAfter is how many blocks writers apply, at least, between two

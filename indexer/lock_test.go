@@ -19,39 +19,38 @@ func TestRelaxYields(t *testing.T) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	// relax returns the blocks (1-based calls, each after one block) at
-	// which it yielded over n calls.
-	relax := func(held *int, n int) []int {
+	// which it yielded (it then leaves held at 0) over n calls.
+	relax := func(n int) []int {
 		var at []int
 		for i := 1; i <= n; i++ {
-			if ix.relax(held, 1) {
+			if ix.relax(1); ix.held == 0 {
 				at = append(at, i)
 			}
 		}
 		return at
 	}
-	held := 0
 	// lateMatch has a match come after a quiet stretch (the writer's
 	// next operation): it gets the lock at the first block.
 	lateMatch := func() {
 		t.Helper()
 		ix.waiting.Store(0)
-		held = 0
-		relax(&held, yieldChunk+1)
+		ix.held = 0
+		relax(yieldChunk + 1)
 		ix.waiting.Store(1)
-		if got, want := relax(&held, 1), []int{1}; !slices.Equal(got, want) {
+		if got, want := relax(1), []int{1}; !slices.Equal(got, want) {
 			t.Fatalf("match after a quiet stretch: yields at %v, want %v", got, want)
 		}
 	}
-	if got, want := relax(&held, 2*writeChunk+1), []int{writeChunk, 2 * writeChunk}; !slices.Equal(got, want) {
+	if got, want := relax(2*writeChunk+1), []int{writeChunk, 2 * writeChunk}; !slices.Equal(got, want) {
 		t.Fatalf("no match waiting: yields at %v, want %v", got, want)
 	}
 	// A match waits, long past the last yield: the next block yields.
 	// While matches keep waiting, each comes right after a yield, and the
 	// gap between yields doubles up to yieldChunk.
 	ix.waiting.Store(1)
-	held = 0 // a new operation
+	ix.held = 0 // a new operation
 	want := []int{1, 2, 4, 8, 16, 32, 32 + yieldChunk, 32 + 2*yieldChunk}
-	if got := relax(&held, 32+2*yieldChunk); !slices.Equal(got, want) {
+	if got := relax(32 + 2*yieldChunk); !slices.Equal(got, want) {
 		t.Fatalf("matches back to back: yields at %v, want %v", got, want)
 	}
 	if got := ix.yieldAfter(); got != yieldChunk {
@@ -67,10 +66,10 @@ func TestRelaxYields(t *testing.T) {
 	// 1 more, then 2 before it yields at the third call); as matches keep
 	// waiting, the gaps double again (8, 16).
 	ix.waiting.Store(0)
-	held = 0
-	relax(&held, 1)
+	ix.held = 0
+	relax(1)
 	ix.waiting.Store(1)
-	if got, want := relax(&held, yieldChunk), []int{3, 3 + 8, 3 + 8 + 16}; !slices.Equal(got, want) {
+	if got, want := relax(yieldChunk), []int{3, 3 + 8, 3 + 8 + 16}; !slices.Equal(got, want) {
 		t.Fatalf("match soon after a yield: yields at %v, want %v", got, want)
 	}
 	// The last match seen (soon after that yield) got the lock otherwise
@@ -218,12 +217,13 @@ func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
 	sh := ix.shards[0]
 	got := matchAsync(ix, seq)
 	until(t, "match handed", func() bool { return sh.handed.Load() != nil })
-	blocks, held := 0, 0 // held stays below writeChunk: relax keeps mu
+	blocks := 0
+	sh.held = 0 // and stays below writeChunk: relax keeps mu
 	for sh.handed.Load() != nil {
 		if blocks == serveBurst {
 			t.Fatalf("match not run after %d blocks", blocks)
 		}
-		sh.relax(&held, 1)
+		sh.relax(1)
 		blocks++
 	}
 	if a := within(t, "handed match", got); !slices.Equal(a, want) { // mu is still held: the writer ran it
@@ -263,9 +263,8 @@ func TestHandedMatchesAfterQuiet(t *testing.T) {
 	sh := ix.shards[0]
 	sh.write.Lock()
 	sh.lock()
-	held := 1
 	for range 4 * serveBurst { // the quiet spell
-		sh.relax(&held, 1)
+		sh.relax(1)
 	}
 	const rounds = 2 * serveBurst / serveAfter
 	applied := serveBurst // the most the quiet spell may count for
