@@ -63,8 +63,11 @@
 // (see lock.go). A writer builds its rank's table of engine ids grown for
 // a Stored event, or shrunk after removals, without the lock: only
 // writers change the tree, and matches never read that table. Without the
-// lock too, it reads where the event's engine ids and blocks lie, all
-// at once, so that under the lock it finds them in the cache (runTree.warm).
+// lock too, it makes larger copies of the arrays an event may outgrow
+// (spans, holder sets, heads) and the slab's next chunks, which it puts
+// in place under the lock (runTree.prepare), and it reads where the
+// event's engine ids and blocks lie, all at once, so that under the lock
+// it finds them in the cache (runTree.warm).
 // A rank being removed is ignored by matches from the start, so that none
 // sees it half removed.
 //

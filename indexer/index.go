@@ -270,7 +270,7 @@ func (ix *Index) RemoveWorker(worker uint64) { ix.shardFor(worker).removeWorker(
 func (ix *Index) RemoveWorkerRank(wr WorkerRank) { ix.shardFor(wr.Worker).removeWorkerRank(wr) }
 
 // BlockCounts returns how many engine ids each worker rank holds, of
-// blocks on any tier (its tree size; see Overlap.Blocks).
+// blocks on any tier (see Overlap.Blocks).
 func (ix *Index) BlockCounts() map[WorkerRank]int {
 	out := make(map[WorkerRank]int)
 	for _, s := range ix.shards {
@@ -343,7 +343,8 @@ type shard struct {
 	handed atomic.Pointer[matcher]
 	_      [cacheLine]byte
 
-	// What only writers read and write.
+	// What only writers read and write (but handedRuns, which Stats
+	// reads).
 	//
 	// write is held by a writer for a whole operation (an event, a rank's
 	// removal), before it takes mu: writers take turns on it, so that at
@@ -399,7 +400,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	// Grow what the event may outgrow without mu: only writers change the
 	// tree, and they take turns on write.
 	grown := ix.tree.prepare(ev)
-	ix.warmth += ix.tree.warm(ev)
+	ix.warmth += ix.tree.warm(ev, grown.names)
 	ix.lock()
 	ix.tree.use(ev.Worker, grown)
 	ix.held = 0

@@ -161,18 +161,15 @@ func (t *blockTable) add(id uint64, word uint32, left int) bool {
 		return true
 	}
 	m := mix(id)
-	i := -1
+	var i int
 	if len(t.tab) > 0 {
 		var found bool
 		if i, found = find(t.tab, m); found {
 			return false
 		}
 	}
-	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum {
-		t.reserve(max(left, 1))
-		i = -1
-	}
-	if i < 0 {
+	if (t.n+1)*blockLoadDen > len(t.tab)*blockLoadNum { // always for an empty table
+		t.reserve(left)
 		i, _ = find(t.tab, m)
 	}
 	shift(t.tab, newBlockEntry(m, word), i)

@@ -494,18 +494,19 @@ func (t *runTree) tidy(s uint32) {
 			S = &t.spans[s]
 		}
 	}
-	if pb := S.parent; pb != noBlock && pb+1 == S.first {
+	if pb := S.parent; pb != noBlock {
 		ps := t.blocks.at(pb).span
-		P := &t.spans[ps]
-		if P.first+P.n-1 == pb && P.kids == 1 && P.set == S.set {
+		if P := &t.spans[ps]; P.kids == 1 && P.set == S.set && t.chainedChild(P) == s {
 			t.merge(ps, s)
 		}
 	}
 }
 
-// prune frees the blocks of span s, which has no holders and no kids,
-// from its end back to the last one an engine id names, and goes on with
-// the parent span if s goes whole.
+// prune frees the blocks of span s, which has no kids, from its end back
+// to the last one an engine id names (all of them where s has no
+// holders), and goes on with the parent span if s goes whole. Where s
+// has holders, every block they hold is named, so only a tail no engine
+// id names any more goes (see detach).
 func (t *runTree) prune(s uint32) {
 	for {
 		S := t.spans[s]
@@ -538,21 +539,6 @@ func (t *runTree) prune(s uint32) {
 			return
 		}
 	}
-}
-
-// dropTail frees span s's last block, which no engine id names and
-// nothing holds but through s's set: the span gets shorter, or goes with
-// its block (see prune).
-func (t *runTree) dropTail(s uint32) {
-	S := &t.spans[s]
-	if S.n == 1 {
-		t.prune(s)
-		return
-	}
-	b := S.first + S.n - 1
-	S.n--
-	S.end = t.blocks.at(b - 1).key
-	t.release(b, 1)
 }
 
 // maxStretch bounds the blocks a store applies in one step (see
@@ -601,7 +587,6 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 	if int(i) == len(t.who) {
 		t.who = append(t.who, rankHead{})
 	}
-	t.ranks[i] = rankInfo{}
 	t.who[i] = rankHead{wr: wr}
 	t.slotOf[wr] = i
 	return i
@@ -641,7 +626,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 		// its one holder is this rank), as engines evict: the span gets
 		// shorter, rather than setTiers splitting the block off.
 		t.unname(&r.names, slot, i, b) // no prune: the span has a holder
-		t.dropTail(sp)
+		t.prune(sp)
 		return removed
 	}
 	if left != before {
@@ -1030,10 +1015,8 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	first := &t.sets[S.set]
 	for c := range nClasses {
 		copy(m.cands[c], first.classBits(c))
-		for i, x := range t.retired {
-			if i < len(m.cands[c]) {
-				m.cands[c][i] &^= x
-			}
+		for i, x := range t.retired { // no longer than cands: see removeRank
+			m.cands[c][i] &^= x
 		}
 	}
 	copy(m.all, m.cands[classAny])
@@ -1322,7 +1305,8 @@ func (t *runTree) prepare(ev Event) growth {
 		t.blocks.reserve(k)
 	}
 	// An event makes at most two spans a block (isolate's splits), and as
-	// many sets and heads.
+	// many sets and heads, but where a stored block also takes an engine
+	// id from another (see storeOne): those few grow under the lock.
 	room := 2*k + 2
 	g.spans = roomFor(t.spans, len(t.free), room)
 	g.sets = roomFor(t.sets, len(t.freeS), room)
@@ -1391,23 +1375,29 @@ func (t *runTree) resizeFor(ev Event) []blockEntry {
 // warm reads, for each block of ev, the slot of its rank's engine id
 // table where a lookup of its engine id starts, and, for a Removed event,
 // the block that id names, so that applying ev finds them in the cache.
-// It only reads the tree (see resizeFor): a writer calls it without the
-// lock, and the loads of one pass are independent of each other, so the
-// processor makes them at once rather than one miss after the other.
-func (t *runTree) warm(ev Event) uint64 {
+// grown is the table prepare made for ev, if any, which applying ev will
+// use instead. It only reads the tree (see resizeFor): a writer calls it
+// without the lock, and the loads of one pass are independent of each
+// other, so the processor makes them at once rather than one miss after
+// the other.
+func (t *runTree) warm(ev Event, grown []blockEntry) uint64 {
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok || ev.ByID || ev.Kind != Stored && ev.Kind != Removed {
 		return 0
 	}
 	names := &t.ranks[slot].names
-	size := len(names.tab)
+	tab := names.tab
+	if grown != nil {
+		tab = grown
+	}
+	size := len(tab)
 	if size == 0 {
 		return 0
 	}
 	var sum uint64
 	if ev.Kind == Stored {
 		for _, b := range ev.Blocks {
-			sum += uint64(names.tab[home(mix(b.Hash), size)].lo)
+			sum += uint64(tab[home(mix(b.Hash), size)].lo)
 		}
 		return sum
 	}
