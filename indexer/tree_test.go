@@ -321,7 +321,7 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 func TestPrepareGrowsOffTheLock(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	local := func(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
-	chain := func(w uint64, from, k int) []Block {
+	blocksOf := func(w uint64, from, k int) []Block {
 		bs := make([]Block, k)
 		for i := range bs {
 			bs[i] = Block{Hash: w<<40 | uint64(from+i), Local: local(from + i)}
@@ -340,11 +340,11 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		name string
 		ev   Event
 	}{
-		{"a new chain", stored(a, TierDevice, nil, chain(1, 0, n))},
-		{"another rank along it", stored(b, TierDevice, nil, chain(2, 0, 3000))},
+		{"a new chain", stored(a, TierDevice, nil, blocksOf(1, 0, n))},
+		{"another rank along it", stored(b, TierDevice, nil, blocksOf(2, 0, 3000))},
 		{"every third block of a stretch evicted", removed(a, TierDevice, every3(1, 100, 2500)...)},
 		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, Hashes: every3(1, 101, 2500)}},
-		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), chain(1, n, 6000))},
+		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), blocksOf(1, n, 6000))},
 	}
 	tr := newRunTree()
 	for _, e := range events {

@@ -62,7 +62,7 @@ type config struct {
 	cpuProfile   string
 	memProfile   string // where to write the heap profile of allocations, after the alone phase
 	holdUps      time.Duration
-	pace         float64 // replay: blocks submitted per second, at most (0: as fast as applied)
+	pace         float64 // replay: million blocks submitted per second, at most (0: as fast as applied)
 	rematch      bool    // replay: match each prompt again at once, and time that too
 }
 
