@@ -364,7 +364,7 @@ type shard struct {
 	serveCredit int
 	handedRuns  atomic.Int64
 	// held counts the blocks the writer holding mu applied since it took
-	// it (see relax).
+	// it (see relax); unlock resets it.
 	held int
 	// warmth sums what runTree.warm read, so that its loads are kept.
 	warmth uint64
@@ -402,9 +402,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	grown := ix.tree.prepare(ev)
 	ix.warmth += ix.tree.warm(ev, grown.names)
 	ix.lock()
-	ix.tree.use(ev.Worker, grown)
-	ix.held = 0
-	res, err := ix.tree.apply(ev)
+	res, err := ix.tree.apply(ev, grown)
 	ix.unlock()
 	if ev.Kind == Removed || ev.Kind == Cleared {
 		// Shrink the rank's table, if removals emptied it enough, without
@@ -423,22 +421,28 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 
 // removeWorker drops every rank of worker.
 func (ix *shard) removeWorker(worker uint64) {
-	ix.exclusive(func() { ix.tree.removeWorker(worker) })
+	ix.removeRanks(func(wr WorkerRank) bool { return wr.Worker == worker })
 }
 
 // removeWorkerRank drops one rank.
 func (ix *shard) removeWorkerRank(wr WorkerRank) {
-	ix.exclusive(func() { ix.tree.removeRank(wr) })
+	ix.removeRanks(func(r WorkerRank) bool { return r == wr })
 }
 
-// exclusive runs f, a writer's operation on the tree, in the writers'
-// turn and holding mu (which the tree's steps may yield: see relax).
-func (ix *shard) exclusive(f func()) {
+// removeRanks drops the ranks for which gone is true, in the writers'
+// turn and holding mu (which the tree's steps may yield: see relax). It
+// lists them, with their engine ids, before it takes mu.
+func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	ix.write.Lock()
 	defer ix.write.Unlock()
+	leaving := ix.tree.leaving(gone)
+	if len(leaving) == 0 {
+		return
+	}
 	ix.lock()
-	ix.held = 0
-	f()
+	for _, r := range leaving {
+		ix.tree.removeRank(r.wr, r.ids)
+	}
 	ix.unlock()
 }
 

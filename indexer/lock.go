@@ -69,7 +69,7 @@ const lockSpin = 100 * time.Microsecond
 // first runs the match handed to it, if any, if writers have the credit
 // for it (see serveBurst). Once held reaches writeChunk, or a match waits
 // for mu and writers have applied yieldAfter blocks since they last
-// yielded to one, relax releases mu and takes it again, and resets held.
+// yielded to one, relax releases mu (see unlock) and takes it again.
 // Only matches and other readers run meanwhile (writers take turns on
 // shard.write), so what the writer knew still holds. Where no match waits
 // and the shard has no spare core, it also gives up its core in between
@@ -109,7 +109,6 @@ func (ix *shard) relax(n int) {
 			}
 			ix.lock()
 		}
-		ix.held = 0
 	}
 }
 
@@ -151,8 +150,12 @@ func spun(i int, since *time.Time, limit time.Duration) bool {
 	return time.Since(*since) >= limit
 }
 
-// unlock releases mu, taken by lock.
-func (ix *shard) unlock() { ix.mu.Unlock() }
+// unlock releases mu, taken by a writer, which has then applied no
+// blocks since it took mu.
+func (ix *shard) unlock() {
+	ix.held = 0
+	ix.mu.Unlock()
+}
 
 // rlock takes mu for reading, found held by a writer (a TryRLock
 // failed), telling writers that a match waits.

@@ -641,8 +641,9 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 // store applies a Stored event (not ByID). Stretches of blocks the rank
 // does not hold yet, under engine ids it does not use, along one span or
 // new, are held up to maxStretch at a time; other blocks one by one (see
-// storeOne).
-func (t *runTree) store(ev Event) (ApplyResult, error) {
+// storeOne). A rank the event makes takes tab, resizeFor's, as its
+// engine-id table.
+func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
@@ -661,7 +662,7 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 	}
 	if !known {
 		slot = t.rank(ev.Worker)
-		t.ranks[slot].names.reserve(len(ev.Blocks))
+		t.ranks[slot].names.tab = tab
 	}
 	names := &t.ranks[slot].names
 	var res ApplyResult
@@ -733,8 +734,17 @@ func (t *runTree) store(ev Event) (ApplyResult, error) {
 			t.step(k)
 			continue
 		}
-		var added, removed int
-		cur, added, removed = t.storeOne(slot, cur, nxt, key, ev.Blocks[i], ev.Tier)
+		if nxt == noBlock {
+			// A new block whose engine id names another: it is pend,
+			// written above, held by storeOne.
+			nxt = pend
+			t.attachSet(cur, nxt, 1, 0)
+			if pend, pendN = pend+1, pendN-1; pendN > 0 {
+				t.blocks.at(pend).span = noBlock
+			}
+		}
+		added, removed := t.storeOne(slot, nxt, ev.Blocks[i], ev.Tier)
+		cur = nxt
 		res.Stored += added
 		res.Removed += removed
 		prev = key
@@ -798,20 +808,17 @@ func (t *runTree) childSpan(parent uint32, key uint64) (uint32, bool) {
 	return s, ok && t.spans[s].parent == parent
 }
 
-// storeOne stores one block with key under cur for slot, whatever its
-// engine id named before, and returns it and the (block, tier) entries
-// added and removed. nxt is next(cur, key).
-func (t *runTree) storeOne(slot, cur, nxt uint32, key uint64, bl Block, tier Tier) (uint32, int, int) {
-	if nxt == noBlock {
-		nxt = t.add(cur, key, bl.Local)
-	}
+// storeOne stores block nxt, which is in a span, for slot, whatever its
+// engine id (bl's) named before, and returns the (block, tier) entries
+// added and removed.
+func (t *runTree) storeOne(slot, nxt uint32, bl Block, tier Tier) (int, int) {
 	r := &t.ranks[slot]
 	old, had := r.names.get(bl.Hash)
 	removed := 0
 	if had && old != nxt {
 		// The engine reused an id for other content: the old block is
-		// gone. (nxt, and cur, its parent, stay: cur has nxt as child,
-		// and nxt is pinned or held, or is new and held below.)
+		// gone. (nxt, and its parent, stay: the parent has nxt as
+		// child, and nxt is pinned or held, or is new and held below.)
 		t.blocks.at(nxt).pins++ // keeps a new nxt through the detach
 		removed = t.detach(slot, bl.Hash, AllTiers)
 		t.blocks.at(nxt).pins--
@@ -825,7 +832,7 @@ func (t *runTree) storeOne(slot, cur, nxt uint32, key uint64, bl Block, tier Tie
 		t.setTiers(nxt, 1, slot, before|tier)
 		added = 1
 	}
-	return nxt, added, removed
+	return added, removed
 }
 
 // attach makes blocks first..first+k-1, new and chained, a span under cur
@@ -862,15 +869,6 @@ func (t *runTree) attachSet(cur, first, k, set uint32) {
 	t.relabel(first, k, ns)
 	t.heads.put(t.blocks.at(first).key, ns)
 	t.refreshDiff(ns)
-}
-
-// add makes a new block with key under block cur (noBlock: a root) and
-// returns its id; nobody holds it yet.
-func (t *runTree) add(cur uint32, key, local uint64) uint32 {
-	b := t.alloc(1)
-	*t.blocks.at(b) = blockRec{key: key, local: local, span: noBlock}
-	t.attachSet(cur, b, 1, 0)
-	return b
 }
 
 // remove applies a Removed event.
@@ -917,22 +915,23 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 	return res
 }
 
-// clear applies a Cleared event.
-func (t *runTree) clear(wr WorkerRank, tiers Tier) ApplyResult {
+// clear applies a Cleared event of rank wr, whose engine ids are ids: a
+// writer lists them without the lock (see prepare, leaving).
+func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[wr]
 	if !ok {
 		return res
 	}
-	for _, h := range t.ranks[slot].names.ids(nil) {
+	for _, h := range ids {
 		res.Removed += t.detach(slot, h, tiers)
 		t.step(1)
 	}
 	return res
 }
 
-// removeRank forgets wr.
-func (t *runTree) removeRank(wr WorkerRank) {
+// removeRank forgets wr, whose engine ids are ids (see clear).
+func (t *runTree) removeRank(wr WorkerRank, ids []uint64) {
 	slot, ok := t.slotOf[wr]
 	if !ok {
 		return
@@ -941,7 +940,7 @@ func (t *runTree) removeRank(wr WorkerRank) {
 		t.retired = append(t.retired, 0)
 	}
 	t.retired[slot>>6] |= 1 << (slot & 63)
-	t.clear(wr, AllTiers)
+	t.clear(wr, AllTiers, ids)
 	t.ranks[slot] = rankInfo{}
 	t.who[slot] = rankHead{}
 	delete(t.slotOf, wr)
@@ -949,30 +948,38 @@ func (t *runTree) removeRank(wr WorkerRank) {
 	t.retired[slot>>6] &^= 1 << (slot & 63)
 }
 
-// removeWorker forgets every rank of worker.
-func (t *runTree) removeWorker(worker uint64) {
-	var wrs []WorkerRank
-	for wr := range t.slotOf {
-		if wr.Worker == worker {
-			wrs = append(wrs, wr)
-		}
-	}
-	for _, wr := range wrs {
-		t.removeRank(wr)
-	}
+// rankIDs is a rank with its engine ids.
+type rankIDs struct {
+	wr  WorkerRank
+	ids []uint64
 }
 
-// apply applies ev.
-func (t *runTree) apply(ev Event) (ApplyResult, error) {
+// leaving returns the ranks for which gone is true, with their engine ids
+// (see removeRank). It only reads the tree: a writer builds it without
+// the lock.
+func (t *runTree) leaving(gone func(WorkerRank) bool) []rankIDs {
+	var out []rankIDs
+	for wr, slot := range t.slotOf {
+		if gone(wr) {
+			out = append(out, rankIDs{wr, t.ranks[slot].names.ids(nil)})
+		}
+	}
+	return out
+}
+
+// apply applies ev, with g, which prepare made for it, put in place
+// first.
+func (t *runTree) apply(ev Event, g growth) (ApplyResult, error) {
+	t.use(ev.Worker, g)
 	switch {
 	case ev.Kind == Stored && ev.ByID:
 		return t.storeByID(ev), nil
 	case ev.Kind == Stored:
-		return t.store(ev)
+		return t.store(ev, g.names)
 	case ev.Kind == Removed:
 		return t.remove(ev), nil
 	case ev.Kind == Cleared:
-		return t.clear(ev.Worker, ev.Tier), nil
+		return t.clear(ev.Worker, ev.Tier, g.ids), nil
 	}
 	return ApplyResult{}, ErrBadEvent
 }
@@ -1285,7 +1292,8 @@ func (t *runTree) unlinkFree(a, n uint32) {
 // of a large tree's spans or heads would hold matches up for
 // milliseconds.
 type growth struct {
-	names []blockEntry // the rank's engine-id table (see resizeFor, trimmed)
+	names []blockEntry // the rank's engine-id table, or a new rank's first (see resizeFor, trimmed)
+	ids   []uint64     // the rank's engine ids, for a Cleared event (see clear)
 	spans []span
 	sets  []holdSet
 	heads []headSlot
@@ -1303,6 +1311,9 @@ func (t *runTree) prepare(ev Event) growth {
 	if ev.Kind == Stored && !ev.ByID {
 		g.names = t.resizeFor(ev)
 		t.blocks.reserve(k)
+	}
+	if slot, ok := t.slotOf[ev.Worker]; ok && ev.Kind == Cleared {
+		g.ids = t.ranks[slot].names.ids(nil)
 	}
 	// An event makes at most two spans a block (isolate's splits), and as
 	// many sets and heads, but where a stored block also takes an engine
@@ -1326,10 +1337,11 @@ func roomFor[T any](s []T, free, n int) []T {
 }
 
 // use puts g, prepared for the event about to be applied to rank wr, in
-// place.
+// place; but a new rank's table, which the event makes the rank with (see
+// store).
 func (t *runTree) use(wr WorkerRank, g growth) {
-	if g.names != nil {
-		t.ranks[t.slotOf[wr]].names.tab = g.names
+	if slot, ok := t.slotOf[wr]; ok && g.names != nil {
+		t.ranks[slot].names.tab = g.names
 	}
 	if g.spans != nil {
 		t.spans = g.spans
@@ -1345,12 +1357,20 @@ func (t *runTree) use(wr WorkerRank, g growth) {
 // resizeFor returns the engine id table of ev's rank grown, if it must
 // be, for the engine ids the Stored event ev adds, as the ids of its first
 // writeChunk blocks suggest: none for a copy of held blocks to another
-// tier. It only reads the tree, so a writer may build it without the
-// lock, and put it in place (use) under it.
+// tier; or, for a rank ev makes, its first table, sized for all of ev's
+// ids. It only reads the tree, so a writer may build it without the
+// lock, and put it in place (use, store) under it.
 func (t *runTree) resizeFor(ev Event) []blockEntry {
-	slot, ok := t.slotOf[ev.Worker]
-	if !ok || len(ev.Blocks) == 0 {
+	if len(ev.Blocks) == 0 {
 		return nil
+	}
+	slot, ok := t.slotOf[ev.Worker]
+	if !ok {
+		if ev.HasParent {
+			return nil // ErrUnknownParent
+		}
+		var empty blockTable
+		return make([]blockEntry, empty.reserveSize(len(ev.Blocks)))
 	}
 	bt := &t.ranks[slot].names
 	if bt.reserveSize(len(ev.Blocks)) == 0 {

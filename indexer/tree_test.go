@@ -315,9 +315,10 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 
 // TestPrepareGrowsOffTheLock checks that what prepare builds for an event
 // without the lock is all the event needs: applying it grows no array of
-// the tree (spans, sets, heads), makes no slab chunk and resizes no
-// known rank's engine-id table, where a copy or a chunk's first writes
-// would hold matches up under the lock.
+// the tree (spans, sets, heads), makes no slab chunk, resizes no rank's
+// engine-id table and makes none for a new rank but prepare's, and, for a
+// Cleared event or a rank's removal, lists no engine ids, where a copy, a
+// chunk's first writes or a list would hold matches up under the lock.
 func TestPrepareGrowsOffTheLock(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	local := func(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
@@ -335,7 +336,7 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		}
 		return hs
 	}
-	a, b := wr(1, 0), wr(2, 0)
+	a, b, c := wr(1, 0), wr(2, 0), wr(3, 0)
 	events := []struct {
 		name string
 		ev   Event
@@ -345,7 +346,11 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		{"every third block of a stretch evicted", removed(a, TierDevice, every3(1, 100, 2500)...)},
 		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, Hashes: every3(1, 101, 2500)}},
 		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), blocksOf(1, n, 6000))},
+		{"a third rank along b's", stored(c, TierDevice, nil, blocksOf(3, 0, 2000))},
+		{"a's host tier cleared", Event{Kind: Cleared, Worker: a, Tier: TierHost}},
+		{"b cleared", Event{Kind: Cleared, Worker: b, Tier: AllTiers}},
 	}
+	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
 	tr := newRunTree()
 	for _, e := range events {
 		g := tr.prepare(e.ev)
@@ -353,11 +358,16 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
 		chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
 		slot, known := tr.slotOf[e.ev.Worker]
-		var names int
+		names := g.names // a new rank's
 		if known {
-			names = len(tr.ranks[slot].names.tab)
+			names = tr.ranks[slot].names.tab
 		}
-		if _, err := tr.apply(e.ev); err != nil {
+		if e.ev.Kind == Cleared {
+			if want := tr.ranks[slot].names.ids(nil); !slices.Equal(slices.Sorted(slices.Values(g.ids)), slices.Sorted(slices.Values(want))) {
+				t.Errorf("%s: prepare listed %d engine ids, not the rank's %d", e.name, len(g.ids), len(want))
+			}
+		}
+		if _, err := tr.apply(e.ev, g); err != nil {
 			t.Fatalf("%s: %v", e.name, err)
 		}
 		checkRunTree(t, tr)
@@ -367,9 +377,40 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
 			t.Errorf("%s: applying made %d slab chunks", e.name, got-chunks)
 		}
-		if known && len(tr.ranks[slot].names.tab) != names {
-			t.Errorf("%s: applying resized the engine-id table, %d -> %d slots", e.name, names, len(tr.ranks[slot].names.tab))
+		if tab := tr.ranks[tr.slotOf[e.ev.Worker]].names.tab; e.ev.Kind == Stored && !sameArray(tab, names) {
+			t.Errorf("%s: applying made the rank an engine-id table of its own (%d slots), not using the one prepared or there before", e.name, len(tab))
 		}
+	}
+	want := tr.ranks[tr.slotOf[c]].names.ids(nil)
+	gone := tr.leaving(func(r WorkerRank) bool { return r == c })
+	if len(gone) != 1 || gone[0].wr != c || !slices.Equal(slices.Sorted(slices.Values(gone[0].ids)), slices.Sorted(slices.Values(want))) {
+		t.Fatalf("leaving listed %v, want %s with its %d engine ids", gone, c, len(want))
+	}
+	tr.removeRank(c, gone[0].ids)
+	checkRunTree(t, tr)
+	if _, ok := tr.slotOf[c]; ok || tr.live != n+6000 {
+		t.Errorf("after removing %s: it is still known (%t), or the tree has %d blocks, not a's %d", c, ok, tr.live, n+6000)
+	}
+}
+
+// TestStoreReusedIDKeepsBlocksTogether stores a new chain whose first
+// engine id names another block of the rank: the chain's blocks still
+// come from one range and make one span.
+func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
+	a := wr(1, 0)
+	tr := newRunTree()
+	for _, ev := range []Event{
+		stored(a, TierDevice, nil, chain(100, 1, 2, 3, 4, 5, 6, 7, 8)),
+		stored(a, TierDevice, nil, append(chain(101, 9, 9, 9, 9)[:1], chain(201, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7)[1:]...)),
+	} {
+		if _, err := tr.apply(ev, tr.prepare(ev)); err != nil {
+			t.Fatal(err)
+		}
+		checkRunTree(t, tr)
+	}
+	// Block 101 is gone; 100 and the new chain remain, a span each.
+	if spans := len(tr.spans) - len(tr.free); spans != 2 || tr.live != 4 || tr.blocks.len() != 5 {
+		t.Errorf("%d spans of %d blocks, slab of %d, want 2 spans of 4 blocks, slab of 5 (block 101 freed)", spans, tr.live, tr.blocks.len())
 	}
 }
 
