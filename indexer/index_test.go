@@ -20,6 +20,16 @@ func chain(id0 uint64, tokens ...uint32) []Block {
 	return bs
 }
 
+// longChain returns blocks from..from+k-1 of one long chain of distinct
+// blocks, the same for every w, under engine ids w<<40 | i.
+func longChain(w uint64, from, k int) []Block {
+	bs := make([]Block, k)
+	for i := range bs {
+		bs[i] = Block{Hash: w<<40 | uint64(from+i), Local: uint64(from+i)*0x9e3779b97f4a7c15 + 1}
+	}
+	return bs
+}
+
 func wr(w uint64, r uint32) WorkerRank { return WorkerRank{Worker: w, Rank: r} }
 
 func stored(w WorkerRank, t Tier, parent *uint64, blocks []Block) Event {
@@ -516,13 +526,6 @@ func trees(t testing.TB, ix *Index, got []Overlap) []Overlap {
 // table for the engine ids it adds, once, and not at all when it only
 // copies held blocks to another tier.
 func TestStoredReservesForNewIDs(t *testing.T) {
-	mk := func(from, n int) []Block {
-		bs := make([]Block, n)
-		for i := range bs {
-			bs[i] = Block{Hash: uint64(1000 + from + i), Local: uint64(from+i+1) * 0x9e3779b97f4a7c15}
-		}
-		return bs
-	}
 	const held = 1000 // blocks 0..held-1, stored first, in a table then made full
 	cases := []struct {
 		name   string
@@ -530,17 +533,17 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 		blocks []Block // continue the held blocks from the root
 		fresh  int     // engine ids they add
 	}{
-		{"copy to host", TierHost, mk(0, held), 0},
-		{"stored again", TierDevice, mk(0, 300), 0},
-		{"new blocks", TierDevice, mk(0, held+900)[held:], 900},
-		{"a chunk copied, then new blocks", TierHost, mk(held-100, 1000), 900},
-		{"a few new blocks after a copy", TierHost, mk(held-200, 210), 10},
+		{"copy to host", TierHost, longChain(1, 0, held), 0},
+		{"stored again", TierDevice, longChain(1, 0, 300), 0},
+		{"new blocks", TierDevice, longChain(1, 0, held+900)[held:], 900},
+		{"a chunk copied, then new blocks", TierHost, longChain(1, held-100, 1000), 900},
+		{"a few new blocks after a copy", TierHost, longChain(1, held-200, 210), 10},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			ix := NewIndex(4)
 			a := wr(1, 0)
-			if _, err := ix.Apply(stored(a, TierDevice, nil, mk(0, held))); err != nil {
+			if _, err := ix.Apply(stored(a, TierDevice, nil, longChain(1, 0, held))); err != nil {
 				t.Fatal(err)
 			}
 			bt := &ix.shards[0].tree.ranks[ix.shards[0].tree.slotOf[a]].names
@@ -550,7 +553,7 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))
 			}
 			var parent *uint64
-			if c.blocks[0].Hash != 1000 {
+			if c.blocks[0].Hash != 1<<40 {
 				parent = ptr(c.blocks[0].Hash - 1)
 			}
 			if _, err := ix.Apply(stored(a, c.tier, parent, c.blocks)); err != nil {

@@ -268,16 +268,10 @@ func checkFreeBlocks(t fatalHelper, tr *runTree) {
 // matches, removals from the tail and the tree's invariants.
 func TestSpansAcrossSlabChunks(t *testing.T) {
 	const n = 5<<slabBits/2 + 7 // two and a half chunks
-	local := make([]uint64, n)
-	blocks := func(w uint64, k int) []Block {
-		bs := make([]Block, k)
-		for i := range bs {
-			bs[i] = Block{Hash: w<<40 | uint64(i), Local: local[i]}
-		}
-		return bs
-	}
-	for i := range local {
-		local[i] = uint64(i)*0x9e3779b97f4a7c15 + 1
+	blocks := func(w uint64, k int) []Block { return longChain(w, 0, k) }
+	var local []uint64
+	for _, b := range blocks(0, n) {
+		local = append(local, b.Local)
 	}
 	seq := SequenceHashes(nil, local)
 	ix := NewIndex(16)
@@ -321,14 +315,6 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 // chunk's first writes or a list would hold matches up under the lock.
 func TestPrepareGrowsOffTheLock(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
-	local := func(i int) uint64 { return uint64(i)*0x9e3779b97f4a7c15 + 1 }
-	blocksOf := func(w uint64, from, k int) []Block {
-		bs := make([]Block, k)
-		for i := range bs {
-			bs[i] = Block{Hash: w<<40 | uint64(from+i), Local: local(from + i)}
-		}
-		return bs
-	}
 	every3 := func(w uint64, from, to int) []uint64 {
 		var hs []uint64
 		for i := from; i < to; i += 3 {
@@ -341,12 +327,12 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		name string
 		ev   Event
 	}{
-		{"a new chain", stored(a, TierDevice, nil, blocksOf(1, 0, n))},
-		{"another rank along it", stored(b, TierDevice, nil, blocksOf(2, 0, 3000))},
+		{"a new chain", stored(a, TierDevice, nil, longChain(1, 0, n))},
+		{"another rank along it", stored(b, TierDevice, nil, longChain(2, 0, 3000))},
 		{"every third block of a stretch evicted", removed(a, TierDevice, every3(1, 100, 2500)...)},
 		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, Hashes: every3(1, 101, 2500)}},
-		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), blocksOf(1, n, 6000))},
-		{"a third rank along b's", stored(c, TierDevice, nil, blocksOf(3, 0, 2000))},
+		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), longChain(1, n, 6000))},
+		{"a third rank along b's", stored(c, TierDevice, nil, longChain(3, 0, 2000))},
 		{"a's host tier cleared", Event{Kind: Cleared, Worker: a, Tier: TierHost}},
 		{"b cleared", Event{Kind: Cleared, Worker: b, Tier: AllTiers}},
 	}

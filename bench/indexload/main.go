@@ -433,7 +433,7 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: id, Local: localOf(id)})
 			}
 			events = append(events, ev)
-			ops += len(ev.Blocks)
+			ops += blockOps(ev)
 		}
 		// Touch the tail first, so the prompt's head is the most recent and
 		// eviction drops children before their parents.
@@ -452,11 +452,15 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 				ev.Hashes = append(ev.Hashes, id)
 			}
 			events = append(events, ev)
-			ops += len(ev.Hashes)
+			ops += blockOps(ev)
 		}
 	}
 	return events, firsts, ops
 }
+
+// blockOps is the block operations of ev: its stored blocks or removed
+// ids.
+func blockOps(ev indexer.Event) int { return len(ev.Blocks) + len(ev.Hashes) }
 
 // replayer matches the trace's prompts in trace order as the replay
 // reaches them: each before the first of its events is submitted.
@@ -543,7 +547,7 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 			if d := time.Until(start.Add(time.Duration(float64(ops) / pace * 1e9))); d > 0 {
 				time.Sleep(d)
 			}
-			ops += len(ev.Blocks) + len(ev.Hashes)
+			ops += blockOps(ev)
 		}
 		if before != nil {
 			before(ix, i)

@@ -235,6 +235,16 @@ func TestRunOnASmallTrace(t *testing.T) {
 	}
 }
 
+// storedOf is a Stored event of worker's rank 0 with a root chain of
+// blocks named ids, each id its own local hash.
+func storedOf(worker uint64, ids ...uint64) indexer.Event {
+	ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: worker}, Tier: indexer.TierDevice}
+	for _, id := range ids {
+		ev.Blocks = append(ev.Blocks, indexer.Block{Hash: id, Local: id})
+	}
+	return ev
+}
+
 // TestApplyKeepsTheBacklog checks that apply submits an event only once
 // all but backlog of the earlier ones are applied: with a backlog of b,
 // the index holds at least i-b+1 of the events before event i is
@@ -243,8 +253,7 @@ func TestApplyKeepsTheBacklog(t *testing.T) {
 	const n = 200
 	var events []indexer.Event
 	for i := range n {
-		events = append(events, indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: uint64(i % 7)}, Tier: indexer.TierDevice,
-			Blocks: []indexer.Block{{Hash: uint64(i + 1), Local: uint64(i + 1)}}})
+		events = append(events, storedOf(uint64(i%7), uint64(i+1)))
 	}
 	for _, backlog := range []int{1, 3} {
 		cfg := config{workers: 7, eventThreads: 4, indexShards: 1, backlog: backlog}
@@ -272,12 +281,9 @@ func TestApplyPaces(t *testing.T) {
 	total := 0
 	for i := range n {
 		ops = append(ops, total)
-		blocks := []indexer.Block{{Hash: uint64(2*i + 1), Local: uint64(2*i + 1)}}
-		if i%2 == 1 {
-			blocks = append(blocks, indexer.Block{Hash: uint64(2*i + 2), Local: uint64(2*i + 2)})
-		}
-		total += len(blocks)
-		events = append(events, indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: uint64(i)}, Tier: indexer.TierDevice, Blocks: blocks})
+		ids := []uint64{uint64(2*i + 1), uint64(2*i + 2)}[:1+i%2]
+		total += len(ids)
+		events = append(events, storedOf(uint64(i), ids...))
 	}
 	cfg := config{workers: n, eventThreads: 2, indexShards: 1, backlog: n}
 	var at []time.Duration
