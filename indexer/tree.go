@@ -1312,8 +1312,10 @@ func (t *runTree) prepare(ev Event) growth {
 		g.names = t.resizeFor(ev)
 		t.blocks.reserve(k)
 	}
-	if slot, ok := t.slotOf[ev.Worker]; ok && ev.Kind == Cleared {
-		g.ids = t.ranks[slot].names.ids(nil)
+	if ev.Kind == Cleared {
+		if slot, ok := t.slotOf[ev.Worker]; ok {
+			g.ids = t.ranks[slot].names.ids(nil)
+		}
 	}
 	// An event makes at most two spans a block (isolate's splits), and as
 	// many sets and heads, but where a stored block also takes an engine
@@ -1340,8 +1342,10 @@ func roomFor[T any](s []T, free, n int) []T {
 // place; but a new rank's table, which the event makes the rank with (see
 // store).
 func (t *runTree) use(wr WorkerRank, g growth) {
-	if slot, ok := t.slotOf[wr]; ok && g.names != nil {
-		t.ranks[slot].names.tab = g.names
+	if g.names != nil {
+		if slot, ok := t.slotOf[wr]; ok {
+			t.ranks[slot].names.tab = g.names
+		}
 	}
 	if g.spans != nil {
 		t.spans = g.spans
