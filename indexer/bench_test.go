@@ -76,6 +76,29 @@ func BenchmarkStoreRemove(b *testing.B) {
 	}
 }
 
+// BenchmarkCopyToHost copies a 64-block chain a rank holds in device
+// memory to host memory and removes that copy again, as an engine that
+// offloads blocks does; ns/op covers 128 block operations.
+func BenchmarkCopyToHost(b *testing.B) {
+	ix, _ := benchIndex(b, 64, 32, 64)
+	w := WorkerRank{Worker: 1000}
+	blocks := make([]Block, 96)
+	hashes := make([]uint64, 64)
+	for i := range blocks {
+		blocks[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
+		if i >= 32 {
+			blocks[i].Local = 7<<50 | uint64(i)
+			hashes[len(blocks)-1-i] = blocks[i].Hash
+		}
+	}
+	ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: blocks})
+	b.ReportAllocs()
+	for b.Loop() {
+		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierHost, Parent: 31, HasParent: true, Blocks: blocks[32:]})
+		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierHost, Hashes: hashes})
+	}
+}
+
 // BenchmarkDecode decodes a vLLM batch of two map-form BlockStored events
 // of 4 blocks of 16 tokens and one BlockRemoved.
 func BenchmarkDecode(b *testing.B) {

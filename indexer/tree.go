@@ -610,38 +610,77 @@ func (t *runTree) unpin(b uint32) {
 // drops h where the rank then holds that block on no tier (or did not
 // hold it). It returns the (block, tier) entries that removed.
 func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
-	r := &t.ranks[slot]
-	i, ok := r.names.lookup(h)
+	_, removed := t.detachRun(slot, []uint64{h}, tiers)
+	return removed
+}
+
+// detachRun detaches (see detach) the engine ids that begin hs: as many,
+// up to maxStretch, as name consecutive blocks of one span, in either
+// order, which the rank holds on some of tiers, at once, as where an
+// engine evicts a request's blocks from one tier while another tier or
+// rank keeps them; else the first alone. It returns how many ids it took
+// and the (block, tier) entries they removed.
+func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
+	names := &t.ranks[slot].names
+	i, ok := names.lookup(hs[0])
 	if !ok {
-		return 0
+		return 1, 0
 	}
-	b := r.names.wordAt(i)
+	b := names.wordAt(i)
 	sp := t.blocks.at(b).span
 	S := &t.spans[sp]
 	before := t.tiersIn(S.set, slot)
 	left := before &^ tiers
 	removed := bits.OnesCount8(uint8(before & tiers))
 	if left == 0 && b == S.first+S.n-1 && S.kids == 0 && t.blocks.at(b).pins == 1 && len(t.sets[S.set].elems) == 1 {
-		// The tail of a chain only this rank holds (h alone names it, so
-		// its one holder is this rank), as engines evict: the span gets
-		// shorter, rather than setTiers splitting the block off.
-		t.unname(&r.names, slot, i, b) // no prune: the span has a holder
+		// The tail of a chain only this rank holds (h alone names it,
+		// so its one holder is this rank), as engines evict: the span
+		// gets shorter, rather than setTiers splitting the block off.
+		t.unname(names, slot, i, b) // no prune: the span has a holder
 		t.prune(sp)
-		return removed
+		return 1, removed
 	}
+	k, lo := 1, b
 	if left != before {
-		t.setTiers(b, 1, slot, left)
+		for hi := b; k < len(hs) && k < maxStretch; k++ {
+			nb, ok := names.get(hs[k])
+			if !ok {
+				break
+			}
+			if nb+1 == lo && nb >= S.first && hi == b {
+				lo = nb
+			} else if nb == hi+1 && nb < S.first+S.n && lo == b {
+				hi = nb
+			} else {
+				break
+			}
+		}
+	}
+	if k == 1 {
+		if left != before {
+			t.setTiers(b, 1, slot, left)
+		}
+		if left == 0 {
+			t.unname(names, slot, i, b)
+		}
+		return 1, removed
 	}
 	if left == 0 {
-		t.unname(&r.names, slot, i, b)
+		// Before setTiers, whose tidy prunes what goes: the span has
+		// holders until then.
+		for _, h := range hs[:k] {
+			j, _ := names.lookup(h)
+			t.unname(names, slot, j, names.wordAt(j))
+		}
 	}
-	return removed
+	t.setTiers(lo, uint32(k), slot, left)
+	return k, k * removed
 }
 
-// store applies a Stored event (not ByID). Stretches of blocks the rank
-// does not hold yet, under engine ids it does not use, along one span or
-// new, are held up to maxStretch at a time; other blocks one by one (see
-// storeOne). A rank the event makes takes tab, resizeFor's, as its
+// store applies a Stored event (not ByID). Stretches of blocks along one
+// span, under engine ids that name them or nothing yet, and of new
+// blocks, under engine ids the rank does not use, are stored up to
+// maxStretch at a time; other blocks one by one (see storeOne). A rank the event makes takes tab, resizeFor's, as its
 // engine-id table.
 func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
@@ -678,25 +717,28 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 		nxt := t.next(cur, key)
 		k, at := 0, nxt // at: the first of the k blocks claimed
 		if nxt != noBlock {
-			// Along nxt's span, while the rank holds none of it.
+			// Along nxt's span, whose blocks the rank holds on the same
+			// tiers (none, or others, as where an engine copies blocks
+			// to host memory), while each engine id names its block
+			// or nothing yet.
 			S := &t.spans[t.blocks.at(nxt).span]
-			if t.tiersIn(S.set, slot) == 0 {
-				last := S.first + S.n - 1
-				for kk := key; ; {
-					if !t.claim(names, slot, ev.Blocks[i+k].Hash, nxt+uint32(k), len(ev.Blocks)-i-k) {
-						break
-					}
-					prev = kk
-					if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
-						break
-					}
-					if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks.at(nxt+uint32(k)).key != kk {
-						break
-					}
+			last := S.first + S.n - 1
+			before := t.tiersIn(S.set, slot)
+			for kk := key; ; {
+				if !t.own(names, slot, ev.Blocks[i+k].Hash, nxt+uint32(k), len(ev.Blocks)-i-k) {
+					break
 				}
-				if k > 0 {
-					t.setTiers(nxt, uint32(k), slot, ev.Tier)
+				prev = kk
+				if k++; i+k == len(ev.Blocks) || nxt+uint32(k) > last || k == maxStretch {
+					break
 				}
+				if kk = NextSequenceHash(kk, ev.Blocks[i+k].Local); t.blocks.at(nxt+uint32(k)).key != kk {
+					break
+				}
+			}
+			if k > 0 && before&ev.Tier == 0 {
+				t.setTiers(nxt, uint32(k), slot, before|ev.Tier)
+				res.Stored += k
 			}
 		} else {
 			// New blocks: all that follow are new too. They take ids
@@ -725,10 +767,10 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 			}
 			if k > 0 {
 				t.attach(cur, first, uint32(k), slot, ev.Tier)
+				res.Stored += k
 			}
 		}
 		if k > 0 {
-			res.Stored += k
 			i += k
 			cur = at + uint32(k) - 1
 			t.step(k)
@@ -755,6 +797,16 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 		t.release(pend, pendN)
 	}
 	return res, nil
+}
+
+// own makes engine id h of slot, in names, name block b, if h names
+// nothing yet (see claim), and reports whether h names b.
+func (t *runTree) own(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
+	if t.claim(names, slot, h, b, left) {
+		return true
+	}
+	named, _ := names.get(h)
+	return named == b
 }
 
 // claim makes engine id h of slot, in names, name block b, if h names
@@ -879,13 +931,15 @@ func (t *runTree) remove(ev Event) ApplyResult {
 		res.Unknown = len(ev.Hashes)
 		return res
 	}
-	for _, h := range ev.Hashes {
-		if t.detach(slot, h, ev.Tier) > 0 {
-			res.Removed++
+	for hs := ev.Hashes; len(hs) > 0; {
+		k, removed := t.detachRun(slot, hs, ev.Tier)
+		if removed > 0 {
+			res.Removed += k
 		} else {
-			res.Unknown++
+			res.Unknown += k
 		}
-		t.step(1)
+		hs = hs[k:]
+		t.step(k)
 	}
 	return res
 }

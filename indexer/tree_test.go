@@ -379,6 +379,106 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 	}
 }
 
+// TestTierRuns copies a chain two ranks hold to host memory and takes
+// tiers off it again in runs of consecutive blocks, in either order,
+// broken by gaps, repeats and unknown ids, as engines that offload
+// blocks do. Each event must be applied in the writer's steps given (a
+// run of blocks of one span, up to maxStretch, at once) and give what
+// one block at a time gives; the tree must end as few spans as the
+// holders make.
+func TestTierRuns(t *testing.T) {
+	const n = 40
+	a, b := wr(1, 0), wr(2, 0)
+	ids := func(from, to int) []uint64 { // a's ids of blocks from..to, in that order
+		var hs []uint64
+		for i := from; ; {
+			hs = append(hs, 1<<40|uint64(i))
+			if i == to {
+				return hs
+			}
+			if from < to {
+				i++
+			} else {
+				i--
+			}
+		}
+	}
+	steps := []struct {
+		name string
+		ev   Event
+		took []int // blocks per step
+		want ApplyResult
+		ov   []Overlap // a's, then b's
+	}{
+		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), []int{16, 16, 8}, ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), []int{16, 4}, ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(n-1, 10)...), []int{16, 14}, ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
+		{"from host, first first, with a gap, a repeat and an unknown id", removed(a, TierHost, append(append(ids(30, 34), ids(36, 37)...), 1<<40|37, 99)...),
+			[]int{5, 2, 1, 1}, ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
+		// 39, 38; 37..30 gone but 35; 29..10 on host only, 9..0 on both.
+		{"the rest of its host copy, last first", removed(a, TierHost, ids(n-1, 0)...), []int{2, 1, 1, 1, 1, 1, 1, 1, 1, 16, 4, 10},
+			ApplyResult{Removed: n - 7, Unknown: 7}, []Overlap{ov(a, 10, 10, 10), ov(b, n, n, n)}},
+		{"its device blocks, first first", removed(a, TierDevice, ids(0, 9)...), []int{10}, ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
+	}
+	ix := NewIndex(4)
+	one := NewIndex(4) // the same, one id or block per event
+	seq := SequenceHashes(nil, func() []uint64 {
+		var l []uint64
+		for _, bl := range longChain(0, 0, n) {
+			l = append(l, bl.Local)
+		}
+		return l
+	}())
+	for _, x := range []*Index{ix, one} {
+		for _, ev := range []Event{stored(a, TierDevice, nil, longChain(1, 0, n)), stored(b, TierDevice, nil, longChain(2, 0, n))} {
+			if _, err := x.Apply(ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var took []int
+	tr := ix.shards[0].tree
+	yield := tr.yield
+	tr.yield = func(n int) { took = append(took, n); yield(n) }
+	for _, st := range steps {
+		took = took[:0]
+		got, err := ix.Apply(st.ev)
+		if err != nil || got != st.want {
+			t.Fatalf("%s: %+v, %v; want %+v", st.name, got, err, st.want)
+		}
+		if !slices.Equal(took, st.took) {
+			t.Errorf("%s: applied in steps of %v blocks, want %v", st.name, took, st.took)
+		}
+		var each ApplyResult
+		for _, h := range st.ev.Hashes {
+			r, _ := one.Apply(removed(a, st.ev.Tier, h))
+			each.Removed, each.Unknown = each.Removed+r.Removed, each.Unknown+r.Unknown
+		}
+		for i, bl := range st.ev.Blocks {
+			ev := stored(a, st.ev.Tier, nil, []Block{bl})
+			if i > 0 {
+				ev.Parent, ev.HasParent = st.ev.Blocks[i-1].Hash, true
+			}
+			r, _ := one.Apply(ev)
+			each.Stored += r.Stored
+		}
+		if each != got {
+			t.Errorf("%s: one at a time gives %+v, at once %+v", st.name, each, got)
+		}
+		checkInvariants(t, ix)
+		for _, x := range []*Index{ix, one} {
+			m := trees(t, x, x.Match(seq, nil))
+			sortOverlaps(m)
+			if !slices.Equal(m, st.ov) {
+				t.Fatalf("%s: match = %v, want %v", st.name, m, st.ov)
+			}
+		}
+	}
+	if tr := ix.shards[0].tree; len(tr.spans)-len(tr.free) != 1 || tr.live != n {
+		t.Errorf("left %d spans of %d blocks, want b's chain as one span", len(tr.spans)-len(tr.free), tr.live)
+	}
+}
+
 // TestStoreReusedIDKeepsBlocksTogether stores a new chain whose first
 // engine id names another block of the rank: the chain's blocks still
 // come from one range and make one span.
