@@ -200,12 +200,41 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 		return WorkerRank{Worker: rapid.Uint64Range(1, 3).Draw(t, "worker"), Rank: rapid.Uint32Range(0, 1).Draw(t, "rank")}
 	})
 	genTier := rapid.SampledFrom([]Tier{TierDevice, TierHost, TierDisk})
+	// named draws the blocks a Removed or id-only Stored event names: a
+	// few paths, or a stretch of the blocks of one path, often one of
+	// stored (the rank's), in either order, as engines name a request's
+	// blocks.
+	named := func(t *rapid.T, stored []string) []string {
+		if !rapid.Bool().Draw(t, "stretch") {
+			return rapid.SliceOfN(genPath, 1, 4).Draw(t, "paths")
+		}
+		p := genPath.Draw(t, "along")
+		if len(stored) > 0 && rapid.Bool().Draw(t, "stored") {
+			p = rapid.SampledFrom(stored).Draw(t, "along stored")
+		}
+		var paths []string
+		for k := rapid.IntRange(1, len(p)).Draw(t, "from"); k <= len(p); k++ {
+			paths = append(paths, p[:k])
+		}
+		if rapid.Bool().Draw(t, "last first") {
+			slices.Reverse(paths)
+		}
+		return paths
+	}
+	idsOf := func(paths []string) []uint64 {
+		ids := make([]uint64, len(paths))
+		for i, p := range paths {
+			ids[i] = pathID(p)
+		}
+		return ids
+	}
 
 	rapid.Check(t, func(t *rapid.T) {
 		ix := NewShardedIndex(4, rapid.IntRange(1, 3).Draw(t, "shards"))
 		m := &refModel{ranks: make(map[WorkerRank]map[uint64]refEntry)}
 		layout(t, ix, m)
 		var queries []string
+		mine := make(map[WorkerRank][]string) // paths each rank stored
 		steps := rapid.IntRange(1, 60).Draw(t, "steps")
 		for step := 0; step < steps; step++ {
 			w := genWorker.Draw(t, "w")
@@ -225,14 +254,12 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 					t.Fatalf("store %v %s %q|%q: index err %v, model ok %v", w, tier, path[:k], path[k:], err, ok)
 				}
 				queries = append(queries, path)
+				mine[w] = append(mine[w], path)
 				log = fmt.Sprintf("store %v %s %q|%q", w, tier, path[:k], path[k:])
 			case op < 7:
 				tier := genTier.Draw(t, "tier")
-				paths := rapid.SliceOfN(genPath, 1, 3).Draw(t, "removed")
-				ids := make([]uint64, len(paths))
-				for i, p := range paths {
-					ids[i] = pathID(p)
-				}
+				paths := named(t, mine[w])
+				ids := idsOf(paths)
 				if _, err := ix.Apply(removed(w, tier, ids...)); err != nil {
 					t.Fatal(err)
 				}
@@ -251,11 +278,8 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 				log = fmt.Sprintf("remove rank %v", w)
 			case op < 10: // another tier for blocks named by id (Mooncake)
 				tier := genTier.Draw(t, "tier")
-				paths := rapid.SliceOfN(genPath, 1, 4).Draw(t, "byID")
-				ids := make([]uint64, len(paths))
-				for i, p := range paths {
-					ids[i] = pathID(p)
-				}
+				paths := named(t, mine[w])
+				ids := idsOf(paths)
 				if _, err := ix.Apply(Event{Kind: Stored, ByID: true, Worker: w, Tier: tier, Hashes: ids}); err != nil {
 					t.Fatal(err)
 				}

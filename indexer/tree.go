@@ -614,12 +614,11 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 	return removed
 }
 
-// detachRun detaches (see detach) the engine ids that begin hs: as many,
-// up to maxStretch, as name consecutive blocks of one span, in either
-// order, which the rank holds on some of tiers, at once, as where an
-// engine evicts a request's blocks from one tier while another tier or
-// rank keeps them; else the first alone. It returns how many ids it took
-// and the (block, tier) entries they removed.
+// detachRun detaches (see detach) the engine ids that begin hs: a run of
+// them (see run), where the rank holds their blocks on some of tiers, at
+// once, as where an engine evicts a request's blocks from one tier while
+// another tier or rank keeps them; else the first alone. It returns how
+// many ids it took and the (block, tier) entries they removed.
 func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 	names := &t.ranks[slot].names
 	i, ok := names.lookup(hs[0])
@@ -642,19 +641,7 @@ func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 	}
 	k, lo := 1, b
 	if left != before {
-		for hi := b; k < len(hs) && k < maxStretch; k++ {
-			nb, ok := names.get(hs[k])
-			if !ok {
-				break
-			}
-			if nb+1 == lo && nb >= S.first && hi == b {
-				lo = nb
-			} else if nb == hi+1 && nb < S.first+S.n && lo == b {
-				hi = nb
-			} else {
-				break
-			}
-		}
+		k, lo = t.run(names, hs, b)
 	}
 	if k == 1 {
 		if left != before {
@@ -944,16 +931,38 @@ func (t *runTree) remove(ev Event) ApplyResult {
 	return res
 }
 
+// run returns how many of the engine ids that begin hs, the first naming
+// block b, name consecutive blocks of b's span, in either order, up to
+// maxStretch, and the lowest of those blocks.
+func (t *runTree) run(names *blockTable, hs []uint64, b uint32) (int, uint32) {
+	S := &t.spans[t.blocks.at(b).span]
+	k, lo, hi := 1, b, b
+	for ; k < len(hs) && k < maxStretch; k++ {
+		nb, ok := names.get(hs[k])
+		if !ok {
+			break
+		}
+		if nb+1 == lo && nb >= S.first && hi == b {
+			lo = nb
+		} else if nb == hi+1 && nb < S.first+S.n && lo == b {
+			hi = nb
+		} else {
+			break
+		}
+	}
+	return k, lo
+}
+
 // storeByID applies a Stored event with ByID: Tier is added to the blocks
-// whose engine ids the rank holds on some tier.
+// whose engine ids the rank holds on some tier; to a run of them at once
+// (see run), as Mooncake's store publisher names a request's blocks.
 func (t *runTree) storeByID(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, known := t.slotOf[ev.Worker]
-	for _, h := range ev.Hashes {
-		var b uint32
-		var before Tier
+	for hs := ev.Hashes; len(hs) > 0; {
+		k, b, before := 1, uint32(0), Tier(0)
 		if known {
-			if named, ok := t.ranks[slot].names.get(h); ok {
+			if named, ok := t.ranks[slot].names.get(hs[0]); ok {
 				b, before = named, t.blockTiers(slot, named)
 			}
 		}
@@ -961,10 +970,12 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 		case before == 0:
 			res.Unknown++
 		case before&ev.Tier == 0:
-			t.setTiers(b, 1, slot, before|ev.Tier)
-			res.Stored++
+			k, b = t.run(&t.ranks[slot].names, hs, b)
+			t.setTiers(b, uint32(k), slot, before|ev.Tier)
+			res.Stored += k
 		}
-		t.step(1)
+		hs = hs[k:]
+		t.step(k)
 	}
 	return res
 }

@@ -379,20 +379,20 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 	}
 }
 
-// TestTierRuns copies a chain two ranks hold to host memory and takes
-// tiers off it again in runs of consecutive blocks, in either order,
-// broken by gaps, repeats and unknown ids, as engines that offload
-// blocks do. Each event must be applied in the writer's steps given (a
+// TestTierRuns copies a chain two ranks hold to host memory, by blocks
+// and by engine ids only, and takes tiers off it again, in runs of
+// consecutive blocks, in either order, broken by gaps, repeats and
+// unknown ids, as engines that offload blocks do. Each event must be applied in the writer's steps given (a
 // run of blocks of one span, up to maxStretch, at once) and give what
 // one block at a time gives; the tree must end as few spans as the
 // holders make.
 func TestTierRuns(t *testing.T) {
 	const n = 40
 	a, b := wr(1, 0), wr(2, 0)
-	ids := func(from, to int) []uint64 { // a's ids of blocks from..to, in that order
+	ids := func(w uint64, from, to int) []uint64 { // w's ids of blocks from..to, in that order
 		var hs []uint64
 		for i := from; ; {
-			hs = append(hs, 1<<40|uint64(i))
+			hs = append(hs, w<<40|uint64(i))
 			if i == to {
 				return hs
 			}
@@ -412,13 +412,19 @@ func TestTierRuns(t *testing.T) {
 	}{
 		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), []int{16, 16, 8}, ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
 		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), []int{16, 4}, ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
-		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(n-1, 10)...), []int{16, 14}, ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
-		{"from host, first first, with a gap, a repeat and an unknown id", removed(a, TierHost, append(append(ids(30, 34), ids(36, 37)...), 1<<40|37, 99)...),
+		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(1, n-1, 10)...), []int{16, 14}, ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
+		{"from host, first first, with a gap, a repeat and an unknown id", removed(a, TierHost, append(append(ids(1, 30, 34), ids(1, 36, 37)...), 1<<40|37, 99)...),
 			[]int{5, 2, 1, 1}, ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
 		// 39, 38; 37..30 gone but 35; 29..10 on host only, 9..0 on both.
-		{"the rest of its host copy, last first", removed(a, TierHost, ids(n-1, 0)...), []int{2, 1, 1, 1, 1, 1, 1, 1, 1, 16, 4, 10},
+		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...), []int{2, 1, 1, 1, 1, 1, 1, 1, 1, 16, 4, 10},
 			ApplyResult{Removed: n - 7, Unknown: 7}, []Overlap{ov(a, 10, 10, 10), ov(b, n, n, n)}},
-		{"its device blocks, first first", removed(a, TierDevice, ids(0, 9)...), []int{10}, ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
+		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), []int{10}, ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
+		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)}, []int{1, 1, 1},
+			ApplyResult{Unknown: 3}, []Overlap{ov(b, n, n, n)}},
+		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)}, []int{16, 16, 8, 1},
+			ApplyResult{Stored: n, Unknown: 1}, []Overlap{ov(b, n, n, n)}},
+		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)}, slices.Repeat([]int{1}, n),
+			ApplyResult{}, []Overlap{ov(b, n, n, n)}},
 	}
 	ix := NewIndex(4)
 	one := NewIndex(4) // the same, one id or block per event
@@ -450,17 +456,15 @@ func TestTierRuns(t *testing.T) {
 			t.Errorf("%s: applied in steps of %v blocks, want %v", st.name, took, st.took)
 		}
 		var each ApplyResult
-		for _, h := range st.ev.Hashes {
-			r, _ := one.Apply(removed(a, st.ev.Tier, h))
-			each.Removed, each.Unknown = each.Removed+r.Removed, each.Unknown+r.Unknown
-		}
-		for i, bl := range st.ev.Blocks {
-			ev := stored(a, st.ev.Tier, nil, []Block{bl})
-			if i > 0 {
+		for i := range len(st.ev.Hashes) + len(st.ev.Blocks) {
+			ev := st.ev
+			if ev.Hashes != nil {
+				ev.Hashes = ev.Hashes[i : i+1]
+			} else if ev.Blocks = ev.Blocks[i : i+1]; i > 0 {
 				ev.Parent, ev.HasParent = st.ev.Blocks[i-1].Hash, true
 			}
 			r, _ := one.Apply(ev)
-			each.Stored += r.Stored
+			each.Stored, each.Removed, each.Unknown = each.Stored+r.Stored, each.Removed+r.Removed, each.Unknown+r.Unknown
 		}
 		if each != got {
 			t.Errorf("%s: one at a time gives %+v, at once %+v", st.name, each, got)
