@@ -47,9 +47,10 @@
 // writers take turns for a whole operation on a mutex of their own, so at
 // most one writer waits for the lock and a match never queues behind
 // several. A writer holds the lock exclusively in steps of at most 16
-// blocks (a stretch of a Stored event, a removed engine id), and lets it
-// go every writeChunk blocks and, for a waiting match, once writers have
-// applied yieldAfter blocks since they last yielded to one: 1 while
+// blocks (a stretch of a Stored event, a run of a Removed event's
+// engine ids), and lets it go every writeChunk blocks and, for a
+// waiting match, once writers have applied yieldAfter blocks since they
+// last yielded to one: 1 while
 // matches come now and then, up to yieldChunk while they come back to
 // back. Where the shards are at least as many as the cores Go uses, a
 // writer letting the lock go also gives up its core for a moment
