@@ -99,6 +99,31 @@ func BenchmarkCopyToHost(b *testing.B) {
 	}
 }
 
+// BenchmarkEvictShared evicts, last block first, a 64-block chain that
+// another rank holds too, and stores it back, as ranks serving the same
+// conversations do; ns/op covers 128 block operations.
+func BenchmarkEvictShared(b *testing.B) {
+	ix, _ := benchIndex(b, 64, 32, 64)
+	blocks := make([]Block, 96)
+	hashes := make([]uint64, 64)
+	for i := range blocks {
+		blocks[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
+		if i >= 32 {
+			blocks[i].Local = 7<<50 | uint64(i)
+			hashes[len(blocks)-1-i] = blocks[i].Hash
+		}
+	}
+	w := WorkerRank{Worker: 1000}
+	for _, wr := range []WorkerRank{w, {Worker: 1001}} {
+		ix.Apply(Event{Kind: Stored, Worker: wr, Tier: TierDevice, Blocks: blocks})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks[32:]})
+	}
+}
+
 // BenchmarkDecode decodes a vLLM batch of two map-form BlockStored events
 // of 4 blocks of 16 tokens and one BlockRemoved.
 func BenchmarkDecode(b *testing.B) {

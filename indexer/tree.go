@@ -639,27 +639,19 @@ func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 		t.prune(sp)
 		return 1, removed
 	}
-	k, lo := 1, b
-	if left != before {
-		k, lo = t.run(names, hs, b)
-	}
-	if k == 1 {
-		if left != before {
-			t.setTiers(b, 1, slot, left)
-		}
+	if left == before {
 		if left == 0 {
 			t.unname(names, slot, i, b)
 		}
-		return 1, removed
+		return 1, 0
 	}
+	// Where the rank keeps none of the run's tiers, its ids go before
+	// setTiers, whose tidy prunes the blocks that then go: the span has
+	// the rank as holder until then, so that unpin prunes nothing.
 	if left == 0 {
-		// Before setTiers, whose tidy prunes what goes: the span has
-		// holders until then.
-		for _, h := range hs[:k] {
-			j, _ := names.lookup(h)
-			t.unname(names, slot, j, names.wordAt(j))
-		}
+		t.unname(names, slot, i, b)
 	}
+	k, lo := t.run(names, hs, b, slot, left == 0)
 	t.setTiers(lo, uint32(k), slot, left)
 	return k, k * removed
 }
@@ -667,8 +659,8 @@ func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 // store applies a Stored event (not ByID). Stretches of blocks along one
 // span, under engine ids that name them or nothing yet, and of new
 // blocks, under engine ids the rank does not use, are stored up to
-// maxStretch at a time; other blocks one by one (see storeOne). A rank the event makes takes tab, resizeFor's, as its
-// engine-id table.
+// maxStretch at a time; other blocks one by one (see storeOne). A rank
+// the event makes takes tab, resizeFor's, as its engine-id table.
 func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
@@ -933,21 +925,26 @@ func (t *runTree) remove(ev Event) ApplyResult {
 
 // run returns how many of the engine ids that begin hs, the first naming
 // block b, name consecutive blocks of b's span, in either order, up to
-// maxStretch, and the lowest of those blocks.
-func (t *runTree) run(names *blockTable, hs []uint64, b uint32) (int, uint32) {
+// maxStretch, and the lowest of those blocks. With drop, it drops from
+// names, slot's, each id but the first that it counts (see detachRun).
+func (t *runTree) run(names *blockTable, hs []uint64, b, slot uint32, drop bool) (int, uint32) {
 	S := &t.spans[t.blocks.at(b).span]
 	k, lo, hi := 1, b, b
 	for ; k < len(hs) && k < maxStretch; k++ {
-		nb, ok := names.get(hs[k])
+		j, ok := names.lookup(hs[k])
 		if !ok {
 			break
 		}
+		nb := names.wordAt(j)
 		if nb+1 == lo && nb >= S.first && hi == b {
 			lo = nb
 		} else if nb == hi+1 && nb < S.first+S.n && lo == b {
 			hi = nb
 		} else {
 			break
+		}
+		if drop {
+			t.unname(names, slot, j, nb)
 		}
 	}
 	return k, lo
@@ -970,7 +967,7 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 		case before == 0:
 			res.Unknown++
 		case before&ev.Tier == 0:
-			k, b = t.run(&t.ranks[slot].names, hs, b)
+			k, b = t.run(&t.ranks[slot].names, hs, b, slot, false)
 			t.setTiers(b, uint32(k), slot, before|ev.Tier)
 			res.Stored += k
 		}
