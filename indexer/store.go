@@ -297,19 +297,6 @@ func (t *blockTable) delAt(i int) {
 	}
 }
 
-// ids appends every engine id to dst.
-func (t *blockTable) ids(dst []uint64) []uint64 {
-	if t.hasZero {
-		dst = append(dst, 0)
-	}
-	for _, e := range t.tab {
-		if e.mixed() != 0 {
-			dst = append(dst, e.engineID())
-		}
-	}
-	return dst
-}
-
 // each calls f for every entry.
 func (t *blockTable) each(f func(id uint64, word uint32)) {
 	if t.hasZero {

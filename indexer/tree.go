@@ -985,11 +985,34 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	if !ok {
 		return res
 	}
-	for _, h := range ids {
-		res.Removed += t.detach(slot, h, tiers)
-		t.step(1)
+	for hs := ids; len(hs) > 0; {
+		k, removed := t.detachRun(slot, hs, tiers)
+		res.Removed += removed
+		hs = hs[k:]
+		t.step(k)
 	}
 	return res
+}
+
+// clearOrder returns the engine ids of slot in the order clear takes
+// them: by the blocks they name, last first, so that a chain's blocks
+// go in runs (see detachRun), and those of a chain only the rank holds
+// from its tail. It only reads the tree: a writer calls it without the
+// lock.
+func (t *runTree) clearOrder(slot uint32) []uint64 {
+	names := &t.ranks[slot].names
+	ids := make([]uint64, 0, names.len())
+	keys := make([]uint64, 0, names.len()) // block<<32 | index in ids
+	names.each(func(h uint64, b uint32) {
+		keys = append(keys, uint64(b)<<32|uint64(len(ids)))
+		ids = append(ids, h)
+	})
+	slices.Sort(keys)
+	out := make([]uint64, len(ids))
+	for i, k := range keys {
+		out[len(out)-1-i] = ids[uint32(k)]
+	}
+	return out
 }
 
 // removeRank forgets wr, whose engine ids are ids (see clear).
@@ -1023,7 +1046,7 @@ func (t *runTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 	var out []rankIDs
 	for wr, slot := range t.slotOf {
 		if gone(wr) {
-			out = append(out, rankIDs{wr, t.ranks[slot].names.ids(nil)})
+			out = append(out, rankIDs{wr, t.clearOrder(slot)})
 		}
 	}
 	return out
@@ -1376,7 +1399,7 @@ func (t *runTree) prepare(ev Event) growth {
 	}
 	if ev.Kind == Cleared {
 		if slot, ok := t.slotOf[ev.Worker]; ok {
-			g.ids = t.ranks[slot].names.ids(nil)
+			g.ids = t.clearOrder(slot)
 		}
 	}
 	// An event makes at most two spans a block (isolate's splits), and as
