@@ -58,11 +58,7 @@ func benchMatch(b *testing.B, workers, shared, own int) {
 func BenchmarkStoreRemove(b *testing.B) {
 	ix, _ := benchIndex(b, 64, 32, 64)
 	w := WorkerRank{Worker: 1000}
-	base := make([]Block, 32)
-	for i := range base {
-		base[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
-	}
-	ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: base})
+	mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: longChain(0, 0, 32)})
 	blocks := make([]Block, 64)
 	hashes := make([]uint64, 64)
 	for i := range blocks {
@@ -71,8 +67,29 @@ func BenchmarkStoreRemove(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks})
-		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+	}
+}
+
+// benchOwnChain returns benchIndex(b, 64, 32, 64), a chain of 96 blocks
+// whose first 32 are its workers' shared prefix, and the engine ids of
+// the other 64, last first.
+func benchOwnChain(b *testing.B) (*Index, []Block, []uint64) {
+	ix, _ := benchIndex(b, 64, 32, 64)
+	blocks := longChain(0, 0, 96)
+	hashes := make([]uint64, 64)
+	for i := 32; i < len(blocks); i++ {
+		blocks[i].Local = 7<<50 | uint64(i)
+		hashes[len(blocks)-1-i] = blocks[i].Hash
+	}
+	return ix, blocks, hashes
+}
+
+// mustApply applies ev, failing b if it cannot.
+func mustApply(b *testing.B, ix *Index, ev Event) {
+	if _, err := ix.Apply(ev); err != nil {
+		b.Fatal(err)
 	}
 }
 
@@ -80,22 +97,13 @@ func BenchmarkStoreRemove(b *testing.B) {
 // memory to host memory and removes that copy again, as an engine that
 // offloads blocks does; ns/op covers 128 block operations.
 func BenchmarkCopyToHost(b *testing.B) {
-	ix, _ := benchIndex(b, 64, 32, 64)
+	ix, blocks, hashes := benchOwnChain(b)
 	w := WorkerRank{Worker: 1000}
-	blocks := make([]Block, 96)
-	hashes := make([]uint64, 64)
-	for i := range blocks {
-		blocks[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
-		if i >= 32 {
-			blocks[i].Local = 7<<50 | uint64(i)
-			hashes[len(blocks)-1-i] = blocks[i].Hash
-		}
-	}
-	ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: blocks})
+	mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: blocks})
 	b.ReportAllocs()
 	for b.Loop() {
-		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierHost, Parent: 31, HasParent: true, Blocks: blocks[32:]})
-		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierHost, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierHost, Parent: 31, HasParent: true, Blocks: blocks[32:]})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierHost, Hashes: hashes})
 	}
 }
 
@@ -103,24 +111,15 @@ func BenchmarkCopyToHost(b *testing.B) {
 // another rank holds too, and stores it back, as ranks serving the same
 // conversations do; ns/op covers 128 block operations.
 func BenchmarkEvictShared(b *testing.B) {
-	ix, _ := benchIndex(b, 64, 32, 64)
-	blocks := make([]Block, 96)
-	hashes := make([]uint64, 64)
-	for i := range blocks {
-		blocks[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
-		if i >= 32 {
-			blocks[i].Local = 7<<50 | uint64(i)
-			hashes[len(blocks)-1-i] = blocks[i].Hash
-		}
-	}
+	ix, blocks, hashes := benchOwnChain(b)
 	w := WorkerRank{Worker: 1000}
 	for _, wr := range []WorkerRank{w, {Worker: 1001}} {
-		ix.Apply(Event{Kind: Stored, Worker: wr, Tier: TierDevice, Blocks: blocks})
+		mustApply(b, ix, Event{Kind: Stored, Worker: wr, Tier: TierDevice, Blocks: blocks})
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		ix.Apply(Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
-		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks[32:]})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks[32:]})
 	}
 }
 
@@ -129,15 +128,12 @@ func BenchmarkEvictShared(b *testing.B) {
 // that leaves; ns/op covers 8 192 block operations.
 func BenchmarkRemoveRank(b *testing.B) {
 	ix := NewIndex(16)
-	blocks := make([]Block, 4096)
-	for i := range blocks {
-		blocks[i] = Block{Hash: uint64(i), Local: uint64(i)*0x9e3779b97f4a7c15 + 1}
-	}
-	ix.Apply(Event{Kind: Stored, Worker: WorkerRank{Worker: 1}, Tier: TierDevice, Blocks: blocks[:2048]})
+	blocks := longChain(0, 0, 4096)
+	mustApply(b, ix, Event{Kind: Stored, Worker: WorkerRank{Worker: 1}, Tier: TierDevice, Blocks: blocks[:2048]})
 	w := WorkerRank{Worker: 2}
 	b.ReportAllocs()
 	for b.Loop() {
-		ix.Apply(Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: blocks})
+		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Blocks: blocks})
 		ix.RemoveWorkerRank(w)
 	}
 }

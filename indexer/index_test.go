@@ -30,6 +30,16 @@ func longChain(w uint64, from, k int) []Block {
 	return bs
 }
 
+// longChainSeq returns the sequence hashes of the first n blocks of
+// longChain's chain.
+func longChainSeq(n int) []uint64 {
+	local := make([]uint64, n)
+	for i, b := range longChain(0, 0, n) {
+		local[i] = b.Local
+	}
+	return SequenceHashes(nil, local)
+}
+
 func wr(w uint64, r uint32) WorkerRank { return WorkerRank{Worker: w, Rank: r} }
 
 func stored(w WorkerRank, t Tier, parent *uint64, blocks []Block) Event {

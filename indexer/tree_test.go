@@ -268,17 +268,12 @@ func checkFreeBlocks(t fatalHelper, tr *runTree) {
 // matches, removals from the tail and the tree's invariants.
 func TestSpansAcrossSlabChunks(t *testing.T) {
 	const n = 5<<slabBits/2 + 7 // two and a half chunks
-	blocks := func(w uint64, k int) []Block { return longChain(w, 0, k) }
-	var local []uint64
-	for _, b := range blocks(0, n) {
-		local = append(local, b.Local)
-	}
-	seq := SequenceHashes(nil, local)
+	seq := longChainSeq(n)
 	ix := NewIndex(16)
 	a, b := wr(1, 0), wr(2, 0)
 	for _, ev := range []Event{
-		{Kind: Stored, Worker: a, Tier: TierDevice, Blocks: blocks(1, n)},
-		{Kind: Stored, Worker: b, Tier: TierDevice, Blocks: blocks(2, n-(1<<slabBits))},
+		{Kind: Stored, Worker: a, Tier: TierDevice, Blocks: longChain(1, 0, n)},
+		{Kind: Stored, Worker: b, Tier: TierDevice, Blocks: longChain(2, 0, n-(1<<slabBits))},
 	} {
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatal(err)
@@ -310,9 +305,11 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 // TestPrepareGrowsOffTheLock checks that what prepare builds for an event
 // without the lock is all the event needs: applying it grows no array of
 // the tree (spans, sets, heads), makes no slab chunk, resizes no rank's
-// engine-id table and makes none for a new rank but prepare's, and, for a
-// Cleared event or a rank's removal, lists no engine ids, where a copy, a
-// chunk's first writes or a list would hold matches up under the lock.
+// engine-id table and makes none for a new rank but prepare's; and that
+// prepare, for a Cleared event, and leaving, for a rank's removal, list
+// the rank's engine ids, last block first, which applying them takes (see
+// TestClearTakesTheIDsGiven), where a copy, a chunk's first writes or a
+// list would hold matches up under the lock.
 func TestPrepareGrowsOffTheLock(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	every3 := func(w uint64, from, to int) []uint64 {
@@ -378,6 +375,31 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 	}
 }
 
+// TestClearTakesTheIDsGiven checks that a Cleared event takes the engine
+// ids prepare listed, and only those: it lists none of its own under the
+// lock.
+func TestClearTakesTheIDsGiven(t *testing.T) {
+	a := wr(1, 0)
+	tr := newRunTree()
+	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4)), growth{}); err != nil {
+		t.Fatal(err)
+	}
+	ev := Event{Kind: Cleared, Worker: a, Tier: AllTiers}
+	g := tr.prepare(ev)
+	if !slices.Equal(g.ids, []uint64{1<<40 | 3, 1<<40 | 2, 1<<40 | 1, 1<<40 | 0}) {
+		t.Fatalf("prepare listed %x, want a's ids last block first", g.ids)
+	}
+	g.ids = g.ids[:2]
+	res, err := tr.apply(ev, g)
+	if err != nil || res != (ApplyResult{Removed: 2}) {
+		t.Fatalf("clear with two of the ids: %+v, %v; want 2 removed", res, err)
+	}
+	checkRunTree(t, tr)
+	if got := tr.who[tr.slotOf[a]].blocks; got != 2 {
+		t.Errorf("a holds %d blocks after, want 2 (blocks 0 and 1)", got)
+	}
+}
+
 // inClearOrder reports whether ids are the engine ids of slot, each once,
 // by the blocks they name, last first (see clearOrder).
 func inClearOrder(tr *runTree, slot uint32, ids []uint64) bool {
@@ -392,11 +414,11 @@ func inClearOrder(tr *runTree, slot uint32, ids []uint64) bool {
 
 // TestTierRuns copies a chain two ranks hold to host memory, by blocks
 // and by engine ids only, and takes tiers off it again, in runs of
-// consecutive blocks, in either order, broken by gaps, repeats and
-// unknown ids, as engines that offload blocks do. Each event must be applied in the writer's steps given (a
-// run of blocks of one span, up to maxStretch, at once) and give what
-// one block at a time gives; the tree must end as few spans as the
-// holders make.
+// consecutive blocks, in either order, broken by gaps, repeats, unknown
+// ids and the ends of spans, as engines that offload blocks do. Each
+// event must be applied in the writer's steps given (a run of blocks of
+// one span, up to maxStretch, at once) and give what one block at a
+// time gives; the tree must end as few spans as the holders make.
 func TestTierRuns(t *testing.T) {
 	const n = 40
 	a, b := wr(1, 0), wr(2, 0)
@@ -436,16 +458,17 @@ func TestTierRuns(t *testing.T) {
 			ApplyResult{Stored: n, Unknown: 1}, []Overlap{ov(b, n, n, n)}},
 		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)}, slices.Repeat([]int{1}, n),
 			ApplyResult{}, []Overlap{ov(b, n, n, n)}},
+		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)}, []int{16, 4},
+			ApplyResult{Stored: 20}, []Overlap{ov(b, n, n, n)}},
+		// A run ends where the span does: 19 | 20.
+		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...), []int{10, 10},
+			ApplyResult{Removed: 20}, []Overlap{ov(b, n, n, n)}},
+		{"and off device, last first, across two spans", removed(b, TierDevice, ids(2, 29, 10)...), []int{10, 10},
+			ApplyResult{Removed: 20}, []Overlap{ov(b, 10, 10, 10)}},
 	}
 	ix := NewIndex(4)
 	one := NewIndex(4) // the same, one id or block per event
-	seq := SequenceHashes(nil, func() []uint64 {
-		var l []uint64
-		for _, bl := range longChain(0, 0, n) {
-			l = append(l, bl.Local)
-		}
-		return l
-	}())
+	seq := longChainSeq(n)
 	for _, x := range []*Index{ix, one} {
 		for _, ev := range []Event{stored(a, TierDevice, nil, longChain(1, 0, n)), stored(b, TierDevice, nil, longChain(2, 0, n))} {
 			if _, err := x.Apply(ev); err != nil {
@@ -489,8 +512,10 @@ func TestTierRuns(t *testing.T) {
 			}
 		}
 	}
-	if tr := ix.shards[0].tree; len(tr.spans)-len(tr.free) != 1 || tr.live != n {
-		t.Errorf("left %d spans of %d blocks, want b's chain as one span", len(tr.spans)-len(tr.free), tr.live)
+	// b: 0..9 on device and host, 10..19 on none (kept for the blocks
+	// under them), 20..29 on disk, 30..39 on all three.
+	if tr := ix.shards[0].tree; len(tr.spans)-len(tr.free) != 4 || tr.live != n {
+		t.Errorf("left %d spans of %d blocks, want b's chain as four spans", len(tr.spans)-len(tr.free), tr.live)
 	}
 }
 
