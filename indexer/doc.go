@@ -47,28 +47,29 @@
 // writers take turns for a whole operation on a mutex of their own, so at
 // most one writer waits for the lock and a match never queues behind
 // several. A writer holds the lock exclusively in steps of at most 16
-// blocks (a stretch of a Stored event, a run of a Removed event's
-// engine ids), and lets it go every writeChunk blocks and, for a
-// waiting match, once writers have applied yieldAfter blocks since they
-// last yielded to one: 1 while
-// matches come now and then, up to yieldChunk while they come back to
-// back. Where the shards are at least as many as the cores Go uses, a
+// blocks (a stretch of a Stored event, a run of the engine ids of a
+// Removed or Cleared event, a rank's removal or an id-only Stored event),
+// and lets it go every writeChunk blocks and, for a waiting match, once
+// writers have applied yieldAfter blocks since they last yielded to one: 1
+// while matches come now and then, up to yieldChunk while they come back
+// to back. Where the shards are at least as many as the cores Go uses, a
 // writer letting the lock go also gives up its core for a moment
 // (runtime.Gosched), so that writers busy on every core do not keep a
-// match of another shard, or a request, waiting for one. Where the
-// shards are fewer, so that a core is spare, a match finding the lock held
-// by a writer hands itself to the writer and spins, and the writer runs
-// it after its current step (at most one in serveAfter blocks, over time,
-// and at once after a spell without matches: see serveBurst); writers
-// there take the lock by spinning for a while, rather than by sleeping
-// (see lock.go). A writer builds its rank's table of engine ids grown for
-// a Stored event, or shrunk after removals, without the lock: only
-// writers change the tree, and matches never read that table. Without the
-// lock too, it makes larger copies of the arrays an event may outgrow
-// (spans, holder sets, heads) and the slab's next chunks, which it puts
-// in place under the lock (runTree.prepare), and it reads where the
-// event's engine ids and blocks lie, all at once, so that under the lock
-// it finds them in the cache (runTree.warm).
+// match of another shard, or a request, waiting for one. Where the shards
+// are fewer, so that a core is spare, a match finding the lock held by a
+// writer hands itself to the writer and spins, and the writer runs it
+// after its current step (at most one in serveAfter blocks, over time, and
+// at once after a spell without matches: see serveBurst); writers there
+// take the lock by spinning for a while, rather than by sleeping (see
+// lock.go). A writer builds its rank's table of engine ids grown for a
+// Stored event, or shrunk after removals, or a new rank's first, without
+// the lock: only writers change the tree, and matches never read that
+// table. Without the lock too, it lists the engine ids a Cleared event or
+// a rank's removal takes (runTree.clearOrder), makes larger copies of the
+// arrays an event may outgrow (spans, holder sets, heads) and the slab's
+// next chunks, which it puts in place under the lock (runTree.prepare),
+// and it reads where the event's engine ids and blocks lie, all at once,
+// so that under the lock it finds them in the cache (runTree.warm).
 // A rank being removed is ignored by matches from the start, so that none
 // sees it half removed.
 //

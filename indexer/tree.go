@@ -721,8 +721,9 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 			}
 		} else {
 			// New blocks: all that follow are new too. They take ids
-			// from one range, allocated for all of them; an engine id
-			// already in use ends the stretch (storeOne takes it).
+			// from one range, allocated for all of them, each one, so
+			// that the event uses it up; an engine id already in use
+			// ends the stretch (storeOne takes it).
 			if pendN == 0 {
 				pendN = uint32(len(ev.Blocks) - i)
 				pend = t.alloc(pendN)
@@ -771,9 +772,6 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 		prev = key
 		i++
 		t.step(1)
-	}
-	if pendN > 0 {
-		t.release(pend, pendN)
 	}
 	return res, nil
 }
