@@ -1386,8 +1386,10 @@ type growth struct {
 // its new blocks. It reads the tree and writes only the slab's spare
 // chunks, which matches never read: a writer calls it without the lock,
 // as writers take turns. An event that needs more than prepare foresaw
-// (a Cleared event, which splits spans without naming blocks) grows what
-// it needs under the lock (blockTable.add, headTable.put, append).
+// grows what it needs under the lock (blockTable.add, headTable.put,
+// append): a Cleared event gets room for two spans only, as each of its
+// runs splits off at most two, and most merge back with the next run
+// (room for two a block would grow the arrays for nothing).
 func (t *runTree) prepare(ev Event) growth {
 	var g growth
 	k := len(ev.Blocks) + len(ev.Hashes)
