@@ -150,8 +150,8 @@ func spun(i int, since *time.Time, limit time.Duration) bool {
 	return time.Since(*since) >= limit
 }
 
-// unlock releases mu, taken by a writer, which has then applied no
-// blocks since it took mu.
+// unlock releases mu, taken by a writer, and resets held: whoever takes
+// mu next has applied no blocks under it yet.
 func (ix *shard) unlock() {
 	ix.held = 0
 	ix.mu.Unlock()
