@@ -389,6 +389,20 @@ func (h *harness) expect(what string, ws ...want) {
 // metric returns the value of one of the discovery's metrics.
 func (h *harness) metric(c prometheus.Collector) float64 { return testutil.ToFloat64(c) }
 
+// metricReaches waits for a metric that discovery sets after the catalog
+// change a test has just seen (expect returns as soon as the catalog shows
+// it, which can be before the runner counts it) to read want.
+func (h *harness) metricReaches(what string, c prometheus.Collector, want float64) {
+	h.t.Helper()
+	var got float64
+	defer func() {
+		if got != want {
+			h.t.Logf("%s = %v, want %v", what, got, want)
+		}
+	}()
+	poll.Until(h.t, what, func() bool { got = h.metric(c); return got == want })
+}
+
 func TestPodLifecycle(t *testing.T) {
 	h := newHarness(t, Config{}, nil)
 	// A worker registered by hand, with an id discovery would give
@@ -437,9 +451,7 @@ func TestPodLifecycle(t *testing.T) {
 
 	h.deletePod("a")
 	h.expect("a deleted")
-	if got := h.metric(h.d.m.workers); got != 0 {
-		t.Errorf("kvgate_discovery_workers = %v after every pod went, want 0", got)
-	}
+	h.metricReaches("kvgate_discovery_workers after every pod went", h.d.m.workers, 0)
 	if got := h.metric(h.d.m.changes.WithLabelValues(opPut, outcomeError)); got != 0 {
 		t.Errorf("failed registrations = %v, want 0", got)
 	}
@@ -549,9 +561,7 @@ func TestAPIVersions(t *testing.T) {
 		// create the v1 pool with another port and see only that.
 		h.putPool(APIVersionV1, vllm, 9000)
 		h.expect("the v1 pool only", discovered("a", "127.0.0.2", 0, 9000))
-		if got := h.metric(h.d.m.changes.WithLabelValues(opPut, outcomeOK)); got != 1 {
-			t.Errorf("registrations = %v, want 1 (none from the v1alpha2 pool)", got)
-		}
+		h.metricReaches("registrations (none from the v1alpha2 pool)", h.d.m.changes.WithLabelValues(opPut, outcomeOK), 1)
 		h.noActionsOn(APIVersionV1Alpha2)
 	})
 	notServed := func(h *harness, apiVersion string) {
