@@ -13,12 +13,16 @@
 // First it measures how often the machine holds up a running thread
 // (-holdups): the floor under the tail of match latency on a shared VM.
 // With -pace, the replay submits events no faster than a given rate, to
-// time its matches at that apply rate rather than at the fastest. With
+// time its matches at that apply rate rather than at the fastest; it
+// sleeps in between, or spins with -pace-spin (so that its core never
+// idles: see BENCHMARKS.md on what a VM's scheduler does then). With
 // -rematch, the replay matches each prompt a second time at once, and
 // times that too: the same match with the blocks it reads in cache.
 // Built with -tags matchphases, it also reports how long the replay's and
 // the idle matches spent in each phase: waiting for the lock, starting,
-// walking, emitting (see indexer.Index.ObservePhases). It owns nothing
+// walking, emitting (see indexer.Index.ObservePhases). Each phase that
+// applies events reports how often the system preempted the process's
+// threads and how many page faults they took. It owns nothing
 // but its own measurement; it uses only the indexer package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
@@ -38,11 +42,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
@@ -63,6 +69,7 @@ type config struct {
 	memProfile   string // where to write the heap profile of allocations, after the alone phase
 	holdUps      time.Duration
 	pace         float64 // replay: million blocks submitted per second, at most (0: as fast as applied)
+	paceSpin     bool    // replay: wait for the pace by spinning, not sleeping
 	rematch      bool    // replay: match each prompt again at once, and time that too
 }
 
@@ -81,6 +88,7 @@ func main() {
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
 	flag.StringVar(&cfg.memProfile, "memprofile", "", "write a profile of the heap allocations made until the end of the alone phase to this file")
 	flag.Float64Var(&cfg.pace, "pace", 0, "submit the replay's events at this many million blocks per second, at most (0: as fast as they apply), to time its matches at a given apply rate")
+	flag.BoolVar(&cfg.paceSpin, "pace-spin", false, "with -pace, wait for each event's time by spinning rather than sleeping, so that the submitting (and matching) goroutine never leaves its core idle")
 	flag.BoolVar(&cfg.rematch, "rematch", false, "in the replay, match each prompt a second time at once and time that too: the same match with what it reads in cache")
 	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
 	flag.Parse()
@@ -152,7 +160,7 @@ func run(cfg config, out io.Writer) error {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 	}
-	set, ix, elapsed, err := apply(cfg, events, empty, nil, nil, 0)
+	set, ix, alone, err := apply(cfg, events, empty, nil, nil, 0)
 	if err != nil {
 		return err
 	}
@@ -171,7 +179,10 @@ func run(cfg config, out io.Writer) error {
 		}
 	}
 
-	// Matches on the final, quiescent index.
+	// Matches on the final, quiescent index. The runtime first gives the
+	// system the memory it freed, so that it does not do so while they
+	// run (as it would, a little at a time, from a background goroutine).
+	debug.FreeOSMemory()
 	var idlePhases phaseLog
 	idlePhases.timed = ix.ObservePhases(idlePhases.observe)
 	idle, shapes := measureIdle(ix, queries, cfg.idleRounds, &idlePhases)
@@ -184,7 +195,7 @@ func run(cfg config, out io.Writer) error {
 	// router does: it routes the request, then the worker stores).
 	var replay latencies
 	r := &replayer{queries: queries, firsts: firsts, rematch: cfg.rematch}
-	_, rix, replayElapsed, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
+	_, rix, replayRun, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
 	if err != nil {
 		return err
 	}
@@ -196,7 +207,7 @@ func run(cfg config, out io.Writer) error {
 
 	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
-	_, six, busyElapsed, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
+	_, six, busyRun, err := apply(cfg, events, nil, func(ix *indexer.Index, stop <-chan struct{}) {
 		lat = measureBusy(ix, queries, cfg.queriers, stop)
 	}, nil, 0)
 	if err != nil {
@@ -205,20 +216,27 @@ func run(cfg config, out io.Writer) error {
 
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
 	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
-	fmt.Fprintf(out, "| blocks applied per second, alone | %s (%d ops in %s) |\n", rate(elapsed), blocks, elapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| blocks applied per second, alone | %s (%d ops in %s) |\n", rate(alone.elapsed), blocks, alone.elapsed.Round(time.Millisecond))
 	paced := ""
 	if cfg.pace > 0 {
 		paced = fmt.Sprintf(", events submitted at %.2f M blocks/s at most", cfg.pace)
+		if cfg.paceSpin {
+			paced += ", spinning in between"
+		}
 	}
-	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events%s) | %s (%d ops in %s) |\n", paced, rate(replayElapsed), blocks, replayElapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| blocks applied per second, replay (each request matched before its events%s) | %s (%d ops in %s) |\n", paced, rate(replayRun.elapsed), blocks, replayRun.elapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the replay | %s |\n", replay)
 	if cfg.rematch {
 		fmt.Fprintf(out, "| the same, each matched again at once (-rematch) | %s |\n", r.again)
 	}
-	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyElapsed), blocks, busyElapsed.Round(time.Millisecond))
+	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyRun.elapsed), blocks, busyRun.elapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
 	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
+	if alone.os.ok {
+		fmt.Fprintf(out, "| threads preempted by the system / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
+			alone.os.preempted, replayRun.os.preempted, busyRun.os.preempted, alone.os.faults, replayRun.os.faults, busyRun.os.faults)
+	}
 	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
 	fmt.Fprintf(out, "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | %.2f |\n", allocs)
@@ -496,6 +514,37 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 	}
 }
 
+// phaseRun is how one phase of apply went: how long it took, and what
+// the system did to the process meanwhile.
+type phaseRun struct {
+	elapsed time.Duration
+	os      osUsage
+}
+
+// osUsage counts what the system did to the process: how often it took a
+// core from one of its threads that could have gone on running
+// (involuntary context switches), and how many pages its threads touched
+// for the first time (minor page faults). Both stall the thread: a
+// writer holding a shard's lock keeps matches waiting meanwhile.
+type osUsage struct {
+	preempted, faults int64
+	ok                bool // the system reported them
+}
+
+func osNow() osUsage {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return osUsage{}
+	}
+	return osUsage{preempted: int64(ru.Nivcsw), faults: int64(ru.Minflt), ok: true}
+}
+
+// since returns what happened between u, taken earlier, and now.
+func (u osUsage) since() osUsage {
+	now := osNow()
+	return osUsage{preempted: now.preempted - u.preempted, faults: now.faults - u.faults, ok: u.ok && now.ok}
+}
+
 // apply submits events to a fresh Set and waits until all are applied,
 // keeping at most cfg.backlog submitted and not yet applied (so that a
 // match by before sees the index at most that far behind the trace, as
@@ -506,12 +555,17 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 // after the last.
 //
 // With pace > 0 (blocks per second), it submits each event no earlier
-// than the blocks before it take at that rate.
-func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int), pace float64) (*indexer.Set, *indexer.Index, time.Duration, error) {
+// than the blocks before it take at that rate, sleeping until then, or
+// spinning with cfg.paceSpin.
+//
+// Without ready, the runtime first gives the system the memory it has
+// freed (an earlier phase's index), so that it does not do so, a little
+// at a time from a background goroutine, during this phase.
+func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int), pace float64) (*indexer.Set, *indexer.Index, phaseRun, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, IndexShards: cfg.indexShards, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, nil, phaseRun{}, err
 	}
 	if ready != nil {
 		ready()
@@ -534,6 +588,10 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		}
 	}
 	ctx := context.Background()
+	if ready == nil {
+		debug.FreeOSMemory()
+	}
+	os0 := osNow()
 	start := time.Now()
 	wait := func(i int) { // until fewer than backlog of events[:i] are left
 		for int64(i)-applied.Load() >= int64(cfg.backlog) {
@@ -544,7 +602,11 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	for i, ev := range events {
 		wait(i)
 		if pace > 0 {
-			if d := time.Until(start.Add(time.Duration(float64(ops) / pace * 1e9))); d > 0 {
+			due := start.Add(time.Duration(float64(ops) / pace * 1e9))
+			if cfg.paceSpin {
+				for time.Now().Before(due) {
+				}
+			} else if d := time.Until(due); d > 0 {
 				time.Sleep(d)
 			}
 			ops += blockOps(ev)
@@ -553,7 +615,7 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 			before(ix, i)
 		}
 		if err := set.Submit(ctx, ix, ev, done); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, phaseRun{}, err
 		}
 	}
 	if before != nil {
@@ -562,19 +624,19 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	}
 	for w := range cfg.workers {
 		if err := set.Do(ctx, uint64(w), func() {}); err != nil {
-			return nil, nil, 0, err
+			return nil, nil, phaseRun{}, err
 		}
 	}
-	elapsed := time.Since(start)
+	run := phaseRun{elapsed: time.Since(start), os: os0.since()}
 	close(stop)
 	bg.Wait()
 	if during != nil {
 		set.Close()
 	}
 	if n := failed.Load(); n > 0 {
-		return nil, nil, 0, fmt.Errorf("%d events failed to apply", n)
+		return nil, nil, phaseRun{}, fmt.Errorf("%d events failed to apply", n)
 	}
-	return set, ix, elapsed, nil
+	return set, ix, run, nil
 }
 
 // holdUpMin is the shortest repeat of the work counted as a hold-up.

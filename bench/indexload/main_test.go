@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,6 +178,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		cfg.indexShards = shards
 		cfg.pace = float64(shards-1) * 1e3 // the second run paced, at a rate it never waits for
 		cfg.rematch = shards == 2
+		cfg.paceSpin = shards == 2
 		if shards == 2 {
 			cfg.memProfile = filepath.Join(t.TempDir(), "mem.prof")
 		}
@@ -188,6 +190,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
 		}
 		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | ", "- hold-ups: a thread repeating",
+			"| threads preempted by the system / page faults, alone, replay, stress | ",
 			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
@@ -195,6 +198,9 @@ func TestRunOnASmallTrace(t *testing.T) {
 		}
 		if got, want := strings.Contains(out.String(), "events submitted at 1000.00 M blocks/s at most"), cfg.pace > 0; got != want {
 			t.Errorf("paced label printed %v, paced %v:\n%s", got, want, out.String())
+		}
+		if got, want := strings.Contains(out.String(), "at most, spinning in between"), cfg.paceSpin; got != want {
+			t.Errorf("spinning label printed %v, -pace-spin %v:\n%s", got, want, out.String())
 		}
 		if cfg.memProfile != "" {
 			if fi, err := os.Stat(cfg.memProfile); err != nil || fi.Size() == 0 {
@@ -273,7 +279,8 @@ func TestApplyKeepsTheBacklog(t *testing.T) {
 }
 
 // TestApplyPaces: with a pace of p blocks per second, event i is submitted
-// no earlier than the blocks of the events before it take at that rate.
+// no earlier than the blocks of the events before it take at that rate,
+// whether apply sleeps or spins until then.
 func TestApplyPaces(t *testing.T) {
 	const n, pace = 20, 2000.0 // 20 events of 1 or 2 blocks: at least 14 ms
 	var events []indexer.Event
@@ -285,20 +292,52 @@ func TestApplyPaces(t *testing.T) {
 		total += len(ids)
 		events = append(events, storedOf(uint64(i), ids...))
 	}
-	cfg := config{workers: n, eventThreads: 2, indexShards: 1, backlog: n}
-	var at []time.Duration
-	t0 := time.Now() // no later than apply's start
-	before := func(_ *indexer.Index, i int) {
-		if i < n {
-			at = append(at, time.Since(t0))
+	for _, spin := range []bool{false, true} {
+		cfg := config{workers: n, eventThreads: 2, indexShards: 1, backlog: n, paceSpin: spin}
+		var at []time.Duration
+		var t0 time.Time
+		ready := func() { t0 = time.Now() } // no later than apply's start
+		before := func(_ *indexer.Index, i int) {
+			if i < n {
+				at = append(at, time.Since(t0))
+			}
+		}
+		_, _, run, err := apply(cfg, events, ready, nil, before, pace)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(at) != n {
+			t.Fatalf("spin %v: before called for %d events, want %d", spin, len(at), n)
+		}
+		for i, d := range at {
+			if due := time.Duration(float64(ops[i]) / pace * float64(time.Second)); d < due {
+				t.Errorf("spin %v: event %d submitted %s after the start, before %s", spin, i, d, due)
+			}
+		}
+		if last := time.Duration(float64(ops[n-1]) / pace * float64(time.Second)); run.elapsed < last {
+			t.Errorf("spin %v: apply took %s, less than the pace allows (%s)", spin, run.elapsed, last)
 		}
 	}
-	if _, _, _, err := apply(cfg, events, nil, nil, before, pace); err != nil {
+}
+
+// TestOSUsage: the page faults counted grow as the process touches new
+// memory, and a phase reports them.
+func TestOSUsage(t *testing.T) {
+	u := osNow()
+	if !u.ok {
+		t.Skip("the system does not report resource usage")
+	}
+	const size = 1 << 20
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
 		t.Fatal(err)
 	}
-	for i, d := range at {
-		if due := time.Duration(float64(ops[i]) / pace * float64(time.Second)); d < due {
-			t.Errorf("event %d submitted %s after the start, before %s", i, d, due)
-		}
+	defer syscall.Munmap(mem)
+	for i := 0; i < size; i += 4096 {
+		mem[i] = 1
+	}
+	d := u.since()
+	if !d.ok || d.faults < 1 || d.preempted < 0 {
+		t.Errorf("after touching %d fresh bytes: %+v, want at least 1 fault and no fewer than 0 preemptions", size, d)
 	}
 }
