@@ -182,6 +182,9 @@ func run(cfg config, out io.Writer) error {
 	// Matches on the final, quiescent index. The runtime first gives the
 	// system the memory it freed, so that it does not do so while they
 	// run (as it would, a little at a time, from a background goroutine).
+	// Not before the phases that apply events: their indexes reuse that
+	// memory, as a long-running index reuses what it frees, rather than
+	// take each page from the system anew (a page fault each).
 	debug.FreeOSMemory()
 	var idlePhases phaseLog
 	idlePhases.timed = ix.ObservePhases(idlePhases.observe)
@@ -557,10 +560,6 @@ func (u osUsage) since() osUsage {
 // With pace > 0 (blocks per second), it submits each event no earlier
 // than the blocks before it take at that rate, sleeping until then, or
 // spinning with cfg.paceSpin.
-//
-// Without ready, the runtime first gives the system the memory it has
-// freed (an earlier phase's index), so that it does not do so, a little
-// at a time from a background goroutine, during this phase.
 func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int), pace float64) (*indexer.Set, *indexer.Index, phaseRun, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, IndexShards: cfg.indexShards, QueueLen: 4096})
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
@@ -588,9 +587,6 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		}
 	}
 	ctx := context.Background()
-	if ready == nil {
-		debug.FreeOSMemory()
-	}
 	os0 := osNow()
 	start := time.Now()
 	wait := func(i int) { // until fewer than backlog of events[:i] are left
