@@ -59,7 +59,9 @@
 // are fewer, so that a core is spare, a match finding the lock held by a
 // writer hands itself to the writer and spins, and the writer runs it
 // after its current step (at most one in serveAfter blocks, over time, and
-// at once after a spell without matches: see serveBurst); writers there
+// at once after a spell without matches: see serveBurst), unless the
+// writer finishes no step for stallWait (the system has taken its core):
+// the match then waits for the lock, leaving its own core; writers there
 // take the lock by spinning for a while, rather than by sleeping (see
 // lock.go). A writer builds its rank's table of engine ids grown for a
 // Stored event, or shrunk after removals, or a new rank's first, without

@@ -327,8 +327,8 @@ type shard struct {
 	// could keep the goroutine it waits for off the cores.
 	spare bool
 	// handWait bounds how long a handed match waits for a writer to run
-	// it.
-	handWait time.Duration
+	// it, stallWait how long it waits for one that finishes no step.
+	handWait, stallWait time.Duration
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	tree   *runTree
@@ -342,6 +342,11 @@ type shard struct {
 	// handed is the match handed to the writer holding mu, if any.
 	handed atomic.Pointer[matcher]
 	_      [cacheLine]byte
+
+	// What writers write and handed matches read: steps counts the steps
+	// writers finished (see relax and stallWait).
+	steps atomic.Uint32
+	_     [cacheLine]byte
 
 	// What only writers read and write (but handedRuns, which Stats
 	// reads).
@@ -372,7 +377,7 @@ type shard struct {
 
 // newShard returns an empty shard.
 func newShard() *shard {
-	ix := &shard{handWait: handWait, tree: newRunTree()}
+	ix := &shard{handWait: handWait, stallWait: stallWait, tree: newRunTree()}
 	ix.tree.yield = ix.relax
 	return ix
 }

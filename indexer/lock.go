@@ -18,8 +18,9 @@ import (
 // to let mu go and for Go to
 // wake the match's goroutine, and it runs where the blocks the writer
 // just wrote are in cache. If mu comes free first, the match takes itself
-// back and runs itself; if no writer takes it within handWait, it waits
-// for mu as the others do. Only one match at a time is handed over;
+// back and runs itself; if no writer takes it within handWait, or the
+// writer finishes no step for stallWait, it waits for mu as the others
+// do. Only one match at a time is handed over;
 // others wait for mu and tell the writer (shard.waiting), which then lets
 // mu go early (relax).
 //
@@ -58,6 +59,17 @@ const serveBurst = writeChunk
 // running.
 const handWait = 50 * time.Microsecond
 
+// stallWait is how long a handed match waits for a writer that finishes
+// no step (see shard.steps), at most, before it waits for mu instead. A
+// step takes a few microseconds, so such a writer is not running: the
+// system has taken its core from it. The match then stops spinning, and
+// the system may run the writer on the core the match leaves. Shorter
+// also gives up on the writer through the machine's brief hold-ups (see
+// -holdups in bench/indexload), after which the match must be woken; a
+// shorter handWait would give up on writers that are running, too (see
+// BENCHMARKS.md, twenty-fourth session).
+const stallWait = 25 * time.Microsecond
+
 // lockSpin is how long a writer spins for mu, at most, before it sleeps
 // on it, and so keeps new matches out: matches coming back to back
 // could keep it from ever finding mu free.
@@ -75,6 +87,7 @@ const lockSpin = 100 * time.Microsecond
 // and the shard has no spare core, it also gives up its core in between
 // (runtime.Gosched) to any goroutine waiting for one.
 func (ix *shard) relax(n int) {
+	ix.steps.Add(1)
 	ix.held += n
 	ix.sinceYield += n
 	ix.serveCredit = min(ix.serveCredit+n, serveBurst)
@@ -184,7 +197,7 @@ func (ix *shard) handOver(m *matcher) bool {
 	if !ix.handed.CompareAndSwap(nil, m) {
 		return false
 	}
-	var since time.Time
+	var timer handTimer
 	for i := 1; ; i++ {
 		if m.state.Load() == handDone {
 			return true
@@ -202,7 +215,7 @@ func (ix *shard) handOver(m *matcher) bool {
 			ix.mu.RUnlock()
 			continue
 		}
-		if !spun(i, &since, ix.handWait) {
+		if i%1024 != 0 || !timer.expired(time.Now(), ix.steps.Load(), ix.handWait, ix.stallWait) {
 			continue
 		}
 		if ix.handed.CompareAndSwap(m, nil) {
@@ -213,6 +226,28 @@ func (ix *shard) handOver(m *matcher) bool {
 		}
 		return true
 	}
+}
+
+// handTimer tells a handed match when to stop waiting for the writer
+// (see handOver).
+type handTimer struct {
+	since time.Time // the first reading
+	still time.Time // when the writer's step count last changed
+	seen  uint32    // that count
+}
+
+// expired reports, with now read from the clock and steps the writer's
+// step count, whether the match has waited handWait since the first
+// reading, or stallWait without the writer finishing a step.
+func (h *handTimer) expired(now time.Time, steps uint32, handWait, stallWait time.Duration) bool {
+	if h.since.IsZero() {
+		h.since, h.still, h.seen = now, now, steps
+		return false
+	}
+	if steps != h.seen {
+		h.still, h.seen = now, steps
+	}
+	return now.Sub(h.since) >= handWait || now.Sub(h.still) >= stallWait
 }
 
 // serve runs m, handed to the shard, unless it was taken back: called by

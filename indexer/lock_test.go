@@ -150,7 +150,7 @@ func TestSpareCore(t *testing.T) {
 // prefixes of a path of 12 blocks, and the path's sequence hashes with
 // the match's answer on the quiescent index. The shard has a spare core,
 // whatever GOMAXPROCS is, and handed matches wait for a writer for as long
-// as handWait.
+// as handWait, whether or not it finishes steps meanwhile.
 func handIndex(t *testing.T, handWait time.Duration) (*Index, []uint64, []Overlap) {
 	t.Helper()
 	ix := NewIndex(4)
@@ -161,7 +161,7 @@ func handIndex(t *testing.T, handWait time.Duration) (*Index, []uint64, []Overla
 		}
 	}
 	sh := ix.shards[0]
-	sh.spare, sh.handWait = true, handWait
+	sh.spare, sh.handWait, sh.stallWait = true, handWait, handWait
 	seq := seqOf(path)
 	want := ix.Match(seq, nil)
 	if len(want) != 5 {
@@ -303,20 +303,23 @@ func TestHandedMatchTakenBack(t *testing.T) {
 }
 
 // TestHandedMatchWaitsForTheLock checks that a handed match no writer
-// runs within handWait waits for the lock instead, telling writers, and
-// that while one match is handed, others wait for the lock.
+// runs within handWait, or whose writer finishes no step for stallWait,
+// waits for the lock instead, telling writers, and that while one match
+// is handed, others wait for the lock.
 func TestHandedMatchWaitsForTheLock(t *testing.T) {
 	for _, c := range []struct {
-		name     string
-		handWait time.Duration
-		matches  int // matches started while the lock is held
+		name                string
+		handWait, stallWait time.Duration
+		matches             int // matches started while the lock is held
 	}{
-		{"handWait passes", 0, 1},
-		{"another is handed", time.Hour, 2},
+		{"handWait passes", 0, time.Hour, 1},
+		{"the writer makes no step", time.Hour, stallWait, 1},
+		{"another is handed", time.Hour, time.Hour, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix, seq, want := handIndex(t, c.handWait)
 			sh := ix.shards[0]
+			sh.stallWait = c.stallWait
 			sh.lock()
 			var got []<-chan []Overlap
 			for range c.matches {
@@ -335,6 +338,40 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 		})
 	}
 }
+
+// TestHandTimer checks when a handed match stops waiting for the writer:
+// after handWait from its first reading of the clock, or after stallWait
+// without the writer finishing a step.
+func TestHandTimer(t *testing.T) {
+	const handWait, stallWait = 50 * time.Microsecond, 10 * time.Microsecond
+	type reading struct {
+		at    time.Duration // from the first
+		steps uint32
+		want  bool
+	}
+	for _, c := range []struct {
+		name     string
+		readings []reading
+	}{
+		{"a running writer", []reading{{0, 5, false}, {8 * us, 6, false}, {16 * us, 7, false}, {24 * us, 9, false}, {33 * us, 9, false}, {49 * us, 12, false}, {50 * us, 13, true}}},
+		{"a writer that stops", []reading{{0, 5, false}, {4 * us, 6, false}, {13 * us, 6, false}, {14 * us, 6, true}}},
+		{"a writer that never steps", []reading{{0, 5, false}, {9 * us, 5, false}, {10 * us, 5, true}}},
+		{"the count wraps", []reading{{0, ^uint32(0), false}, {9 * us, 0, false}, {18 * us, 0, false}, {19 * us, 0, true}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var timer handTimer
+			t0 := time.Unix(1700000000, 0)
+			for _, r := range c.readings {
+				if got := timer.expired(t0.Add(r.at), r.steps, handWait, stallWait); got != r.want {
+					t.Errorf("at %v with %d steps: expired = %v, want %v", r.at, r.steps, got, r.want)
+				}
+			}
+		})
+	}
+}
+
+// us is a microsecond.
+const us = time.Microsecond
 
 // TestWriterSpinsThenWaits checks that a writer of a shard with a spare
 // core, spinning for the lock while matches hold it, gives up spinning
@@ -408,7 +445,7 @@ func TestMatchFieldsApart(t *testing.T) {
 		{"runTree", fieldsOf(reflect.TypeFor[runTree](), reflect.TypeFor[blockSlab](), reflect.TypeFor[headTable]()),
 			[][]string{{"blocks.chunks", "spans", "sets", "who", "retired", "heads.slots", "heads.zero", "heads.zv"}}},
 		{"shard", fieldsOf(reflect.TypeFor[shard]()),
-			[][]string{{"spare", "handWait", "phases", "tree"}, {"mu", "waiting", "handed"}}},
+			[][]string{{"spare", "handWait", "stallWait", "phases", "tree"}, {"mu", "waiting", "handed"}, {"steps"}}},
 	} {
 		groupOf := func(name string) int {
 			for g, names := range tc.groups {
