@@ -179,17 +179,6 @@ func run(cfg config, out io.Writer) error {
 		}
 	}
 
-	// Matches on the final, quiescent index. The runtime first gives the
-	// system the memory it freed, so that it does not do so while they
-	// run (as it would, a little at a time, from a background goroutine).
-	// Not before the phases that apply events: their indexes reuse that
-	// memory, as a long-running index reuses what it frees, rather than
-	// take each page from the system anew (a page fault each).
-	debug.FreeOSMemory()
-	var idlePhases phaseLog
-	idlePhases.timed = ix.ObservePhases(idlePhases.observe)
-	idle, shapes := measureIdle(ix, queries, cfg.idleRounds, &idlePhases)
-	ix.ObservePhases(nil)
 	set.Close()
 	runtime.KeepAlive(ix)
 
@@ -206,7 +195,6 @@ func run(cfg config, out io.Writer) error {
 	slices.Sort(replay)
 	slices.Sort(r.again)
 	r.phases.sort()
-	idlePhases.sort()
 
 	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
@@ -216,6 +204,19 @@ func run(cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+
+	// Matches on the final, quiescent index: the stress phase's, which
+	// holds what the alone phase's did. They come last, as the runtime
+	// first gives the system the memory it freed, so that it does not do
+	// so, a little at a time from a background goroutine, while they run;
+	// a phase after it would take each page it reuses from the system
+	// anew (a page fault each).
+	debug.FreeOSMemory()
+	var idlePhases phaseLog
+	idlePhases.timed = six.ObservePhases(idlePhases.observe)
+	idle, shapes := measureIdle(six, queries, cfg.idleRounds, &idlePhases)
+	six.ObservePhases(nil)
+	idlePhases.sort()
 
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
 	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
