@@ -33,6 +33,7 @@ bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conve
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -index-shards 2
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -split 1 -capacity 512
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -pace 5
+	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -pace 5 -pace-spin
 	GOMAXPROCS=1 $(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -pace 5 -rematch
 	$(GO) run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 	$(GO) run ./bench/ingest -publishers 4 -batches 20000
