@@ -60,8 +60,8 @@
 // writer hands itself to the writer and spins, and the writer runs it
 // after its current step (at most one in serveAfter blocks, over time, and
 // at once after a spell without matches: see serveBurst), unless the
-// writer finishes no step for stallWait (the system has taken its core):
-// the match then waits for the lock, leaving its own core; writers there
+// writer finishes no step for stallWait (mostly, the system has taken its
+// core): the match then waits for the lock, leaving its own core; writers there
 // take the lock by spinning for a while, rather than by sleeping (see
 // lock.go). A writer builds its rank's table of engine ids grown for a
 // Stored event, or shrunk after removals, or a new rank's first, without

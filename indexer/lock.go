@@ -61,9 +61,11 @@ const handWait = 50 * time.Microsecond
 
 // stallWait is how long a handed match waits for a writer that finishes
 // no step (see shard.steps), at most, before it waits for mu instead. A
-// step takes a few microseconds, so such a writer is not running: the
-// system has taken its core from it. The match then stops spinning, and
-// the system may run the writer on the core the match leaves. Shorter
+// step takes a few microseconds, so such a writer is not finishing steps:
+// mostly the system has taken its core from it (or it waits in relax for
+// matches to let mu go, where waiting for mu does as well). The match then
+// stops spinning, and the system may run the writer on the core the match
+// leaves. Shorter
 // also gives up on the writer through the machine's brief hold-ups (see
 // -holdups in bench/indexload), after which the match must be woken; a
 // shorter handWait would give up on writers that are running, too (see
@@ -87,7 +89,7 @@ const lockSpin = 100 * time.Microsecond
 // and the shard has no spare core, it also gives up its core in between
 // (runtime.Gosched) to any goroutine waiting for one.
 func (ix *shard) relax(n int) {
-	ix.steps.Add(1)
+	ix.steps.Store(ix.steps.Load() + 1) // only the writer holding mu writes it
 	ix.held += n
 	ix.sinceYield += n
 	ix.serveCredit = min(ix.serveCredit+n, serveBurst)
@@ -188,7 +190,8 @@ const (
 // which runs it (see serve), and spins until it has. If mu comes free
 // first, it takes m back and runs it itself. It reports whether m ran:
 // false if matches are not handed over, another is, or no writer took m
-// within ix.handWait (m is then not run; the caller waits for mu).
+// within ix.handWait, or its writer finished no step for ix.stallWait (m
+// is then not run; the caller waits for mu).
 func (ix *shard) handOver(m *matcher) bool {
 	if !ix.spare {
 		return false

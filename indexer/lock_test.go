@@ -370,6 +370,23 @@ func TestHandTimer(t *testing.T) {
 	}
 }
 
+// TestRelaxCountsSteps checks that writers count each step they finish
+// (shard.steps), which a handed match reads to tell a stalled writer.
+func TestRelaxCountsSteps(t *testing.T) {
+	sh := newShard()
+	sh.write.Lock()
+	sh.lock()
+	before := sh.steps.Load()
+	for _, n := range []int{1, maxStretch, 3} {
+		sh.relax(n)
+	}
+	if got := sh.steps.Load() - before; got != 3 {
+		t.Errorf("3 steps counted as %d", got)
+	}
+	sh.unlock()
+	sh.write.Unlock()
+}
+
 // us is a microsecond.
 const us = time.Microsecond
 

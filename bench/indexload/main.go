@@ -88,7 +88,7 @@ func main() {
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured phases to this file")
 	flag.StringVar(&cfg.memProfile, "memprofile", "", "write a profile of the heap allocations made until the end of the alone phase to this file")
 	flag.Float64Var(&cfg.pace, "pace", 0, "submit the replay's events at this many million blocks per second, at most (0: as fast as they apply), to time its matches at a given apply rate")
-	flag.BoolVar(&cfg.paceSpin, "pace-spin", false, "with -pace, wait for each event's time by spinning rather than sleeping, so that the submitting (and matching) goroutine never leaves its core idle")
+	flag.BoolVar(&cfg.paceSpin, "pace-spin", false, "with -pace, wait for each event's time by spinning rather than sleeping, so that the submitting (and matching) goroutine does not leave its core idle meanwhile; needs more than one Go core (GOMAXPROCS), as it holds one")
 	flag.BoolVar(&cfg.rematch, "rematch", false, "in the replay, match each prompt a second time at once and time that too: the same match with what it reads in cache")
 	flag.DurationVar(&cfg.holdUps, "holdups", 2*time.Second, "how long to measure how often the machine holds up a running thread, before the phases (0: not at all)")
 	flag.Parse()
@@ -102,6 +102,9 @@ func run(cfg config, out io.Writer) error {
 	if cfg.workers < 1 || cfg.split < 1 || cfg.capacity < 1 || cfg.eventThreads < 1 || cfg.indexShards < 1 || cfg.queriers < 0 || cfg.idleRounds < 1 || cfg.backlog < 1 ||
 		cfg.pace < 0 || math.IsNaN(cfg.pace) || math.IsInf(cfg.pace, 0) || cfg.holdUps < 0 {
 		return errors.New("workers, split, capacity, event-threads, index-shards, idle-rounds and backlog must be >= 1; queriers, holdups and pace >= 0, pace finite")
+	}
+	if cfg.paceSpin && (cfg.pace == 0 || runtime.GOMAXPROCS(0) < 2) {
+		return errors.New("-pace-spin needs -pace, and more than one Go core (GOMAXPROCS): the replay's goroutine holds one while it spins")
 	}
 	reqs, err := readTrace(cfg.trace)
 	if err != nil {
@@ -238,7 +241,7 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	if alone.os.ok {
-		fmt.Fprintf(out, "| threads preempted by the system / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
+		fmt.Fprintf(out, "| preemptions (involuntary context switches) / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
 			alone.os.preempted, replayRun.os.preempted, busyRun.os.preempted, alone.os.faults, replayRun.os.faults, busyRun.os.faults)
 	}
 	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -178,7 +179,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 		cfg.indexShards = shards
 		cfg.pace = float64(shards-1) * 1e3 // the second run paced, at a rate it never waits for
 		cfg.rematch = shards == 2
-		cfg.paceSpin = shards == 2
+		cfg.paceSpin = shards == 2 && runtime.GOMAXPROCS(0) > 1
 		if shards == 2 {
 			cfg.memProfile = filepath.Join(t.TempDir(), "mem.prof")
 		}
@@ -190,7 +191,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
 		}
 		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | ", "- hold-ups: a thread repeating",
-			"| threads preempted by the system / page faults, alone, replay, stress | ",
+			"| preemptions (involuntary context switches) / page faults, alone, replay, stress | ",
 			fmt.Sprintf("| final index | %d shards, 2 worker ranks, ", shards)} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("output lacks %q:\n%s", want, out.String())
@@ -231,6 +232,18 @@ func TestRunOnASmallTrace(t *testing.T) {
 	}
 	if err := run(config{trace: trace}, &out); err == nil {
 		t.Fatal("zero workers accepted")
+	}
+	spin := cfg
+	spin.pace, spin.paceSpin = 0, true
+	if err := run(spin, &out); err == nil || !strings.Contains(err.Error(), "-pace-spin needs -pace") {
+		t.Errorf("-pace-spin without -pace: err = %v", err)
+	}
+	spin.pace = 1e3
+	prev := runtime.GOMAXPROCS(1)
+	err := run(spin, &out)
+	runtime.GOMAXPROCS(prev)
+	if err == nil || !strings.Contains(err.Error(), "more than one Go core") {
+		t.Errorf("-pace-spin on one Go core: err = %v", err)
 	}
 	for _, bad := range []config{{pace: -1}, {pace: math.NaN()}, {pace: math.Inf(1)}, {holdUps: -time.Second}} {
 		c := cfg
@@ -321,7 +334,8 @@ func TestApplyPaces(t *testing.T) {
 }
 
 // TestOSUsage: the page faults counted grow as the process touches new
-// memory, and a phase reports them.
+// memory. (Preemptions cannot be made to happen on demand, so their
+// count is not checked here.)
 func TestOSUsage(t *testing.T) {
 	u := osNow()
 	if !u.ok {
@@ -337,7 +351,7 @@ func TestOSUsage(t *testing.T) {
 		mem[i] = 1
 	}
 	d := u.since()
-	if !d.ok || d.faults < 1 || d.preempted < 0 {
-		t.Errorf("after touching %d fresh bytes: %+v, want at least 1 fault and no fewer than 0 preemptions", size, d)
+	if !d.ok || d.faults < 1 {
+		t.Errorf("after touching %d fresh bytes: %+v, want at least 1 fault", size, d)
 	}
 }
