@@ -14,8 +14,9 @@
 // (-holdups): the floor under the tail of match latency on a shared VM.
 // With -pace, the replay submits events no faster than a given rate, to
 // time its matches at that apply rate rather than at the fastest; it
-// sleeps in between, or spins with -pace-spin (so that its core never
-// idles: see BENCHMARKS.md on what a VM's scheduler does then). With
+// sleeps until each event's time, or spins with -pace-spin (so that its
+// core does not idle meanwhile: see BENCHMARKS.md on what a VM's
+// scheduler does then). With
 // -rematch, the replay matches each prompt a second time at once, and
 // times that too: the same match with the blocks it reads in cache.
 // Built with -tags matchphases, it also reports how long the replay's and
