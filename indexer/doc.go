@@ -2,7 +2,8 @@
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its path-compressed tree
 // (tree.go) and pointer-free tables (store.go), how its writers and
-// matches share a lock (lock.go), its dump
+// matches share a lock (lock.go; the CPU a thread runs on, cpu_linux.go),
+// its dump
 // and recovery format (dump.go), the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go), and the event
 // path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
@@ -61,7 +62,9 @@
 // after its current step (at most one in serveAfter blocks, over time, and
 // at once after a spell without matches: see serveBurst), unless the
 // writer finishes no step for stallWait (mostly, the system has taken its
-// core): the match then waits for the lock, leaving its own core; writers there
+// core), or the match runs on the CPU the writer took the lock on (the
+// system took the writer's core for the match): the match then waits for
+// the lock, leaving its core; writers there
 // take the lock by spinning for a while, rather than by sleeping (see
 // lock.go). A writer builds its rank's table of engine ids grown for a
 // Stored event, or shrunk after removals, or a new rank's first, without

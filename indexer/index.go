@@ -329,6 +329,9 @@ type shard struct {
 	// handWait bounds how long a handed match waits for a writer to run
 	// it, stallWait how long it waits for one that finishes no step.
 	handWait, stallWait time.Duration
+	// onCPU returns the CPU the calling thread runs on (currentCPU; tests
+	// set their own).
+	onCPU func() int32
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	tree   *runTree
@@ -344,8 +347,10 @@ type shard struct {
 	_      [cacheLine]byte
 
 	// What writers write and handed matches read: steps counts the steps
-	// writers finished (see relax and stallWait).
+	// writers finished (see relax and stallWait); cpu is the CPU the
+	// writer holding mu ran on when it took it (-1: not known).
 	steps atomic.Uint32
+	cpu   atomic.Int32
 	_     [cacheLine]byte
 
 	// What only writers read and write (but handedRuns, which Stats
@@ -377,8 +382,9 @@ type shard struct {
 
 // newShard returns an empty shard.
 func newShard() *shard {
-	ix := &shard{handWait: handWait, stallWait: stallWait, tree: newRunTree()}
+	ix := &shard{handWait: handWait, stallWait: stallWait, onCPU: currentCPU, tree: newRunTree()}
 	ix.tree.yield = ix.relax
+	ix.cpu.Store(-1)
 	return ix
 }
 

@@ -20,7 +20,9 @@ import (
 // just wrote are in cache. If mu comes free first, the match takes itself
 // back and runs itself; if no writer takes it within handWait, or the
 // writer finishes no step for stallWait, it waits for mu as the others
-// do. Only one match at a time is handed over;
+// do. So does a match that finds itself on the CPU the writer took mu on
+// (shard.cpu): the system has put it there, so the writer, whose core it
+// took, is waiting for it, and would wait for as long as it spun. Only one match at a time is handed over;
 // others wait for mu and tell the writer (shard.waiting), which then lets
 // mu go early (relax).
 //
@@ -118,6 +120,7 @@ func (ix *shard) relax(n int) {
 			// The matches Unlock woke wait for this core: sleep, and let
 			// them have it.
 			ix.mu.Lock()
+			ix.cpu.Store(ix.onCPU())
 		} else {
 			if !ix.spare {
 				runtime.Gosched()
@@ -136,7 +139,8 @@ func (ix *shard) relax(n int) {
 func (ix *shard) yieldAfter() int { return 1 << ix.yieldShift }
 
 // lock takes mu for a writer: where matches are handed over, by spinning
-// for up to lockSpin, and then by sleeping.
+// for up to lockSpin, and then by sleeping, and it then notes the CPU it
+// runs on (shard.cpu).
 func (ix *shard) lock() {
 	if !ix.spare {
 		ix.mu.Lock()
@@ -146,9 +150,10 @@ func (ix *shard) lock() {
 	for i := 1; !ix.mu.TryLock(); i++ {
 		if spun(i, &since, lockSpin) {
 			ix.mu.Lock()
-			return
+			break
 		}
 	}
+	ix.cpu.Store(ix.onCPU())
 }
 
 // spun tells a loop spinning since its turn 1, at turn i, whether it has
@@ -189,15 +194,21 @@ const (
 // handOver hands m, which found mu held by a writer, to that writer,
 // which runs it (see serve), and spins until it has. If mu comes free
 // first, it takes m back and runs it itself. It reports whether m ran:
-// false if matches are not handed over, another is, or no writer took m
-// within ix.handWait, or its writer finished no step for ix.stallWait (m
-// is then not run; the caller waits for mu).
+// false if matches are not handed over, another is, m runs on the CPU the
+// writer took mu on, or no writer took m within ix.handWait, or its
+// writer finished no step for ix.stallWait (m is then not run; the caller
+// waits for mu).
 func (ix *shard) handOver(m *matcher) bool {
 	if !ix.spare {
 		return false
 	}
 	m.state.Store(handPending)
 	if !ix.handed.CompareAndSwap(nil, m) {
+		return false
+	}
+	if cpu := ix.onCPU(); cpu >= 0 && cpu == ix.cpu.Load() && ix.handed.CompareAndSwap(m, nil) {
+		// The system runs this match on the writer's CPU, so the writer
+		// is waiting for it: spinning would keep it waiting.
 		return false
 	}
 	var timer handTimer

@@ -150,7 +150,8 @@ func TestSpareCore(t *testing.T) {
 // prefixes of a path of 12 blocks, and the path's sequence hashes with
 // the match's answer on the quiescent index. The shard has a spare core,
 // whatever GOMAXPROCS is, and handed matches wait for a writer for as long
-// as handWait, whether or not it finishes steps meanwhile.
+// as handWait, whether or not it finishes steps meanwhile, and whatever
+// CPU they run on (the shard knows none).
 func handIndex(t *testing.T, handWait time.Duration) (*Index, []uint64, []Overlap) {
 	t.Helper()
 	ix := NewIndex(4)
@@ -162,6 +163,7 @@ func handIndex(t *testing.T, handWait time.Duration) (*Index, []uint64, []Overla
 	}
 	sh := ix.shards[0]
 	sh.spare, sh.handWait, sh.stallWait = true, handWait, handWait
+	sh.onCPU = func() int32 { return -1 }
 	seq := seqOf(path)
 	want := ix.Match(seq, nil)
 	if len(want) != 5 {
@@ -304,22 +306,28 @@ func TestHandedMatchTakenBack(t *testing.T) {
 
 // TestHandedMatchWaitsForTheLock checks that a handed match no writer
 // runs within handWait, or whose writer finishes no step for stallWait,
-// waits for the lock instead, telling writers, and that while one match
-// is handed, others wait for the lock.
+// or that runs on the CPU the writer took the lock on, waits for the lock
+// instead, telling writers, and that while one match is handed, others
+// wait for the lock.
 func TestHandedMatchWaitsForTheLock(t *testing.T) {
 	for _, c := range []struct {
 		name                string
 		handWait, stallWait time.Duration
-		matches             int // matches started while the lock is held
+		sameCPU             bool // the match runs on the writer's CPU
+		matches             int  // matches started while the lock is held
 	}{
-		{"handWait passes", 0, time.Hour, 1},
-		{"the writer makes no step", time.Hour, stallWait, 1},
-		{"another is handed", time.Hour, time.Hour, 2},
+		{"handWait passes", 0, time.Hour, false, 1},
+		{"the writer makes no step", time.Hour, stallWait, false, 1},
+		{"on the writer's CPU", time.Hour, time.Hour, true, 1},
+		{"another is handed", time.Hour, time.Hour, false, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix, seq, want := handIndex(t, c.handWait)
 			sh := ix.shards[0]
 			sh.stallWait = c.stallWait
+			if c.sameCPU {
+				sh.onCPU = func() int32 { return 7 } // the writer's and the match's
+			}
 			sh.lock()
 			var got []<-chan []Overlap
 			for range c.matches {
@@ -367,6 +375,38 @@ func TestHandTimer(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriterNotesItsCPU checks that a writer of a shard with a spare core
+// notes the CPU it runs on when it takes the lock, and again when it takes
+// it back after yielding it to a waiting match.
+func TestWriterNotesItsCPU(t *testing.T) {
+	sh := newShard()
+	sh.spare = true
+	if got := sh.cpu.Load(); got != -1 {
+		t.Fatalf("new shard: cpu = %d, want -1", got)
+	}
+	cpu := int32(3)
+	sh.onCPU = func() int32 { return cpu }
+	sh.write.Lock()
+	sh.lock()
+	if got := sh.cpu.Load(); got != 3 {
+		t.Errorf("after lock: cpu = %d, want 3", got)
+	}
+	// A waiting match: relax yields mu to it and takes it back.
+	sh.waiting.Add(1)
+	cpu = 5
+	sh.held = writeChunk
+	sh.relax(1)
+	sh.waiting.Add(-1)
+	if got := sh.cpu.Load(); got != 5 {
+		t.Errorf("after yielding to a match: cpu = %d, want 5", got)
+	}
+	sh.unlock()
+	sh.write.Unlock()
+	if c := currentCPU(); c < -1 || (runtime.GOOS == "linux" && c < 0) {
+		t.Errorf("currentCPU() = %d on %s", c, runtime.GOOS)
 	}
 }
 
@@ -462,7 +502,7 @@ func TestMatchFieldsApart(t *testing.T) {
 		{"runTree", fieldsOf(reflect.TypeFor[runTree](), reflect.TypeFor[blockSlab](), reflect.TypeFor[headTable]()),
 			[][]string{{"blocks.chunks", "spans", "sets", "who", "retired", "heads.slots", "heads.zero", "heads.zv"}}},
 		{"shard", fieldsOf(reflect.TypeFor[shard]()),
-			[][]string{{"spare", "handWait", "stallWait", "phases", "tree"}, {"mu", "waiting", "handed"}, {"steps"}}},
+			[][]string{{"spare", "handWait", "stallWait", "onCPU", "phases", "tree"}, {"mu", "waiting", "handed"}, {"steps", "cpu"}}},
 	} {
 		groupOf := func(name string) int {
 			for g, names := range tc.groups {
