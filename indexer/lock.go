@@ -21,8 +21,9 @@ import (
 // back and runs itself; if no writer takes it within handWait, or the
 // writer finishes no step for stallWait, it waits for mu as the others
 // do. So does a match that finds itself on the CPU the writer took mu on
-// (shard.cpu): the system has put it there, so the writer, whose core it
-// took, is waiting for it, and would wait for as long as it spun. Only one match at a time is handed over;
+// (shard.cpu), without handing itself over: the system has put it there,
+// so the writer, whose core it took, is waiting for it, and would wait
+// for as long as it spun. Only one match at a time is handed over;
 // others wait for mu and tell the writer (shard.waiting), which then lets
 // mu go early (relax).
 //
@@ -120,7 +121,9 @@ func (ix *shard) relax(n int) {
 			// The matches Unlock woke wait for this core: sleep, and let
 			// them have it.
 			ix.mu.Lock()
-			ix.cpu.Store(ix.onCPU())
+			if ix.spare {
+				ix.cpu.Store(ix.onCPU())
+			}
 		} else {
 			if !ix.spare {
 				runtime.Gosched()
@@ -202,13 +205,13 @@ func (ix *shard) handOver(m *matcher) bool {
 	if !ix.spare {
 		return false
 	}
-	m.state.Store(handPending)
-	if !ix.handed.CompareAndSwap(nil, m) {
-		return false
-	}
-	if cpu := ix.onCPU(); cpu >= 0 && cpu == ix.cpu.Load() && ix.handed.CompareAndSwap(m, nil) {
+	if cpu := ix.onCPU(); cpu >= 0 && cpu == ix.cpu.Load() {
 		// The system runs this match on the writer's CPU, so the writer
 		// is waiting for it: spinning would keep it waiting.
+		return false
+	}
+	m.state.Store(handPending)
+	if !ix.handed.CompareAndSwap(nil, m) {
 		return false
 	}
 	var timer handTimer
