@@ -60,11 +60,11 @@
 // are fewer, so that a core is spare, a match finding the lock held by a
 // writer hands itself to the writer and spins, and the writer runs it
 // after its current step (at most one in serveAfter blocks, over time, and
-// at once after a spell without matches: see serveBurst), unless the
-// writer finishes no step for stallWait (mostly, the system has taken its
-// core), or the match runs on the CPU the writer took the lock on (the
-// system took the writer's core for the match): the match then waits for
-// the lock, leaving its core; writers there
+// at once after a spell without matches: see serveBurst). It waits for the
+// lock instead, leaving its CPU, where it runs on the CPU the writer took
+// the lock on (mostly, the system took the writer's CPU for the match),
+// and once the writer finishes no step for stallWait (mostly, the system
+// has taken its CPU); writers there
 // take the lock by spinning for a while, rather than by sleeping (see
 // lock.go). A writer builds its rank's table of engine ids grown for a
 // Stored event, or shrunk after removals, or a new rank's first, without

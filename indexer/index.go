@@ -346,9 +346,11 @@ type shard struct {
 	handed atomic.Pointer[matcher]
 	_      [cacheLine]byte
 
-	// What writers write and handed matches read: steps counts the steps
-	// writers finished (see relax and stallWait); cpu is the CPU the
-	// writer holding mu ran on when it took it (-1: not known).
+	// What writers write and matches read as they hand themselves over:
+	// steps counts the steps writers finished (see relax and stallWait);
+	// cpu is the CPU the last writer to take mu ran on then, noted only
+	// where matches are handed over (-1: not known; it is not reset when
+	// mu is let go, and the writer may have moved since).
 	steps atomic.Uint32
 	cpu   atomic.Int32
 	_     [cacheLine]byte

@@ -21,9 +21,10 @@ import (
 // back and runs itself; if no writer takes it within handWait, or the
 // writer finishes no step for stallWait, it waits for mu as the others
 // do. So does a match that finds itself on the CPU the writer took mu on
-// (shard.cpu), without handing itself over: the system has put it there,
-// so the writer, whose core it took, is waiting for it, and would wait
-// for as long as it spun. Only one match at a time is handed over;
+// (shard.cpu), without handing itself over: mostly, the system has put it
+// there, so the writer, whose CPU it took, is waiting for it, and would
+// wait for as long as it spun. (The writer may have moved since; the
+// match then only waits for mu where it could have been handed over.) Only one match at a time is handed over;
 // others wait for mu and tell the writer (shard.waiting), which then lets
 // mu go early (relax).
 //
@@ -206,8 +207,9 @@ func (ix *shard) handOver(m *matcher) bool {
 		return false
 	}
 	if cpu := ix.onCPU(); cpu >= 0 && cpu == ix.cpu.Load() {
-		// The system runs this match on the writer's CPU, so the writer
-		// is waiting for it: spinning would keep it waiting.
+		// The system runs this match on the CPU the writer took mu on,
+		// so the writer is most likely waiting for it: spinning would
+		// keep it waiting.
 		return false
 	}
 	m.state.Store(handPending)

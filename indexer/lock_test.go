@@ -405,6 +405,22 @@ func TestWriterNotesItsCPU(t *testing.T) {
 	}
 	sh.unlock()
 	sh.write.Unlock()
+
+	// Without a spare core, matches are not handed over: writers do not
+	// read their CPU.
+	plain := newShard()
+	plain.onCPU = func() int32 { return 4 }
+	plain.write.Lock()
+	plain.lock()
+	plain.waiting.Add(1)
+	plain.held = writeChunk
+	plain.relax(1)
+	plain.waiting.Add(-1)
+	plain.unlock()
+	plain.write.Unlock()
+	if got := plain.cpu.Load(); got != -1 {
+		t.Errorf("shard without a spare core: cpu = %d, want -1", got)
+	}
 	if c := currentCPU(); c < -1 || (runtime.GOOS == "linux" && c < 0) {
 		t.Errorf("currentCPU() = %d on %s", c, runtime.GOOS)
 	}
@@ -432,10 +448,12 @@ const us = time.Microsecond
 
 // TestWriterSpinsThenWaits checks that a writer of a shard with a spare
 // core, spinning for the lock while matches hold it, gives up spinning
-// after lockSpin and waits on the lock, which keeps new matches out.
+// after lockSpin and waits on the lock, which keeps new matches out, and
+// that it notes its CPU once it has the lock.
 func TestWriterSpinsThenWaits(t *testing.T) {
 	sh := newShard()
 	sh.spare = true
+	sh.onCPU = func() int32 { return 2 }
 	sh.mu.RLock() // a match
 	locked := make(chan struct{})
 	go func() {
@@ -458,6 +476,9 @@ func TestWriterSpinsThenWaits(t *testing.T) {
 	}
 	sh.mu.RUnlock()
 	within(t, "writer taking the lock", locked)
+	if got := sh.cpu.Load(); got != 2 {
+		t.Errorf("writer that slept for the lock: cpu = %d, want 2", got)
+	}
 	sh.unlock()
 }
 
