@@ -150,28 +150,14 @@ func (ix *shard) lock() {
 		ix.mu.Lock()
 		return
 	}
-	var since time.Time
+	var timer handTimer // it reads the clock every 1024 turns
 	for i := 1; !ix.mu.TryLock(); i++ {
-		if spun(i, &since, lockSpin) {
+		if i%1024 == 0 && timer.expired(time.Now(), 0, lockSpin, lockSpin) {
 			ix.mu.Lock()
 			break
 		}
 	}
 	ix.cpu.Store(ix.onCPU())
-}
-
-// spun tells a loop spinning since its turn 1, at turn i, whether it has
-// spun for limit or longer. It reads the clock every 1024 turns, and
-// counts from the first such reading, kept in since.
-func spun(i int, since *time.Time, limit time.Duration) bool {
-	if i%1024 != 0 {
-		return false
-	}
-	if since.IsZero() {
-		*since = time.Now()
-		return false
-	}
-	return time.Since(*since) >= limit
 }
 
 // unlock releases mu, taken by a writer, and resets held: whoever takes
@@ -248,7 +234,8 @@ func (ix *shard) handOver(m *matcher) bool {
 }
 
 // handTimer tells a handed match when to stop waiting for the writer
-// (see handOver).
+// (see handOver), and a writer when to stop spinning for mu (lock, with
+// no steps to count).
 type handTimer struct {
 	since time.Time // the first reading
 	still time.Time // when the writer's step count last changed

@@ -381,45 +381,36 @@ func TestHandTimer(t *testing.T) {
 // TestWriterNotesItsCPU checks that a writer of a shard with a spare core
 // notes the CPU it runs on when it takes the lock, and again when it takes
 // it back after yielding it to a waiting match.
+// Without a spare core, matches are not handed over: writers do not read
+// their CPU.
 func TestWriterNotesItsCPU(t *testing.T) {
-	sh := newShard()
-	sh.spare = true
-	if got := sh.cpu.Load(); got != -1 {
-		t.Fatalf("new shard: cpu = %d, want -1", got)
-	}
-	cpu := int32(3)
-	sh.onCPU = func() int32 { return cpu }
-	sh.write.Lock()
-	sh.lock()
-	if got := sh.cpu.Load(); got != 3 {
-		t.Errorf("after lock: cpu = %d, want 3", got)
-	}
-	// A waiting match: relax yields mu to it and takes it back.
-	sh.waiting.Add(1)
-	cpu = 5
-	sh.held = writeChunk
-	sh.relax(1)
-	sh.waiting.Add(-1)
-	if got := sh.cpu.Load(); got != 5 {
-		t.Errorf("after yielding to a match: cpu = %d, want 5", got)
-	}
-	sh.unlock()
-	sh.write.Unlock()
-
-	// Without a spare core, matches are not handed over: writers do not
-	// read their CPU.
-	plain := newShard()
-	plain.onCPU = func() int32 { return 4 }
-	plain.write.Lock()
-	plain.lock()
-	plain.waiting.Add(1)
-	plain.held = writeChunk
-	plain.relax(1)
-	plain.waiting.Add(-1)
-	plain.unlock()
-	plain.write.Unlock()
-	if got := plain.cpu.Load(); got != -1 {
-		t.Errorf("shard without a spare core: cpu = %d, want -1", got)
+	for _, c := range []struct {
+		spare                 bool
+		afterLock, afterYield int32
+	}{{true, 3, 5}, {false, -1, -1}} {
+		sh := newShard()
+		sh.spare = c.spare
+		if got := sh.cpu.Load(); got != -1 {
+			t.Fatalf("new shard: cpu = %d, want -1", got)
+		}
+		cpu := int32(3)
+		sh.onCPU = func() int32 { return cpu }
+		sh.write.Lock()
+		sh.lock()
+		if got := sh.cpu.Load(); got != c.afterLock {
+			t.Errorf("spare %v, after lock: cpu = %d, want %d", c.spare, got, c.afterLock)
+		}
+		// A waiting match: relax yields mu to it and takes it back.
+		sh.waiting.Add(1)
+		cpu = 5
+		sh.held = writeChunk
+		sh.relax(1)
+		sh.waiting.Add(-1)
+		if got := sh.cpu.Load(); got != c.afterYield {
+			t.Errorf("spare %v, after yielding to a match: cpu = %d, want %d", c.spare, got, c.afterYield)
+		}
+		sh.unlock()
+		sh.write.Unlock()
 	}
 	if c := currentCPU(); c < -1 || (runtime.GOOS == "linux" && c < 0) {
 		t.Errorf("currentCPU() = %d on %s", c, runtime.GOOS)
