@@ -231,6 +231,8 @@ type MatchPhases struct {
 	Walk  time.Duration // following the candidates along the prompt
 	Emit  time.Duration // appending their Overlaps
 	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
+	// Handed: the writer holding the lock ran the match (see Options.IndexShards).
+	Handed bool
 }
 
 // The phases, as indexes of phaseClock's laps.
@@ -462,12 +464,13 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 // matcher is one match of one shard, which the writer holding mu may run
 // (see lock.go).
 type matcher struct {
-	ix    *shard
-	seq   []uint64
-	dst   []Overlap
-	rm    runMatch
-	clock phaseClock    // times the match (see Index.ObservePhases)
-	state atomic.Uint32 // handPending or handDone, when handed to a writer (see handOver)
+	ix     *shard
+	seq    []uint64
+	dst    []Overlap
+	rm     runMatch
+	clock  phaseClock    // times the match (see Index.ObservePhases)
+	state  atomic.Uint32 // handPending or handDone, when handed to a writer (see handOver)
+	served bool          // a writer ran the match (see serve)
 }
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
@@ -494,8 +497,8 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 		ix.mu.RUnlock()
 	}
 	dst = m.dst
-	m.clock.done(len(dst) - at)
-	m.ix, m.seq, m.dst = nil, nil, nil
+	m.clock.done(len(dst)-at, m.served)
+	m.ix, m.seq, m.dst, m.served = nil, nil, nil, false
 	matcherPool.Put(m)
 	return dst
 }

@@ -648,6 +648,9 @@ func TestObservePhases(t *testing.T) {
 	}
 	ranks, took := 0, time.Duration(0)
 	for _, p := range got[:ix.Shards()] {
+		if p.Handed {
+			t.Errorf("a match with no writer about was handed: %+v", p)
+		}
 		ranks += p.Ranks
 		took += p.Wait + p.Start + p.Walk + p.Emit
 	}

@@ -263,6 +263,7 @@ func (ix *shard) serve(m *matcher) {
 		return
 	}
 	m.do()
+	m.served = true
 	m.state.Store(handDone)
 	ix.serveCredit -= serveAfter
 	ix.handedRuns.Add(1)

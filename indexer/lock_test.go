@@ -240,6 +240,7 @@ func serveRound(t *testing.T, ix *Index, seq []uint64, want []Overlap) int {
 // writers then apply serveAfter blocks before they run the next.
 func TestHandedMatchRunByWriter(t *testing.T) {
 	ix, seq, want := handIndex(t, time.Hour)
+	handed, timed := observeHanded(ix)
 	sh := ix.shards[0]
 	sh.write.Lock() // this goroutine is the writer
 	sh.lock()
@@ -254,6 +255,19 @@ func TestHandedMatchRunByWriter(t *testing.T) {
 	if got := ix.Stats().Handed; got != 2 {
 		t.Errorf("Stats().Handed = %d, want 2", got)
 	}
+	if timed && !slices.Equal(*handed, []bool{true, true}) {
+		t.Errorf("MatchPhases.Handed of the two matches: %v, want both", *handed)
+	}
+}
+
+// observeHanded makes ix's matches note, if the binary times their
+// phases (-tags matchphases), whether a writer ran them (MatchPhases.
+// Handed). The notes are the matching goroutines': read them after the
+// matches return.
+func observeHanded(ix *Index) (handed *[]bool, timed bool) {
+	handed = new([]bool)
+	timed = ix.ObservePhases(func(p MatchPhases) { *handed = append(*handed, p.Handed) })
+	return handed, timed
 }
 
 // TestHandedMatchesAfterQuiet checks that, after a spell of blocks
@@ -291,6 +305,7 @@ func TestHandedMatchesAfterQuiet(t *testing.T) {
 // lock comes free before a writer runs it.
 func TestHandedMatchTakenBack(t *testing.T) {
 	ix, seq, want := handIndex(t, time.Hour)
+	handed, timed := observeHanded(ix)
 	sh := ix.shards[0]
 	sh.lock()
 	got := matchAsync(ix, seq)
@@ -301,6 +316,9 @@ func TestHandedMatchTakenBack(t *testing.T) {
 	}
 	if h := sh.handed.Load(); h != nil || ix.Stats().Handed != 0 {
 		t.Errorf("after: handed %p, %d run by a writer; want none", h, ix.Stats().Handed)
+	}
+	if timed && !slices.Equal(*handed, []bool{false}) {
+		t.Errorf("MatchPhases.Handed: %v, want false", *handed)
 	}
 }
 

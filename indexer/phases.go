@@ -49,10 +49,11 @@ func (c *phaseClock) lap(i int) {
 	c.last = now
 }
 
-// done reports the match's phases, and ranks, the Overlaps it appended.
-func (c *phaseClock) done(ranks int) {
+// done reports the match's phases, ranks, the Overlaps it appended, and
+// whether a writer ran it.
+func (c *phaseClock) done(ranks int, handed bool) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: handed})
 }

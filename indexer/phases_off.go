@@ -12,4 +12,4 @@ type (
 func (*phaseHook) set(func(MatchPhases)) bool { return false }
 func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
-func (*phaseClock) done(int)                  {}
+func (*phaseClock) done(int, bool)            {}

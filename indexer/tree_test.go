@@ -333,36 +333,9 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		{"a's host tier cleared", Event{Kind: Cleared, Worker: a, Tier: TierHost}},
 		{"b cleared", Event{Kind: Cleared, Worker: b, Tier: AllTiers}},
 	}
-	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
 	tr := newRunTree()
 	for _, e := range events {
-		g := tr.prepare(e.ev)
-		tr.use(e.ev.Worker, g)
-		spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
-		chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
-		slot, known := tr.slotOf[e.ev.Worker]
-		names := g.names // a new rank's
-		if known {
-			names = tr.ranks[slot].names.tab
-		}
-		if e.ev.Kind == Cleared {
-			if !inClearOrder(tr, slot, g.ids) {
-				t.Errorf("%s: prepare listed %d engine ids, not the rank's %d, last block first", e.name, len(g.ids), tr.ranks[slot].names.len())
-			}
-		}
-		if _, err := tr.apply(e.ev, g); err != nil {
-			t.Fatalf("%s: %v", e.name, err)
-		}
-		checkRunTree(t, tr)
-		if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
-			t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", e.name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
-		}
-		if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
-			t.Errorf("%s: applying made %d slab chunks", e.name, got-chunks)
-		}
-		if tab := tr.ranks[tr.slotOf[e.ev.Worker]].names.tab; e.ev.Kind == Stored && !sameArray(tab, names) {
-			t.Errorf("%s: applying made the rank an engine-id table of its own (%d slots), not using the one prepared or there before", e.name, len(tab))
-		}
+		applyPrepared(t, tr, e.name, e.ev)
 	}
 	gone := tr.leaving(func(r WorkerRank) bool { return r == c })
 	if len(gone) != 1 || gone[0].wr != c || !inClearOrder(tr, tr.slotOf[c], gone[0].ids) {
@@ -372,6 +345,68 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 	checkRunTree(t, tr)
 	if _, ok := tr.slotOf[c]; ok || tr.live != n+6000 {
 		t.Errorf("after removing %s: it is still known (%t), or the tree has %d blocks, not a's %d", c, ok, tr.live, n+6000)
+	}
+}
+
+// TestClearGrowsOffTheLock checks that prepare gives a Cleared event the
+// room its runs need: on a tight tree (no free span ids, no spare
+// capacity), the first run of a's clear splits a span longer than a run,
+// so applying it would grow the spans if prepare had not.
+func TestClearGrowsOffTheLock(t *testing.T) {
+	a, b, c, d := wr(1, 0), wr(2, 0), wr(3, 0), wr(4, 0)
+	tr := newRunTree()
+	for _, ev := range []Event{
+		stored(a, TierDevice, nil, longChain(1, 0, 40)),
+		stored(b, TierDevice, nil, longChain(2, 0, 40)), // frees spans as it goes
+		stored(c, TierDevice, nil, longChain(3, 0, 5)),  // splits, taking one
+		stored(d, TierDevice, nil, longChain(4, 0, 3)),  // and another
+	} {
+		applyPrepared(t, tr, fmt.Sprintf("%s stores", ev.Worker), ev)
+	}
+	if len(tr.free) != 0 {
+		t.Fatalf("the tree has %d free span ids; the test needs none", len(tr.free))
+	}
+	tr.spans = slices.Clip(tr.spans)
+	applyPrepared(t, tr, "a cleared on a tight tree", Event{Kind: Cleared, Worker: a, Tier: AllTiers})
+	if tr.live != 40 || tr.who[tr.slotOf[a]].blocks != 0 {
+		t.Errorf("after a's clear the tree has %d blocks (want b's 40), a holds %d (want none)", tr.live, tr.who[tr.slotOf[a]].blocks)
+	}
+}
+
+// applyPrepared applies ev to tr as a writer does, prepare and use first,
+// and fails t if applying grew what prepare should have: an array of the
+// tree (spans, sets, heads), the slab's chunks, or a rank's engine-id
+// table; or if prepare listed for a Cleared event other ids than the
+// rank's, last block first.
+func applyPrepared(t *testing.T, tr *runTree, name string, ev Event) {
+	t.Helper()
+	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
+	g := tr.prepare(ev)
+	tr.use(ev.Worker, g)
+	spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
+	chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
+	slot, known := tr.slotOf[ev.Worker]
+	names := g.names // a new rank's
+	if known {
+		names = tr.ranks[slot].names.tab
+	}
+	if ev.Kind == Cleared {
+		if !inClearOrder(tr, slot, g.ids) {
+			t.Errorf("%s: prepare listed %d engine ids, not the rank's %d, last block first", name, len(g.ids), tr.ranks[slot].names.len())
+		}
+	}
+	if _, err := tr.apply(ev, g); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	checkRunTree(t, tr)
+	if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
+		t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
+	}
+	if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
+		t.Errorf("%s: applying made %d slab chunks", name, got-chunks)
+	}
+	if tab := tr.ranks[tr.slotOf[ev.Worker]].names.tab; ev.Kind == Stored && !sameArray(tab, names) {
+		t.Errorf("%s: applying made the rank an engine-id table of its own (%d slots), not using the one prepared or there before", name, len(tab))
 	}
 }
 

@@ -21,7 +21,10 @@
 // times that too: the same match with the blocks it reads in cache.
 // Built with -tags matchphases, it also reports how long the replay's and
 // the idle matches spent in each phase: waiting for the lock, starting,
-// walking, emitting (see indexer.Index.ObservePhases). Each phase that
+// walking, emitting (see indexer.Index.ObservePhases), and splits the
+// replay's matches by who ran them: a writer, to which the match was
+// handed, or the matching goroutine, after a handed match or after one
+// it ran itself. Each phase that
 // applies events reports how often the system preempted the process's
 // threads and how many page faults they took. It owns nothing
 // but its own measurement; it uses only the indexer package's public API.
@@ -271,6 +274,11 @@ func run(cfg config, out io.Writer) error {
 			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
 		}
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
+		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | matches | all but the wait, p50 | p99 | emit, p50 | p99 |\n|---|---|---|---|---|---|\n")
+		for k, name := range [nKinds]string{"the matcher, after one of its own", "the matcher, after a handed match", "a writer (handed)"} {
+			g := r.phases.kinds[k]
+			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99))
+		}
 	}
 	return nil
 }
@@ -284,7 +292,24 @@ type phaseLog struct {
 	wait, start, walk, emit latencies
 	busy, all               latencies // all but the wait; all
 	waited                  int       // matches that waited more than 1µs
+	// kinds splits the matches by who ran them: a writer (handed), or
+	// the matching goroutine right after a handed match or after one it
+	// ran itself (see kind).
+	kinds    [nKinds]kindLog
+	lastKind int
 }
+
+// The kinds of match, by who ran it and, if the matching goroutine did,
+// who ran the match before.
+const (
+	kindAfterOwn = iota // the zero value: the first match is one
+	kindAfterHanded
+	kindHanded
+	nKinds
+)
+
+// kindLog is the matches of one kind: all but their wait, and their emit.
+type kindLog struct{ busy, emit latencies }
 
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
@@ -292,6 +317,7 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Walk += p.Walk
 	l.cur.Emit += p.Emit
 	l.cur.Ranks += p.Ranks
+	l.cur.Handed = l.cur.Handed || p.Handed
 }
 
 // drop forgets the current match's phases.
@@ -310,11 +336,24 @@ func (l *phaseLog) end() {
 	if c.Wait > time.Microsecond {
 		l.waited++
 	}
+	k := kindAfterOwn
+	switch {
+	case c.Handed:
+		k = kindHanded
+	case l.lastKind == kindHanded:
+		k = kindAfterHanded
+	}
+	l.kinds[k].busy, l.kinds[k].emit = append(l.kinds[k].busy, busy), append(l.kinds[k].emit, c.Emit)
+	l.lastKind = k
 }
 
 func (l *phaseLog) sort() {
 	for _, x := range []latencies{l.wait, l.start, l.walk, l.emit, l.busy, l.all} {
 		slices.Sort(x)
+	}
+	for _, k := range l.kinds {
+		slices.Sort(k.busy)
+		slices.Sort(k.emit)
 	}
 }
 

@@ -126,6 +126,27 @@ func TestPhaseLog(t *testing.T) {
 	if l.waited != 1 {
 		t.Errorf("waited = %d, want 1 (the wait of 3µs; 1µs is not over)", l.waited)
 	}
+	// By who ran them: the two above were the matcher's own; then a
+	// handed match, split over two shards (one ran it, one not), and the
+	// matcher's own after it, and after that.
+	l.observe(indexer.MatchPhases{Start: us(4), Emit: us(1), Ranks: 1, Handed: true})
+	l.observe(indexer.MatchPhases{Start: us(1), Ranks: 1})
+	l.end()
+	for _, e := range []time.Duration{us(3), us(9)} {
+		l.observe(indexer.MatchPhases{Start: us(1), Emit: e, Ranks: 1})
+		l.end()
+	}
+	l.sort()
+	wantKinds := [nKinds]kindLog{
+		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}},
+		kindAfterHanded: {busy: latencies{us(4)}, emit: latencies{us(3)}},
+		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}},
+	}
+	for k, w := range wantKinds {
+		if g := l.kinds[k]; !slices.Equal(g.busy, w.busy) || !slices.Equal(g.emit, w.emit) {
+			t.Errorf("kind %d: busy %v, emit %v; want %v, %v", k, g.busy, g.emit, w.busy, w.emit)
+		}
+	}
 	untimed := phaseLog{}
 	untimed.observe(indexer.MatchPhases{Wait: us(2), Ranks: 1})
 	untimed.end()
