@@ -6,9 +6,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// currentCPU returns the number of the CPU the calling thread runs on
-// (getcpu(2)), or -1 if the system does not tell.
-func currentCPU() int32 {
+// getcpu returns the number of the CPU the calling thread runs on, as the
+// system call getcpu(2) tells it, or -1 if it does not.
+func getcpu() int32 {
 	var cpu uint32
 	if _, _, errno := unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0); errno != 0 {
 		return -1

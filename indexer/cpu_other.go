@@ -2,6 +2,5 @@
 
 package indexer
 
-// currentCPU returns -1: the system does not tell which CPU a thread runs
-// on.
-func currentCPU() int32 { return -1 }
+// getcpu returns -1: the system does not tell which CPU a thread runs on.
+func getcpu() int32 { return -1 }
