@@ -134,9 +134,14 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n", cfg.eventThreads, cfg.queriers)
 	if cfg.holdUps > 0 {
-		h := measureHoldUps(cfg.holdUps)
+		h := measureHoldUps(cfg.holdUps, 1)
 		fmt.Fprintf(out, "- hold-ups: a thread repeating the same work (%s at the shortest, a clock read included) was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
-			h.work.Round(10*time.Nanosecond), holdUpMin, float64(h.n)/h.total.Seconds(), 100*h.lost.Seconds()/h.total.Seconds(), h.total.Round(time.Millisecond))
+			h.work.Round(10*time.Nanosecond), holdUpMin, h.rate(), h.lostPct(), h.total.Round(time.Millisecond))
+		if n := runtime.GOMAXPROCS(0); n > 1 {
+			h := measureHoldUps(cfg.holdUps, n)
+			fmt.Fprintf(out, "- the same with %d such threads at once, one per Go core, as when a writer and a match both run: %.0f times a second, %.2f %% of the time, per thread\n",
+				n, h.rate(), h.lostPct())
+		}
 	}
 	fmt.Fprintln(out)
 	if cfg.cpuProfile != "" {
@@ -688,24 +693,59 @@ type holdUps struct {
 	lost  time.Duration // their time, less the work's usual time
 	total time.Duration
 	work  time.Duration // the shortest repeat
+	// threads is how many threads measured (see measureHoldUps); 0 is
+	// one.
+	threads int
 }
 
 // measureHoldUps measures, for d, how often the machine holds up a thread
 // doing fixed work: interrupts, the hypervisor's steal, the Go runtime. A
 // match that waits for a writer waits longer when the writer is held up
 // while it holds the lock, so these set a floor to the tail of match
-// latency.
-func measureHoldUps(d time.Duration) holdUps {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	x := uint64(1)
-	h := holdUpsOf(d, time.Now, func() {
-		for range 200 {
-			x = x*6364136223846793005 + 1442695040888963407
-		}
-	})
-	runtime.KeepAlive(x)
-	return h
+// latency. With threads > 1, that many threads do so at once, each locked
+// to its goroutine (see sumHoldUps): a VM's hypervisor may hold threads
+// up more often when all its cores are busy.
+func measureHoldUps(d time.Duration, threads int) holdUps {
+	all := make([]holdUps, threads)
+	var wg sync.WaitGroup
+	for i := range all {
+		wg.Go(func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			x := uint64(1)
+			all[i] = holdUpsOf(d, time.Now, func() {
+				for range 200 {
+					x = x*6364136223846793005 + 1442695040888963407
+				}
+			})
+			runtime.KeepAlive(x)
+		})
+	}
+	wg.Wait()
+	return sumHoldUps(all)
+}
+
+// sumHoldUps sums the hold-ups of threads measured at once: their counts
+// and lost time, the shortest repeat of any, the longest total.
+func sumHoldUps(all []holdUps) holdUps {
+	sum := holdUps{work: time.Duration(math.MaxInt64)}
+	for _, h := range all {
+		sum.n += h.n
+		sum.lost += h.lost
+		sum.total = max(sum.total, h.total)
+		sum.work = min(sum.work, h.work)
+		sum.threads += max(h.threads, 1)
+	}
+	return sum
+}
+
+// rate is how many times a second each thread was held up, on average.
+func (h holdUps) rate() float64 { return float64(h.n) / float64(max(h.threads, 1)) / h.total.Seconds() }
+
+// lostPct is the share of each thread's time lost to hold-ups, on
+// average, in per cent.
+func (h holdUps) lostPct() float64 {
+	return 100 * h.lost.Seconds() / float64(max(h.threads, 1)) / h.total.Seconds()
 }
 
 // holdUpsOf runs work back to back for d, timed by now, and counts the

@@ -72,6 +72,36 @@ func TestHoldUpsOf(t *testing.T) {
 	}
 }
 
+func TestSumHoldUps(t *testing.T) {
+	cases := []struct {
+		name       string
+		all        []holdUps
+		want       holdUps
+		rate, lost float64 // per thread: per second, per cent
+	}{
+		{"one thread", []holdUps{{n: 10, lost: 20 * time.Millisecond, total: time.Second, work: us(1)}},
+			holdUps{n: 10, lost: 20 * time.Millisecond, total: time.Second, work: us(1), threads: 1}, 10, 2},
+		{"two", []holdUps{
+			{n: 30, lost: 60 * time.Millisecond, total: 2 * time.Second, work: us(2)},
+			{n: 10, lost: 20 * time.Millisecond, total: 2*time.Second + us(5), work: us(1)},
+		}, holdUps{n: 40, lost: 80 * time.Millisecond, total: 2*time.Second + us(5), work: us(1), threads: 2}, 10, 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := sumHoldUps(c.all)
+			if got != c.want {
+				t.Fatalf("sum %+v, want %+v", got, c.want)
+			}
+			if r, l := got.rate(), got.lostPct(); math.Abs(r-c.rate) > 0.01 || math.Abs(l-c.lost) > 0.01 {
+				t.Errorf("rate %.3f, lost %.3f %%; want %.3f, %.3f", r, l, c.rate, c.lost)
+			}
+		})
+	}
+	if h := measureHoldUps(time.Millisecond, 2); h.threads != 2 || h.total < time.Millisecond || h.work <= 0 {
+		t.Errorf("two threads measured for 1ms: %+v", h)
+	}
+}
+
 func TestGroupShapes(t *testing.T) {
 	shapes := []shape{
 		{d: us(3), blocks: 10, ranks: 1, lengths: 1},
