@@ -191,8 +191,7 @@ func run(cfg config, out io.Writer) error {
 		}
 	}
 
-	set.Close()
-	runtime.KeepAlive(ix)
+	runtime.KeepAlive(set) // and its index, until measured
 
 	// Phase 2, the replay: apply again into a fresh index, matching each
 	// request's prompt when the trace reaches it, before its events (as a
@@ -229,6 +228,13 @@ func run(cfg config, out io.Writer) error {
 	idle, shapes := measureIdle(six, queries, cfg.idleRounds, &idlePhases)
 	six.ObservePhases(nil)
 	idlePhases.sort()
+	// The same matches with a thread busy on another core, writing
+	// nothing the matches read: what having both cores busy does to
+	// them, without a writer.
+	var spun latencies
+	if runtime.GOMAXPROCS(0) > 1 {
+		spinWhile(func() { spun, _ = measureIdle(six, queries, cfg.idleRounds, &phaseLog{}) })
+	}
 
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
 	fmt.Fprintf(out, "| measure | value |\n|---|---|\n")
@@ -249,6 +255,9 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
 	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
+	if spun != nil {
+		fmt.Fprintf(out, "| the same, a thread spinning meanwhile (another core busy) | %s |\n", spun)
+	}
 	if alone.os.ok {
 		fmt.Fprintf(out, "| preemptions (involuntary context switches) / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
 			alone.os.preempted, replayRun.os.preempted, busyRun.os.preempted, alone.os.faults, replayRun.os.faults, busyRun.os.faults)
@@ -598,6 +607,7 @@ func (u osUsage) since() osUsage {
 }
 
 // apply submits events to a fresh Set and waits until all are applied,
+// and closes the Set before it returns (its index stays readable),
 // keeping at most cfg.backlog submitted and not yet applied (so that a
 // match by before sees the index at most that far behind the trace, as
 // where events are applied as fast as they come), calling ready (when
@@ -611,6 +621,7 @@ func (u osUsage) since() osUsage {
 // spinning with cfg.paceSpin.
 func apply(cfg config, events []indexer.Event, ready func(), during func(*indexer.Index, <-chan struct{}), before func(*indexer.Index, int), pace float64) (*indexer.Set, *indexer.Index, phaseRun, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads, IndexShards: cfg.indexShards, QueueLen: 4096})
+	defer set.Close() // its goroutines; the caller may keep the Set
 	ix, err := set.Index(indexer.Key{Model: "trace", Tenant: indexer.DefaultTenant}, 16)
 	if err != nil {
 		return nil, nil, phaseRun{}, err
@@ -620,6 +631,11 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 	}
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
+	stopDuring := sync.OnceFunc(func() {
+		close(stop)
+		bg.Wait()
+	})
+	defer stopDuring() // on every return, before the Set closes
 	if during != nil {
 		bg.Go(func() { during(ix, stop) })
 	}
@@ -673,11 +689,7 @@ func apply(cfg config, events []indexer.Event, ready func(), during func(*indexe
 		}
 	}
 	run := phaseRun{elapsed: time.Since(start), os: os0.since()}
-	close(stop)
-	bg.Wait()
-	if during != nil {
-		set.Close()
-	}
+	stopDuring()
 	if n := failed.Load(); n > 0 {
 		return nil, nil, phaseRun{}, fmt.Errorf("%d events failed to apply", n)
 	}
@@ -713,16 +725,22 @@ func measureHoldUps(d time.Duration, threads int) holdUps {
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
 			x := uint64(1)
-			all[i] = holdUpsOf(d, time.Now, func() {
-				for range 200 {
-					x = x*6364136223846793005 + 1442695040888963407
-				}
-			})
+			all[i] = holdUpsOf(d, time.Now, func() { x = fixedWork(x) })
 			runtime.KeepAlive(x)
 		})
 	}
 	wg.Wait()
 	return sumHoldUps(all)
+}
+
+// fixedWork is the same work each time, a few hundred nanoseconds of
+// arithmetic that touches no memory: 200 steps of a linear congruential
+// generator from x.
+func fixedWork(x uint64) uint64 {
+	for range 200 {
+		x = x*6364136223846793005 + 1442695040888963407
+	}
+	return x
 }
 
 // sumHoldUps sums the hold-ups of threads measured at once: their counts
@@ -819,6 +837,31 @@ func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struc
 	all := slices.Concat(results...)
 	slices.Sort(all)
 	return all
+}
+
+// spinWhile runs f while a thread of its own spins, doing fixed work
+// that touches no memory: the core it takes is busy, as a writer's is,
+// and the other cores keep their caches. It needs more than one Go core
+// (GOMAXPROCS), as the spinning goroutine holds one.
+func spinWhile(f func()) {
+	var stop atomic.Bool
+	started := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		close(started)
+		x := uint64(1)
+		for !stop.Load() {
+			x = fixedWork(x)
+		}
+		runtime.KeepAlive(x)
+	}()
+	<-started
+	f()
+	stop.Store(true)
+	<-done
 }
 
 // measureIdle matches every query rounds times on ix and returns the

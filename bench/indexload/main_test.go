@@ -15,7 +15,24 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"go.uber.org/goleak"
 )
+
+// TestMain fails the package's tests if any leaves a goroutine running.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestSpinWhile checks that spinWhile runs f once, and returns with its
+// spinning goroutine ended (TestMain checks for leaks).
+func TestSpinWhile(t *testing.T) {
+	calls := 0
+	spinWhile(func() { calls++ })
+	if calls != 1 {
+		t.Fatalf("f ran %d times, want once", calls)
+	}
+	if err := goleak.Find(); err != nil {
+		t.Errorf("after spinWhile: %v", err)
+	}
+}
 
 func TestSimulateEvictsTailFirst(t *testing.T) {
 	cfg := config{workers: 1, split: 1, capacity: 3}

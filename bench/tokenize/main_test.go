@@ -8,7 +8,12 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain fails the package's tests if any leaves a goroutine running.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestSplitDocs(t *testing.T) {
 	text := strings.Repeat("line of text\n", 100) + strings.Repeat("日本語", 500)
