@@ -2,7 +2,8 @@
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its path-compressed tree
 // (tree.go) and pointer-free tables (store.go), how its writers and
-// matches share a lock (lock.go; the CPU a thread runs on, cpu_*.go),
+// matches share a lock (lock.go; the CPU a thread runs on, cpu_*.go and
+// cpu_linux_amd64.s),
 // its dump
 // and recovery format (dump.go), the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go), and the event

@@ -226,13 +226,12 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 // MatchPhases is how long one match of one shard of an index spent in
 // each of its phases (see Index.ObservePhases).
 type MatchPhases struct {
-	Wait  time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
-	Start time.Duration // finding the first block and its holders, the candidates
-	Walk  time.Duration // following the candidates along the prompt
-	Emit  time.Duration // appending their Overlaps
-	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-	// Handed: the writer holding the lock ran the match (see Options.IndexShards).
-	Handed bool
+	Wait   time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
+	Start  time.Duration // finding the first block and its holders, the candidates
+	Walk   time.Duration // following the candidates along the prompt
+	Emit   time.Duration // appending their Overlaps
+	Ranks  int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
+	Handed bool          // the writer holding the lock ran the match (see lock.go, Stats.Handed)
 }
 
 // The phases, as indexes of phaseClock's laps.
@@ -464,13 +463,12 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 // matcher is one match of one shard, which the writer holding mu may run
 // (see lock.go).
 type matcher struct {
-	ix     *shard
-	seq    []uint64
-	dst    []Overlap
-	rm     runMatch
-	clock  phaseClock    // times the match (see Index.ObservePhases)
-	state  atomic.Uint32 // handPending or handDone, when handed to a writer (see handOver)
-	served bool          // a writer ran the match (see serve)
+	ix    *shard
+	seq   []uint64
+	dst   []Overlap
+	rm    runMatch
+	clock phaseClock    // times the match (see Index.ObservePhases)
+	state atomic.Uint32 // handPending or handDone, when handed to a writer (see handOver)
 }
 
 var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
@@ -497,8 +495,8 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 		ix.mu.RUnlock()
 	}
 	dst = m.dst
-	m.clock.done(len(dst)-at, m.served)
-	m.ix, m.seq, m.dst, m.served = nil, nil, nil, false
+	m.clock.done(len(dst) - at)
+	m.ix, m.seq, m.dst = nil, nil, nil
 	matcherPool.Put(m)
 	return dst
 }

@@ -263,7 +263,7 @@ func (ix *shard) serve(m *matcher) {
 		return
 	}
 	m.do()
-	m.served = true
+	m.clock.served()
 	m.state.Store(handDone)
 	ix.serveCredit -= serveAfter
 	ix.handedRuns.Add(1)

@@ -25,9 +25,10 @@ func (h *phaseHook) set(f func(MatchPhases)) bool {
 
 // phaseClock times the phases of one match of one shard.
 type phaseClock struct {
-	f    *func(MatchPhases)
-	last time.Time
-	d    [nPhases]time.Duration
+	f      *func(MatchPhases)
+	last   time.Time
+	d      [nPhases]time.Duration
+	handed bool // a writer ran the match (see served)
 }
 
 // begin starts timing a match, if there is an observer.
@@ -49,11 +50,14 @@ func (c *phaseClock) lap(i int) {
 	c.last = now
 }
 
-// done reports the match's phases, ranks, the Overlaps it appended, and
-// whether a writer ran it.
-func (c *phaseClock) done(ranks int, handed bool) {
+// served notes that a writer ran the match: called by that writer, before
+// the matching goroutine, which calls done, sees the match done.
+func (c *phaseClock) served() { c.handed = true }
+
+// done reports the match's phases, and ranks, the Overlaps it appended.
+func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: handed})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed})
 }

@@ -12,4 +12,5 @@ type (
 func (*phaseHook) set(func(MatchPhases)) bool { return false }
 func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
-func (*phaseClock) done(int, bool)            {}
+func (*phaseClock) served()                   {}
+func (*phaseClock) done(int)                  {}

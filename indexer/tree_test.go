@@ -367,7 +367,11 @@ func TestClearGrowsOffTheLock(t *testing.T) {
 		t.Fatalf("the tree has %d free span ids; the test needs none", len(tr.free))
 	}
 	tr.spans = slices.Clip(tr.spans)
+	ids := len(tr.spans)
 	applyPrepared(t, tr, "a cleared on a tight tree", Event{Kind: Cleared, Worker: a, Tier: AllTiers})
+	if len(tr.spans) == ids {
+		t.Errorf("a's clear made no span: the test no longer checks room for one")
+	}
 	if tr.live != 40 || tr.who[tr.slotOf[a]].blocks != 0 {
 		t.Errorf("after a's clear the tree has %d blocks (want b's 40), a holds %d (want none)", tr.live, tr.who[tr.slotOf[a]].blocks)
 	}

@@ -308,15 +308,16 @@ type phaseLog struct {
 	waited                  int       // matches that waited more than 1µs
 	// kinds splits the matches by who ran them: a writer (handed), or
 	// the matching goroutine right after a handed match or after one it
-	// ran itself (see kind).
-	kinds    [nKinds]kindLog
-	lastKind int
+	// ran itself (see the kinds below). lastHanded: a writer ran the
+	// match before, filed or not (dropped, or without candidates).
+	kinds      [nKinds]kindLog
+	lastHanded bool
 }
 
 // The kinds of match, by who ran it and, if the matching goroutine did,
 // who ran the match before.
 const (
-	kindAfterOwn = iota // the zero value: the first match is one
+	kindAfterOwn = iota
 	kindAfterHanded
 	kindHanded
 	nKinds
@@ -335,12 +336,17 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 }
 
 // drop forgets the current match's phases.
-func (l *phaseLog) drop() { l.cur = indexer.MatchPhases{} }
+func (l *phaseLog) drop() {
+	l.lastHanded = l.cur.Handed
+	l.cur = indexer.MatchPhases{}
+}
 
 // end files the current match's phases if it had candidates.
 func (l *phaseLog) end() {
 	c := l.cur
 	l.cur = indexer.MatchPhases{}
+	after := l.lastHanded
+	l.lastHanded = c.Handed
 	if !l.timed || c.Ranks == 0 {
 		return
 	}
@@ -354,11 +360,10 @@ func (l *phaseLog) end() {
 	switch {
 	case c.Handed:
 		k = kindHanded
-	case l.lastKind == kindHanded:
+	case after:
 		k = kindAfterHanded
 	}
 	l.kinds[k].busy, l.kinds[k].emit = append(l.kinds[k].busy, busy), append(l.kinds[k].emit, c.Emit)
-	l.lastKind = k
 }
 
 func (l *phaseLog) sort() {
@@ -743,8 +748,9 @@ func fixedWork(x uint64) uint64 {
 	return x
 }
 
-// sumHoldUps sums the hold-ups of threads measured at once: their counts
-// and lost time, the shortest repeat of any, the longest total.
+// sumHoldUps sums the hold-ups of threads measured at once, one or more:
+// their counts and lost time, the shortest repeat of any, the longest
+// total.
 func sumHoldUps(all []holdUps) holdUps {
 	sum := holdUps{work: time.Duration(math.MaxInt64)}
 	for _, h := range all {

@@ -183,10 +183,16 @@ func TestPhaseLog(t *testing.T) {
 		l.observe(indexer.MatchPhases{Start: us(1), Emit: e, Ranks: 1})
 		l.end()
 	}
+	// A handed match dropped (-rematch's second), then one filed: after
+	// a handed match.
+	l.observe(indexer.MatchPhases{Start: us(7), Ranks: 1, Handed: true})
+	l.drop()
+	l.observe(indexer.MatchPhases{Start: us(5), Emit: us(5), Ranks: 1})
+	l.end()
 	l.sort()
 	wantKinds := [nKinds]kindLog{
 		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}},
-		kindAfterHanded: {busy: latencies{us(4)}, emit: latencies{us(3)}},
+		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}},
 		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}},
 	}
 	for k, w := range wantKinds {

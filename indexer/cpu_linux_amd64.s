@@ -1,5 +1,3 @@
-//go:build linux
-
 #include "textflag.h"
 
 // func rdpid() uint64
