@@ -24,7 +24,7 @@
 // walking, emitting (see indexer.Index.ObservePhases), and splits the
 // replay's matches by who ran them: a writer, to which the match was
 // handed, or the matching goroutine, after a handed match or after one
-// it ran itself. Each phase that
+// it ran itself, on the same CPU or another. Each phase that
 // applies events reports how often the system preempted the process's
 // threads and how many page faults they took. It owns nothing
 // but its own measurement; it uses only the indexer package's public API.
@@ -289,7 +289,7 @@ func run(cfg config, out io.Writer) error {
 		}
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
 		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | matches | all but the wait, p50 | p99 | emit, p50 | p99 |\n|---|---|---|---|---|---|\n")
-		for k, name := range [nKinds]string{"the matcher, after one of its own", "the matcher, after a handed match", "a writer (handed)"} {
+		for k, name := range [nKinds]string{"the matcher, after one of its own", "the same, on another CPU", "the matcher, after a handed match", "a writer (handed)"} {
 			g := r.phases.kinds[k]
 			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99))
 		}
@@ -312,12 +312,17 @@ type phaseLog struct {
 	// match before, filed or not (dropped, or without candidates).
 	kinds      [nKinds]kindLog
 	lastHanded bool
+	// moved: the current match ran on another CPU than the one the
+	// matching goroutine was on at the end of the match before, or moved
+	// during it (the caller sets it; see replayer.before).
+	moved bool
 }
 
 // The kinds of match, by who ran it and, if the matching goroutine did,
 // who ran the match before.
 const (
 	kindAfterOwn = iota
+	kindMovedCPU // after one of its own, on another CPU
 	kindAfterHanded
 	kindHanded
 	nKinds
@@ -362,6 +367,8 @@ func (l *phaseLog) end() {
 		k = kindHanded
 	case after:
 		k = kindAfterHanded
+	case l.moved:
+		k = kindMovedCPU
 	}
 	l.kinds[k].busy, l.kinds[k].emit = append(l.kinds[k].busy, busy), append(l.kinds[k].emit, c.Emit)
 }
@@ -557,7 +564,8 @@ type replayer struct {
 	rematch bool      // match each prompt again at once, timed in again
 	again   latencies // the second matches
 	phases  phaseLog
-	hooked  bool // phases observes the replay's index
+	hooked  bool  // phases observes the replay's index
+	cpu     int32 // where the last match ended, when phases are timed
 }
 
 // before matches, on ix, every prompt not yet matched whose events start
@@ -567,9 +575,18 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 		r.phases.timed, r.hooked = ix.ObservePhases(r.phases.observe), true
 	}
 	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
+		var cpu int32
+		if r.phases.timed {
+			cpu = osCPU()
+		}
 		t0 := time.Now()
 		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
 		r.lat = append(r.lat, time.Since(t0))
+		if r.phases.timed {
+			end := osCPU()
+			r.phases.moved = cpu != r.cpu || end != cpu
+			r.cpu = end
+		}
 		r.phases.end()
 		if r.rematch {
 			t0 = time.Now()

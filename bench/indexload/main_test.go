@@ -89,6 +89,12 @@ func TestHoldUpsOf(t *testing.T) {
 	}
 }
 
+func TestOSCPU(t *testing.T) {
+	if c := osCPU(); c < -1 || (runtime.GOOS == "linux" && c < 0) {
+		t.Errorf("osCPU() = %d on %s", c, runtime.GOOS)
+	}
+}
+
 func TestSumHoldUps(t *testing.T) {
 	cases := []struct {
 		name       string
@@ -189,9 +195,14 @@ func TestPhaseLog(t *testing.T) {
 	l.drop()
 	l.observe(indexer.MatchPhases{Start: us(5), Emit: us(5), Ranks: 1})
 	l.end()
+	// The matcher's own after its own, on another CPU.
+	l.observe(indexer.MatchPhases{Start: us(1), Emit: us(7), Ranks: 1})
+	l.moved = true
+	l.end()
 	l.sort()
 	wantKinds := [nKinds]kindLog{
 		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}},
+		kindMovedCPU:    {busy: latencies{us(8)}, emit: latencies{us(7)}},
 		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}},
 		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}},
 	}
