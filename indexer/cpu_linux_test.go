@@ -8,8 +8,8 @@ import (
 )
 
 // TestCurrentCPU pins the test's thread to each CPU it may run on in turn,
-// and checks that currentCPU, and the system call it falls back to, name
-// that CPU.
+// and checks that currentCPU (and CurrentCPU), and the system call it
+// falls back to, name that CPU.
 func TestCurrentCPU(t *testing.T) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
@@ -32,8 +32,8 @@ func TestCurrentCPU(t *testing.T) {
 		if err := unix.SchedSetaffinity(0, &one); err != nil {
 			t.Fatalf("pin to CPU %d: %v", cpu, err)
 		}
-		if got, sys := currentCPU(), getcpu(); got != int32(cpu) || sys != int32(cpu) {
-			t.Errorf("pinned to CPU %d: currentCPU %d, getcpu %d", cpu, got, sys)
+		if got, sys, pub := currentCPU(), getcpu(), CurrentCPU(); got != int32(cpu) || sys != int32(cpu) || pub != int32(cpu) {
+			t.Errorf("pinned to CPU %d: currentCPU %d, getcpu %d, CurrentCPU %d", cpu, got, sys, pub)
 		}
 		pinned++
 	}

@@ -256,6 +256,11 @@ func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
 	return ok
 }
 
+// CurrentCPU returns the number of the CPU the calling thread runs on, as
+// the index reads it for its hand-over rule (see lock.go), or -1 where
+// the system does not tell. It is a measuring instrument for benchmarks.
+func CurrentCPU() int32 { return currentCPU() }
+
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
 // base model) and matches them; see Match.
 func (ix *Index) MatchTokens(tokens []uint32, lora string, dst []Overlap) []Overlap {

@@ -577,13 +577,13 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
 		var cpu int32
 		if r.phases.timed {
-			cpu = osCPU()
+			cpu = indexer.CurrentCPU()
 		}
 		t0 := time.Now()
 		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
 		r.lat = append(r.lat, time.Since(t0))
 		if r.phases.timed {
-			end := osCPU()
+			end := indexer.CurrentCPU()
 			r.phases.moved = cpu != r.cpu || end != cpu
 			r.cpu = end
 		}

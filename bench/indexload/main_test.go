@@ -89,12 +89,6 @@ func TestHoldUpsOf(t *testing.T) {
 	}
 }
 
-func TestOSCPU(t *testing.T) {
-	if c := osCPU(); c < -1 || (runtime.GOOS == "linux" && c < 0) {
-		t.Errorf("osCPU() = %d on %s", c, runtime.GOOS)
-	}
-}
-
 func TestSumHoldUps(t *testing.T) {
 	cases := []struct {
 		name       string
