@@ -24,7 +24,8 @@
 // walking, emitting (see indexer.Index.ObservePhases), and splits the
 // replay's matches by who ran them: a writer, to which the match was
 // handed, or the matching goroutine, after a handed match or after one
-// it ran itself, on the same CPU or another. Each phase that
+// it ran itself (and then, on the CPU that one ended on or another).
+// Each phase that
 // applies events reports how often the system preempted the process's
 // threads and how many page faults they took. It owns nothing
 // but its own measurement; it uses only the indexer package's public API.
@@ -564,8 +565,11 @@ type replayer struct {
 	rematch bool      // match each prompt again at once, timed in again
 	again   latencies // the second matches
 	phases  phaseLog
-	hooked  bool  // phases observes the replay's index
-	cpu     int32 // where the last match ended, when phases are timed
+	hooked  bool // phases observes the replay's index
+	// cpu is where the last match (a -rematch one too) ended, when
+	// phases are timed and there was one (cpuSeen).
+	cpu     int32
+	cpuSeen bool
 }
 
 // before matches, on ix, every prompt not yet matched whose events start
@@ -575,26 +579,33 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 		r.phases.timed, r.hooked = ix.ObservePhases(r.phases.observe), true
 	}
 	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
-		var cpu int32
-		if r.phases.timed {
-			cpu = indexer.CurrentCPU()
-		}
-		t0 := time.Now()
-		r.buf = ix.Match(r.queries[r.next], r.buf[:0])
-		r.lat = append(r.lat, time.Since(t0))
-		if r.phases.timed {
-			end := indexer.CurrentCPU()
-			r.phases.moved = cpu != r.cpu || end != cpu
-			r.cpu = end
-		}
+		r.lat = append(r.lat, r.match(ix, r.queries[r.next]))
 		r.phases.end()
 		if r.rematch {
-			t0 = time.Now()
-			r.buf = ix.Match(r.queries[r.next], r.buf[:0])
-			r.again = append(r.again, time.Since(t0))
+			r.again = append(r.again, r.match(ix, r.queries[r.next]))
 			r.phases.drop()
 		}
 	}
+}
+
+// match matches q on ix, into r.buf, and returns how long it took. When
+// phases are timed, it notes in r.phases whether the match ran on
+// another CPU than the one the match before ended on, or moved, reading
+// the CPU outside the timed span.
+func (r *replayer) match(ix *indexer.Index, q []uint64) time.Duration {
+	var cpu int32
+	if r.phases.timed {
+		cpu = indexer.CurrentCPU()
+	}
+	t0 := time.Now()
+	r.buf = ix.Match(q, r.buf[:0])
+	d := time.Since(t0)
+	if r.phases.timed {
+		end := indexer.CurrentCPU()
+		r.phases.moved = r.cpuSeen && cpu != r.cpu || end != cpu
+		r.cpu, r.cpuSeen = end, true
+	}
+	return d
 }
 
 // phaseRun is how one phase of apply went: how long it took, and what
@@ -882,9 +893,11 @@ func spinWhile(f func()) {
 		runtime.KeepAlive(x)
 	}()
 	<-started
+	defer func() {
+		stop.Store(true)
+		<-done
+	}()
 	f()
-	stop.Store(true)
-	<-done
 }
 
 // measureIdle matches every query rounds times on ix and returns the
