@@ -315,7 +315,7 @@ type phaseLog struct {
 	lastHanded bool
 	// moved: the current match ran on another CPU than the one the
 	// matching goroutine was on at the end of the match before, or moved
-	// during it (the caller sets it; see replayer.before).
+	// during it (the caller sets it; see replayer.match).
 	moved bool
 }
 
