@@ -27,7 +27,9 @@
 // it ran itself (and then, on the CPU that one ended on or another).
 // Each phase that
 // applies events reports how often the system preempted the process's
-// threads and how many page faults they took. It owns nothing
+// threads and how many page faults they took, and, on Linux, the
+// machine's interrupts of a few kinds meanwhile (TLB shootdowns,
+// function calls, rescheduling, the local timer). It owns nothing
 // but its own measurement; it uses only the indexer package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
@@ -50,6 +52,7 @@ import (
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -262,6 +265,16 @@ func run(cfg config, out io.Writer) error {
 	if alone.os.ok {
 		fmt.Fprintf(out, "| preemptions (involuntary context switches) / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
 			alone.os.preempted, replayRun.os.preempted, busyRun.os.preempted, alone.os.faults, replayRun.os.faults, busyRun.os.faults)
+	}
+	if alone.os.irqOK && replayRun.os.irqOK && busyRun.os.irqOK {
+		fmt.Fprintf(out, "| interrupts, all CPUs (TLB shootdowns / function calls / rescheduling / local timer), alone, replay, stress |")
+		for k := range irqKinds {
+			if k > 0 {
+				fmt.Fprintf(out, " /")
+			}
+			fmt.Fprintf(out, " %d, %d, %d", alone.os.irq[k], replayRun.os.irq[k], busyRun.os.irq[k])
+		}
+		fmt.Fprintf(out, " |\n")
 	}
 	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
@@ -620,23 +633,85 @@ type phaseRun struct {
 // (involuntary context switches), and how many pages its threads touched
 // for the first time (minor page faults). Both stall the thread: a
 // writer holding a shard's lock keeps matches waiting meanwhile.
+// It also counts, where Linux tells (/proc/interrupts), the machine's
+// interrupts of a few kinds, summed over its CPUs: each stops whatever
+// thread runs on the CPU it hits, and on a VM costs more than on bare
+// metal.
 type osUsage struct {
 	preempted, faults int64
 	ok                bool // the system reported them
+	irq               irqCounts
+	irqOK             bool // /proc/interrupts was read
 }
 
+// irqCounts are interrupts of some kinds, summed over the CPUs (see
+// irqKinds).
+type irqCounts [len(irqKinds)]int64
+
+// irqKinds are the /proc/interrupts rows counted: TLB shootdowns,
+// function calls (another CPU asking this one to run something),
+// rescheduling (to wake a thread), the local timer.
+var irqKinds = [...]string{"TLB", "CAL", "RES", "LOC"}
+
 func osNow() osUsage {
+	var u osUsage
 	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return osUsage{}
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err == nil {
+		u.preempted, u.faults, u.ok = int64(ru.Nivcsw), int64(ru.Minflt), true
 	}
-	return osUsage{preempted: int64(ru.Nivcsw), faults: int64(ru.Minflt), ok: true}
+	if f, err := os.Open("/proc/interrupts"); err == nil {
+		u.irq, err = parseInterrupts(f)
+		u.irqOK = err == nil
+		f.Close()
+	}
+	return u
+}
+
+// parseInterrupts sums, from a Linux /proc/interrupts listing, each row
+// of irqKinds over the CPUs: a row is its name and a colon, then a count
+// per CPU, then a description.
+func parseInterrupts(r io.Reader) (irqCounts, error) {
+	var c irqCounts
+	var seen [len(irqKinds)]bool
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		k := slices.Index(irqKinds[:], name)
+		if k < 0 {
+			continue
+		}
+		if seen[k] {
+			return c, fmt.Errorf("read interrupts: row %s twice", name)
+		}
+		seen[k] = true
+		for _, f := range strings.Fields(rest) {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				break // the description
+			}
+			c[k] += n
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return c, fmt.Errorf("read interrupts: %w", err)
+	}
+	if i := slices.Index(seen[:], false); i >= 0 {
+		return c, fmt.Errorf("read interrupts: no row %s", irqKinds[i])
+	}
+	return c, nil
 }
 
 // since returns what happened between u, taken earlier, and now.
 func (u osUsage) since() osUsage {
 	now := osNow()
-	return osUsage{preempted: now.preempted - u.preempted, faults: now.faults - u.faults, ok: u.ok && now.ok}
+	d := osUsage{preempted: now.preempted - u.preempted, faults: now.faults - u.faults, ok: u.ok && now.ok, irqOK: u.irqOK && now.irqOK}
+	for k := range d.irq {
+		d.irq[k] = now.irq[k] - u.irq[k]
+	}
+	return d
 }
 
 // apply submits events to a fresh Set and waits until all are applied,

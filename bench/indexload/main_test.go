@@ -266,8 +266,20 @@ func TestRunOnASmallTrace(t *testing.T) {
 			t.Fatal(err)
 		}
 		timed := indexer.NewIndex(16).ObservePhases(func(indexer.MatchPhases) {})
-		if got := strings.Contains(out.String(), "| wait for the lock |"); got != timed {
-			t.Errorf("phase table printed %v, binary times phases %v:\n%s", got, timed, out.String())
+		multi := runtime.GOMAXPROCS(0) > 1
+		for _, row := range []struct {
+			text string
+			want bool
+		}{
+			{"| wait for the lock |", timed},
+			{"Replay matches by who ran them", timed},
+			{"such threads at once, one per Go core", multi},
+			{"| the same, a thread spinning meanwhile (another core busy) | 6, ", multi},
+			{"| interrupts, all CPUs (TLB shootdowns / function calls / rescheduling / local timer), alone, replay, stress | ", runtime.GOOS == "linux"},
+		} {
+			if got := strings.Contains(out.String(), row.text); got != row.want {
+				t.Errorf("%q printed %v, want %v:\n%s", row.text, got, row.want, out.String())
+			}
 		}
 		for _, want := range []string{"3 requests, 24 prompt blocks", "blocks applied per second, alone", "| matches during the replay | 3, ", "| matches on the idle index | 6, ", "| distinct lengths | matches |", "heap bytes per (block, worker) entry", "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | ", "- hold-ups: a thread repeating",
 			"| preemptions (involuntary context switches) / page faults, alone, replay, stress | ",
@@ -433,4 +445,56 @@ func TestOSUsage(t *testing.T) {
 	if !d.ok || d.faults < 1 {
 		t.Errorf("after touching %d fresh bytes: %+v, want at least 1 fault", size, d)
 	}
+}
+
+func TestParseInterrupts(t *testing.T) {
+	const two = `           CPU0       CPU1       
+  0:         38          0   IO-APIC   2-edge      timer
+NMI:          0          0   Non-maskable interrupts
+LOC:    5057446    4967893   Local timer interrupts
+RES:     385969     409287   Rescheduling interrupts
+CAL:    3823533    3706609   Function call interrupts
+TLB:    2288810    2272825   TLB shootdowns
+HYP:         78         43   Hypervisor callback interrupts
+`
+	cases := []struct {
+		name, in string
+		want     irqCounts
+		err      bool
+	}{
+		{"two CPUs", two, irqCounts{2288810 + 2272825, 3823533 + 3706609, 385969 + 409287, 5057446 + 4967893}, false},
+		{"one CPU, no description", "TLB: 1\nCAL: 2\nRES: 3\nLOC: 4\n", irqCounts{1, 2, 3, 4}, false},
+		{"a row missing", "TLB: 1\nCAL: 2\nRES: 3\n", irqCounts{}, true},
+		{"a row twice, another missing", "RES: 1\nCAL: 2\nRES: 3\nLOC: 4\n", irqCounts{}, true},
+		{"empty", "", irqCounts{}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := parseInterrupts(strings.NewReader(c.in))
+			if (err != nil) != c.err {
+				t.Fatalf("error %v, want an error: %t", err, c.err)
+			}
+			if !c.err && got != c.want {
+				t.Errorf("got %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
+// FuzzParseInterrupts: any listing parses without a panic, and a listing
+// it accepts had every row of irqKinds; seeds in
+// testdata/fuzz/FuzzParseInterrupts.
+func FuzzParseInterrupts(f *testing.F) {
+	f.Add("TLB: 1 2 TLB shootdowns\nCAL: 3\nRES: 4\nLOC: 5\n")
+	f.Fuzz(func(t *testing.T, in string) {
+		c, err := parseInterrupts(strings.NewReader(in))
+		if err != nil {
+			return
+		}
+		for _, k := range irqKinds {
+			if !strings.Contains(in, k+":") {
+				t.Fatalf("accepted %q without a %s row: %v", in, k, c)
+			}
+		}
+	})
 }
