@@ -196,6 +196,8 @@ func run(cfg config, out io.Writer) error {
 	}
 
 	runtime.KeepAlive(set) // and its index, until measured
+	set, ix = nil, nil
+	reuse()
 
 	// Phase 2, the replay: apply again into a fresh index, matching each
 	// request's prompt when the trace reaches it, before its events (as a
@@ -206,6 +208,9 @@ func run(cfg config, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	replayHanded := rix.Stats().Handed
+	rix = nil
+	reuse()
 	replay = r.lat
 	slices.Sort(replay)
 	slices.Sort(r.again)
@@ -257,7 +262,7 @@ func run(cfg config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyRun.elapsed), blocks, busyRun.elapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
-	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", rix.Stats().Handed, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
+	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", replayHanded, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	if spun != nil {
 		fmt.Fprintf(out, "| the same, a thread spinning meanwhile (another core busy) | %s |\n", spun)
@@ -947,6 +952,16 @@ func measureBusy(ix *indexer.Index, queries [][]uint64, n int, stop <-chan struc
 	slices.Sort(all)
 	return all
 }
+
+// reuse makes the memory of the indexes no longer used free for the next
+// phase's index to reuse (a garbage collection), as a long-running
+// router's index reuses what it let go. Else the next phase's index grows
+// into memory the process has not touched yet until the collector runs,
+// and its page faults make the system interrupt the other CPUs that run
+// the process (TLB shootdowns and function calls: see the interrupts
+// row), which stops a match running there. The memory is not returned to
+// the system: taking it back would fault again.
+func reuse() { runtime.GC() }
 
 // spinWhile runs f while a thread of its own spins, doing fixed work
 // that touches no memory: the core it takes is busy, as a writer's is,
