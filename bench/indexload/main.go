@@ -307,10 +307,10 @@ func run(cfg config, out io.Writer) error {
 			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
 		}
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
-		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | matches | all but the wait, p50 | p99 | emit, p50 | p99 |\n|---|---|---|---|---|---|\n")
+		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 |\n|---|---|---|---|---|---|---|---|\n")
 		for k, name := range [nKinds]string{"the matcher, after one of its own", "the same, on another CPU", "the matcher, after a handed match", "a writer (handed)"} {
 			g := r.phases.kinds[k]
-			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99))
+			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
 		}
 	}
 	return nil
@@ -347,8 +347,9 @@ const (
 	nKinds
 )
 
-// kindLog is the matches of one kind: all but their wait, and their emit.
-type kindLog struct{ busy, emit latencies }
+// kindLog is the matches of one kind: all but their wait, their emit,
+// and their wait.
+type kindLog struct{ busy, emit, wait latencies }
 
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
@@ -389,7 +390,8 @@ func (l *phaseLog) end() {
 	case l.moved:
 		k = kindMovedCPU
 	}
-	l.kinds[k].busy, l.kinds[k].emit = append(l.kinds[k].busy, busy), append(l.kinds[k].emit, c.Emit)
+	g := &l.kinds[k]
+	g.busy, g.emit, g.wait = append(g.busy, busy), append(g.emit, c.Emit), append(g.wait, c.Wait)
 }
 
 func (l *phaseLog) sort() {
@@ -399,6 +401,7 @@ func (l *phaseLog) sort() {
 	for _, k := range l.kinds {
 		slices.Sort(k.busy)
 		slices.Sort(k.emit)
+		slices.Sort(k.wait)
 	}
 }
 

@@ -176,7 +176,7 @@ func TestPhaseLog(t *testing.T) {
 	// By who ran them: the two above were the matcher's own; then a
 	// handed match, split over two shards (one ran it, one not), and the
 	// matcher's own after it, and after that.
-	l.observe(indexer.MatchPhases{Start: us(4), Emit: us(1), Ranks: 1, Handed: true})
+	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(4), Emit: us(1), Ranks: 1, Handed: true})
 	l.observe(indexer.MatchPhases{Start: us(1), Ranks: 1})
 	l.end()
 	for _, e := range []time.Duration{us(3), us(9)} {
@@ -195,14 +195,14 @@ func TestPhaseLog(t *testing.T) {
 	l.end()
 	l.sort()
 	wantKinds := [nKinds]kindLog{
-		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}},
-		kindMovedCPU:    {busy: latencies{us(8)}, emit: latencies{us(7)}},
-		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}},
-		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}},
+		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}, wait: latencies{0, us(1), us(3)}},
+		kindMovedCPU:    {busy: latencies{us(8)}, emit: latencies{us(7)}, wait: latencies{0}},
+		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}, wait: latencies{0, 0}},
+		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}, wait: latencies{us(2)}},
 	}
 	for k, w := range wantKinds {
-		if g := l.kinds[k]; !slices.Equal(g.busy, w.busy) || !slices.Equal(g.emit, w.emit) {
-			t.Errorf("kind %d: busy %v, emit %v; want %v, %v", k, g.busy, g.emit, w.busy, w.emit)
+		if g := l.kinds[k]; !slices.Equal(g.busy, w.busy) || !slices.Equal(g.emit, w.emit) || !slices.Equal(g.wait, w.wait) {
+			t.Errorf("kind %d: busy %v, emit %v, wait %v; want %v, %v, %v", k, g.busy, g.emit, g.wait, w.busy, w.emit, w.wait)
 		}
 	}
 	untimed := phaseLog{}
