@@ -5,7 +5,3 @@ package indexer
 // currentCPU returns the number of the CPU the calling thread runs on, or
 // -1 if the system does not tell.
 func currentCPU() int32 { return getcpu() }
-
-// hasRDPID is false: currentCPU makes the system call, if any (see
-// cpu_linux_amd64.go).
-const hasRDPID = false

@@ -2,14 +2,16 @@ package indexer
 
 import (
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
-// hasRDPID tells whether currentCPU may read the CPU with RDPID: the
+// rdpidOK tells whether currentCPU may read the CPU with RDPID: the
 // processor has the instruction, and it names the CPU as getcpu does.
-// It is found once, at start, and never changes.
-var hasRDPID = rdpidWorks()
+// It is found once, on first use (NewShardedIndex, for shards that read
+// the CPU), not at every process's start, and never changes.
+var rdpidOK = sync.OnceValue(rdpidWorks)
 
 // currentCPU returns the number of the CPU the calling thread runs on, or
 // -1 if the system does not tell. Where RDPID works, it reads the number
@@ -18,7 +20,7 @@ var hasRDPID = rdpidWorks()
 // own getcpu does in the vDSO. Else it makes the system call, which costs
 // a hundred nanoseconds or more on a VM (see BenchmarkCurrentCPU).
 func currentCPU() int32 {
-	if hasRDPID {
+	if rdpidOK() {
 		return int32(rdpid() & 0xfff)
 	}
 	return getcpu()

@@ -187,6 +187,12 @@ func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
 	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
+	if spare {
+		// Shards that hand matches over read the CPU (lock.go): find out
+		// how once, here, rather than in the first writer, holding the
+		// lock.
+		currentCPU()
+	}
 	for i := range ix.shards {
 		ix.shards[i] = newShard()
 		ix.shards[i].spare = spare

@@ -24,9 +24,9 @@ import (
 // (shard.cpu), without handing itself over: mostly, the system has put it
 // there, so the writer, whose CPU it took, is waiting for it, and would
 // wait for as long as it spun. (The writer may have moved since; the
-// match then only waits for mu where it could have been handed over.) Only one match at a time is handed over;
-// others wait for mu and tell the writer (shard.waiting), which then lets
-// mu go early (relax).
+// match then only waits for mu where it could have been handed over.)
+// Only one match at a time is handed over; others wait for mu and tell
+// the writer (shard.waiting), which then lets mu go early (relax).
 //
 // Writers take mu by spinning (lock), for a while, rather than by
 // sleeping: Go wakes a goroutine that slept on a lock on the core of the
@@ -122,9 +122,7 @@ func (ix *shard) relax(n int) {
 			// The matches Unlock woke wait for this core: sleep, and let
 			// them have it.
 			ix.mu.Lock()
-			if ix.spare {
-				ix.cpu.Store(ix.onCPU())
-			}
+			ix.noteCPU()
 		} else {
 			if !ix.spare {
 				runtime.Gosched()
@@ -157,7 +155,15 @@ func (ix *shard) lock() {
 			break
 		}
 	}
-	ix.cpu.Store(ix.onCPU())
+	ix.noteCPU()
+}
+
+// noteCPU notes, for a writer that has just taken mu, the CPU it runs on
+// (shard.cpu), where matches are handed over.
+func (ix *shard) noteCPU() {
+	if ix.spare {
+		ix.cpu.Store(ix.onCPU())
+	}
 }
 
 // unlock releases mu, taken by a writer, and resets held: whoever takes

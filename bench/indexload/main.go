@@ -196,7 +196,6 @@ func run(cfg config, out io.Writer) error {
 	}
 
 	runtime.KeepAlive(set) // and its index, until measured
-	set, ix = nil, nil
 	reuse()
 
 	// Phase 2, the replay: apply again into a fresh index, matching each
@@ -209,7 +208,6 @@ func run(cfg config, out io.Writer) error {
 		return err
 	}
 	replayHanded := rix.Stats().Handed
-	rix = nil
 	reuse()
 	replay = r.lat
 	slices.Sort(replay)
@@ -267,7 +265,7 @@ func run(cfg config, out io.Writer) error {
 	if spun != nil {
 		fmt.Fprintf(out, "| the same, a thread spinning meanwhile (another core busy) | %s |\n", spun)
 	}
-	if alone.os.ok {
+	if alone.os.ok && replayRun.os.ok && busyRun.os.ok {
 		fmt.Fprintf(out, "| preemptions (involuntary context switches) / page faults, alone, replay, stress | %d, %d, %d / %d, %d, %d |\n",
 			alone.os.preempted, replayRun.os.preempted, busyRun.os.preempted, alone.os.faults, replayRun.os.faults, busyRun.os.faults)
 	}
