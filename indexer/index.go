@@ -238,6 +238,29 @@ type MatchPhases struct {
 	Emit   time.Duration // appending their Overlaps
 	Ranks  int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
 	Handed bool          // the writer holding the lock ran the match (see lock.go, Stats.Handed)
+	Path   MatchPath     // how the match got the lock, or was run
+}
+
+// MatchPath is how a match of one shard got the shard's lock, or was run
+// by the writer holding it (see lock.go).
+type MatchPath uint8
+
+// The paths of a match.
+const (
+	PathFree       MatchPath = iota // the lock was free
+	PathHanded                      // a writer ran it
+	PathTakenBack                   // handed over, it found the lock free first and ran itself
+	PathHandGaveUp                  // handed over, no writer ran it in time: it waited for the lock
+	PathSameCPU                     // it ran on the writer's CPU: it waited for the lock
+	PathBusy                        // another match was handed over, or matches are not: it waited for the lock
+	NPaths
+)
+
+func (p MatchPath) String() string {
+	if p < NPaths {
+		return [NPaths]string{"free", "handed", "taken back", "hand gave up", "same CPU", "busy"}[p]
+	}
+	return fmt.Sprintf("MatchPath(%d)", uint8(p))
 }
 
 // The phases, as indexes of phaseClock's laps.
@@ -266,6 +289,11 @@ func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
 // the index reads it for its hand-over rule (see lock.go), or -1 where
 // the system does not tell. It is a measuring instrument for benchmarks.
 func CurrentCPU() int32 { return currentCPU() }
+
+// UnlockedMatches reports whether the binary was built with -tags
+// unlockedmatch, whose matches take no lock and may answer wrong (see
+// unlocked.go): a measuring instrument for benchmarks.
+func UnlockedMatches() bool { return unlockedMatches }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
 // base model) and matches them; see Match.
@@ -496,6 +524,8 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	m.clock = ix.phases.begin()
 	at := len(dst)
 	switch {
+	case unlockedMatches:
+		m.doUnlocked()
 	case ix.mu.TryRLock():
 		m.do()
 		ix.mu.RUnlock()

@@ -196,16 +196,19 @@ const (
 // waits for mu).
 func (ix *shard) handOver(m *matcher) bool {
 	if !ix.spare {
+		m.clock.via(PathBusy)
 		return false
 	}
 	if cpu := ix.onCPU(); cpu >= 0 && cpu == ix.cpu.Load() {
 		// The system runs this match on the CPU the writer took mu on,
 		// so the writer is most likely waiting for it: spinning would
 		// keep it waiting.
+		m.clock.via(PathSameCPU)
 		return false
 	}
 	m.state.Store(handPending)
 	if !ix.handed.CompareAndSwap(nil, m) {
+		m.clock.via(PathBusy)
 		return false
 	}
 	var timer handTimer
@@ -218,6 +221,7 @@ func (ix *shard) handOver(m *matcher) bool {
 		}
 		if ix.mu.TryRLock() {
 			if ix.handed.CompareAndSwap(m, nil) {
+				m.clock.via(PathTakenBack)
 				m.do()
 				ix.mu.RUnlock()
 				return true
@@ -230,6 +234,7 @@ func (ix *shard) handOver(m *matcher) bool {
 			continue
 		}
 		if ix.handed.CompareAndSwap(m, nil) {
+			m.clock.via(PathHandGaveUp)
 			return false
 		}
 		for m.state.Load() != handDone { // a writer is running it

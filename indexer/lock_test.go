@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -256,19 +257,34 @@ func TestHandedMatchRunByWriter(t *testing.T) {
 		t.Errorf("Stats().Handed = %d, want 2", got)
 	}
 	ix.Match(seq, nil) // the lock free: not handed
-	if timed && !slices.Equal(*handed, []bool{true, true, false}) {
-		t.Errorf("MatchPhases.Handed of the two handed matches and one more: %v, want true, true, false", *handed)
+	if timed && !slices.Equal(handed.handed, []bool{true, true, false}) {
+		t.Errorf("MatchPhases.Handed of the two handed matches and one more: %v, want true, true, false", handed.handed)
+	}
+	if want := []MatchPath{PathHanded, PathHanded, PathFree}; timed && !slices.Equal(handed.paths, want) {
+		t.Errorf("MatchPhases.Path of the two handed matches and one more: %v, want %v", handed.paths, want)
 	}
 }
 
 // observeHanded makes ix's matches note, if the binary times their
 // phases (-tags matchphases), whether a writer ran them (MatchPhases.
-// Handed). The notes are the matching goroutines': read them after the
-// matches return.
-func observeHanded(ix *Index) (handed *[]bool, timed bool) {
-	handed = new([]bool)
-	timed = ix.ObservePhases(func(p MatchPhases) { *handed = append(*handed, p.Handed) })
-	return handed, timed
+// Handed), and how they got the lock or were run (MatchPhases.Path).
+// Matches may run at once: read the notes after they return.
+func observeHanded(ix *Index) (n *handedNotes, timed bool) {
+	n = new(handedNotes)
+	timed = ix.ObservePhases(func(p MatchPhases) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.handed = append(n.handed, p.Handed)
+		n.paths = append(n.paths, p.Path)
+	})
+	return n, timed
+}
+
+// handedNotes is what observeHanded noted, in the order the matches ended.
+type handedNotes struct {
+	mu     sync.Mutex
+	handed []bool
+	paths  []MatchPath
 }
 
 // TestHandedMatchesAfterQuiet checks that, after a spell of blocks
@@ -318,8 +334,11 @@ func TestHandedMatchTakenBack(t *testing.T) {
 	if h := sh.handed.Load(); h != nil || ix.Stats().Handed != 0 {
 		t.Errorf("after: handed %p, %d run by a writer; want none", h, ix.Stats().Handed)
 	}
-	if timed && !slices.Equal(*handed, []bool{false}) {
-		t.Errorf("MatchPhases.Handed: %v, want false", *handed)
+	if timed && !slices.Equal(handed.handed, []bool{false}) {
+		t.Errorf("MatchPhases.Handed: %v, want false", handed.handed)
+	}
+	if timed && !slices.Equal(handed.paths, []MatchPath{PathTakenBack}) {
+		t.Errorf("MatchPhases.Path: %v, want %v", handed.paths, PathTakenBack)
 	}
 }
 
@@ -332,16 +351,19 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 	for _, c := range []struct {
 		name                string
 		handWait, stallWait time.Duration
-		sameCPU             bool // the match runs on the writer's CPU
-		matches             int  // matches started while the lock is held
+		sameCPU             bool        // the match runs on the writer's CPU
+		matches             int         // matches started while the lock is held
+		paths               []MatchPath // their MatchPhases.Path, sorted
 	}{
-		{"handWait passes", 0, time.Hour, false, 1},
-		{"the writer makes no step", time.Hour, stallWait, false, 1},
-		{"on the writer's CPU", time.Hour, time.Hour, true, 1},
-		{"another is handed", time.Hour, time.Hour, false, 2},
+		{"handWait passes", 0, time.Hour, false, 1, []MatchPath{PathHandGaveUp}},
+		{"the writer makes no step", time.Hour, stallWait, false, 1, []MatchPath{PathHandGaveUp}},
+		{"on the writer's CPU", time.Hour, time.Hour, true, 1, []MatchPath{PathSameCPU}},
+		// The first, handed, takes itself back when the lock comes free.
+		{"another is handed", time.Hour, time.Hour, false, 2, []MatchPath{PathTakenBack, PathBusy}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix, seq, want := handIndex(t, c.handWait)
+			notes, timed := observeHanded(ix)
 			sh := ix.shards[0]
 			sh.stallWait = c.stallWait
 			if c.sameCPU {
@@ -361,6 +383,9 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 			}
 			if n := ix.Stats().Handed; n != 0 {
 				t.Errorf("%d matches run by a writer, want 0", n)
+			}
+			if slices.Sort(notes.paths); timed && !slices.Equal(notes.paths, c.paths) {
+				t.Errorf("MatchPhases.Path: %v, want %v", notes.paths, c.paths)
 			}
 		})
 	}

@@ -29,6 +29,7 @@ type phaseClock struct {
 	last   time.Time
 	d      [nPhases]time.Duration
 	handed bool // a writer ran the match (see served)
+	path   MatchPath
 }
 
 // begin starts timing a match, if there is an observer.
@@ -52,12 +53,15 @@ func (c *phaseClock) lap(i int) {
 
 // served notes that a writer ran the match: called by that writer, before
 // the matching goroutine, which calls done, sees the match done.
-func (c *phaseClock) served() { c.handed = true }
+func (c *phaseClock) served() { c.handed, c.path = true, PathHanded }
+
+// via notes how the match got the lock, or was run.
+func (c *phaseClock) via(p MatchPath) { c.path = p }
 
 // done reports the match's phases, and ranks, the Overlaps it appended.
 func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed, Path: c.path})
 }

@@ -13,4 +13,5 @@ func (*phaseHook) set(func(MatchPhases)) bool { return false }
 func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
 func (*phaseClock) served()                   {}
+func (*phaseClock) via(MatchPath)             {}
 func (*phaseClock) done(int)                  {}

@@ -1127,7 +1127,10 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	n := live // ranks emitted: all of m.all
 	last := uint32(len(seq) - 1)
 	var reached uint32 // where the ranks still in cands end
-	for {
+	for spans := 0; ; spans++ {
+		if unlockedMatches && spans > len(seq) {
+			panic("indexer: a torn tree") // see unlocked.go
+		}
 		end := S.depth + S.n - 1
 		hi := min(end, last)
 		key := S.end

@@ -24,7 +24,12 @@
 // walking, emitting (see indexer.Index.ObservePhases), and splits the
 // replay's matches by who ran them: a writer, to which the match was
 // handed, or the matching goroutine, after a handed match or after one
-// it ran itself (and then, on the CPU that one ended on or another).
+// it ran itself (and then, on the CPU that one ended on or another), and
+// by how they got the lock (see indexer.MatchPath). Built with -tags
+// unlockedmatch too, its matches take no lock at all: they may read a
+// torn tree and answer wrong, but never wait for a writer, which times
+// what a scheme of reads that never wait could reach at best on the
+// same tree.
 // Each phase that
 // applies events reports how often the system preempted the process's
 // threads and how many page faults they took, and, on Linux, the
@@ -34,6 +39,7 @@
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 //	go run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
+//	go run -tags unlockedmatch,matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 package main
 
 import (
@@ -137,6 +143,9 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- workers: %d, cache %d blocks each; %d events carrying %d block operations\n", cfg.workers, cfg.capacity, len(events), blocks)
 	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n", cfg.eventThreads, cfg.queriers)
+	if indexer.UnlockedMatches() {
+		fmt.Fprintf(out, "- built with -tags unlockedmatch: matches take no lock, and may read a torn tree and answer wrong (a measuring instrument: what reads that never wait for a writer could reach at best)\n")
+	}
 	if cfg.holdUps > 0 {
 		h := measureHoldUps(cfg.holdUps, 1)
 		fmt.Fprintf(out, "- hold-ups: a thread repeating the same work (%s at the shortest, a clock read included) was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
@@ -310,6 +319,17 @@ func run(cfg config, out io.Writer) error {
 			g := r.phases.kinds[k]
 			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
 		}
+		fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 | slower than the p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", r.phases.all.pct(99))
+		for k, name := range [indexer.NPaths]string{"the lock was free", "a writer ran it (handed)", "handed, took itself back when the lock came free", "handed, waited for the lock when no writer ran it in time", "on the writer's CPU, waited for the lock", "waited for the lock (another was handed, or none are)"} {
+			g := r.phases.paths[k]
+			slow := 0
+			for _, d := range g.all {
+				if d > r.phases.all.pct(99) {
+					slow++
+				}
+			}
+			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99), slow)
+		}
 	}
 	return nil
 }
@@ -328,6 +348,7 @@ type phaseLog struct {
 	// ran itself (see the kinds below). lastHanded: a writer ran the
 	// match before, filed or not (dropped, or without candidates).
 	kinds      [nKinds]kindLog
+	paths      [indexer.NPaths]kindLog // by how the match got the lock
 	lastHanded bool
 	// moved: the current match ran on another CPU than the one the
 	// matching goroutine was on at the end of the match before, or moved
@@ -346,8 +367,13 @@ const (
 )
 
 // kindLog is the matches of one kind: all but their wait, their emit,
-// and their wait.
-type kindLog struct{ busy, emit, wait latencies }
+// their wait, and all.
+type kindLog struct{ busy, emit, wait, all latencies }
+
+// add files one match: all but its wait, its emit, its wait.
+func (g *kindLog) add(busy, emit, wait time.Duration) {
+	g.busy, g.emit, g.wait, g.all = append(g.busy, busy), append(g.emit, emit), append(g.wait, wait), append(g.all, busy+wait)
+}
 
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
@@ -356,6 +382,9 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Emit += p.Emit
 	l.cur.Ranks += p.Ranks
 	l.cur.Handed = l.cur.Handed || p.Handed
+	if p.Path != indexer.PathFree {
+		l.cur.Path = p.Path
+	}
 }
 
 // drop forgets the current match's phases.
@@ -388,18 +417,18 @@ func (l *phaseLog) end() {
 	case l.moved:
 		k = kindMovedCPU
 	}
-	g := &l.kinds[k]
-	g.busy, g.emit, g.wait = append(g.busy, busy), append(g.emit, c.Emit), append(g.wait, c.Wait)
+	l.kinds[k].add(busy, c.Emit, c.Wait)
+	l.paths[c.Path].add(busy, c.Emit, c.Wait)
 }
 
 func (l *phaseLog) sort() {
 	for _, x := range []latencies{l.wait, l.start, l.walk, l.emit, l.busy, l.all} {
 		slices.Sort(x)
 	}
-	for _, k := range l.kinds {
-		slices.Sort(k.busy)
-		slices.Sort(k.emit)
-		slices.Sort(k.wait)
+	for _, k := range append(l.kinds[:], l.paths[:]...) {
+		for _, x := range []latencies{k.busy, k.emit, k.wait, k.all} {
+			slices.Sort(x)
+		}
 	}
 }
 

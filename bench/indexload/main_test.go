@@ -176,7 +176,7 @@ func TestPhaseLog(t *testing.T) {
 	// By who ran them: the two above were the matcher's own; then a
 	// handed match, split over two shards (one ran it, one not), and the
 	// matcher's own after it, and after that.
-	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(4), Emit: us(1), Ranks: 1, Handed: true})
+	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(4), Emit: us(1), Ranks: 1, Handed: true, Path: indexer.PathHanded})
 	l.observe(indexer.MatchPhases{Start: us(1), Ranks: 1})
 	l.end()
 	for _, e := range []time.Duration{us(3), us(9)} {
@@ -185,8 +185,9 @@ func TestPhaseLog(t *testing.T) {
 	}
 	// A handed match dropped (-rematch's second), then one filed: after
 	// a handed match.
-	l.observe(indexer.MatchPhases{Start: us(7), Ranks: 1, Handed: true})
+	l.observe(indexer.MatchPhases{Start: us(7), Ranks: 1, Handed: true, Path: indexer.PathHanded})
 	l.drop()
+	l.observe(indexer.MatchPhases{Wait: us(4), Ranks: 1, Path: indexer.PathSameCPU})
 	l.observe(indexer.MatchPhases{Start: us(5), Emit: us(5), Ranks: 1})
 	l.end()
 	// The matcher's own after its own, on another CPU.
@@ -195,14 +196,26 @@ func TestPhaseLog(t *testing.T) {
 	l.end()
 	l.sort()
 	wantKinds := [nKinds]kindLog{
-		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}, wait: latencies{0, us(1), us(3)}},
-		kindMovedCPU:    {busy: latencies{us(8)}, emit: latencies{us(7)}, wait: latencies{0}},
-		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}, wait: latencies{0, 0}},
-		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}, wait: latencies{us(2)}},
+		kindAfterOwn:    {busy: latencies{us(6), us(6), us(10)}, emit: latencies{us(1), us(2), us(9)}, wait: latencies{0, us(1), us(3)}, all: latencies{us(7), us(9), us(10)}},
+		kindMovedCPU:    {busy: latencies{us(8)}, emit: latencies{us(7)}, wait: latencies{0}, all: latencies{us(8)}},
+		kindAfterHanded: {busy: latencies{us(4), us(10)}, emit: latencies{us(3), us(5)}, wait: latencies{0, us(4)}, all: latencies{us(4), us(14)}},
+		kindHanded:      {busy: latencies{us(6)}, emit: latencies{us(1)}, wait: latencies{us(2)}, all: latencies{us(8)}},
 	}
 	for k, w := range wantKinds {
-		if g := l.kinds[k]; !slices.Equal(g.busy, w.busy) || !slices.Equal(g.emit, w.emit) || !slices.Equal(g.wait, w.wait) {
-			t.Errorf("kind %d: busy %v, emit %v, wait %v; want %v, %v, %v", k, g.busy, g.emit, g.wait, w.busy, w.emit, w.wait)
+		if g := l.kinds[k]; !sameKind(g, w) {
+			t.Errorf("kind %d: %+v, want %+v", k, g, w)
+		}
+	}
+	// By how they got the lock: a shard's that waited is the match's
+	// path, whatever the other shards' (here, the lock free).
+	wantPaths := [indexer.NPaths]kindLog{
+		indexer.PathFree:    {busy: latencies{us(4), us(6), us(6), us(8), us(10)}, emit: latencies{us(1), us(2), us(3), us(7), us(9)}, wait: latencies{0, 0, 0, us(1), us(3)}, all: latencies{us(4), us(7), us(8), us(9), us(10)}},
+		indexer.PathHanded:  {busy: latencies{us(6)}, emit: latencies{us(1)}, wait: latencies{us(2)}, all: latencies{us(8)}},
+		indexer.PathSameCPU: {busy: latencies{us(10)}, emit: latencies{us(5)}, wait: latencies{us(4)}, all: latencies{us(14)}},
+	}
+	for p, w := range wantPaths {
+		if g := l.paths[p]; !sameKind(g, w) {
+			t.Errorf("path %v: %+v, want %+v", indexer.MatchPath(p), g, w)
 		}
 	}
 	untimed := phaseLog{}
@@ -497,4 +510,9 @@ func FuzzParseInterrupts(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameKind reports whether g holds want's times (each sorted).
+func sameKind(g, want kindLog) bool {
+	return slices.Equal(g.busy, want.busy) && slices.Equal(g.emit, want.emit) && slices.Equal(g.wait, want.wait) && slices.Equal(g.all, want.all)
 }
