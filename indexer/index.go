@@ -237,8 +237,12 @@ type MatchPhases struct {
 	Walk   time.Duration // following the candidates along the prompt
 	Emit   time.Duration // appending their Overlaps
 	Ranks  int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-	Handed bool          // the writer holding the lock ran the match (see lock.go, Stats.Handed)
+	Handed bool          // the writer holding the lock ran the match (see lock.go, Stats.Handed); Path is then PathHanded
 	Path   MatchPath     // how the match got the lock, or was run
+	// Again counts the times a match without the lock (a binary built
+	// with -tags unlockedmatch: see UnlockedMatches) faulted on a torn
+	// read and ran again; those runs are booked as its wait.
+	Again int
 }
 
 // MatchPath is how a match of one shard got the shard's lock, or was run
@@ -247,13 +251,13 @@ type MatchPath uint8
 
 // The paths of a match.
 const (
-	PathFree       MatchPath = iota // the lock was free
+	PathFree       MatchPath = iota // the lock was free (or, built with -tags unlockedmatch, not taken)
 	PathHanded                      // a writer ran it
 	PathTakenBack                   // handed over, it found the lock free first and ran itself
 	PathHandGaveUp                  // handed over, no writer ran it in time: it waited for the lock
 	PathSameCPU                     // it ran on the writer's CPU: it waited for the lock
 	PathBusy                        // another match was handed over, or matches are not: it waited for the lock
-	NPaths
+	NPaths                          // the number of paths
 )
 
 func (p MatchPath) String() string {

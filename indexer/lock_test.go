@@ -384,7 +384,8 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 			if n := ix.Stats().Handed; n != 0 {
 				t.Errorf("%d matches run by a writer, want 0", n)
 			}
-			if slices.Sort(notes.paths); timed && !slices.Equal(notes.paths, c.paths) {
+			slices.Sort(notes.paths)
+			if timed && !slices.Equal(notes.paths, c.paths) {
 				t.Errorf("MatchPhases.Path: %v, want %v", notes.paths, c.paths)
 			}
 		})

@@ -30,6 +30,7 @@ type phaseClock struct {
 	d      [nPhases]time.Duration
 	handed bool // a writer ran the match (see served)
 	path   MatchPath
+	again  int // runs again after a torn read (see ranAgain)
 }
 
 // begin starts timing a match, if there is an observer.
@@ -58,10 +59,25 @@ func (c *phaseClock) served() { c.handed, c.path = true, PathHanded }
 // via notes how the match got the lock, or was run.
 func (c *phaseClock) via(p MatchPath) { c.path = p }
 
+// ranAgain notes that a match without the lock (see unlocked.go) faulted
+// and runs again: the time of the run that faulted, its phases and since,
+// is booked as the match's wait.
+func (c *phaseClock) ranAgain() {
+	if c.f == nil {
+		return
+	}
+	c.again++
+	c.lap(phaseWait)
+	for i := phaseWait + 1; i < nPhases; i++ {
+		c.d[phaseWait] += c.d[i]
+		c.d[i] = 0
+	}
+}
+
 // done reports the match's phases, and ranks, the Overlaps it appended.
 func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed, Path: c.path})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed, Path: c.path, Again: c.again})
 }

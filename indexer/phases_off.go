@@ -14,4 +14,5 @@ func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
 func (*phaseClock) served()                   {}
 func (*phaseClock) via(MatchPath)             {}
+func (*phaseClock) ranAgain()                 {}
 func (*phaseClock) done(int)                  {}

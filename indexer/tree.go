@@ -29,6 +29,10 @@ const noBlock = ^uint32(0)
 // errTreeFull: a Stored event would take a runTree past 1<<31 block ids.
 var errTreeFull = errors.New("index shard full: 1<<31 block ids")
 
+// errTorn: a match without the lock (see unlocked.go) walked more spans
+// than its prompt has blocks, so it read a torn tree.
+var errTorn = errors.New("index shard: a torn tree")
+
 // blockRec is one block of a runTree.
 type blockRec struct {
 	key   uint64 // sequence hash
@@ -1129,7 +1133,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	var reached uint32 // where the ranks still in cands end
 	for spans := 0; ; spans++ {
 		if unlockedMatches && spans > len(seq) {
-			panic("indexer: a torn tree") // see unlocked.go
+			panic(errTorn) // a cycle: see unlocked.go
 		}
 		end := S.depth + S.n - 1
 		hi := min(end, last)

@@ -319,19 +319,49 @@ func run(cfg config, out io.Writer) error {
 			g := r.phases.kinds[k]
 			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
 		}
-		fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 | slower than the p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", r.phases.all.pct(99))
-		for k, name := range [indexer.NPaths]string{"the lock was free", "a writer ran it (handed)", "handed, took itself back when the lock came free", "handed, waited for the lock when no writer ran it in time", "on the writer's CPU, waited for the lock", "waited for the lock (another was handed, or none are)"} {
-			g := r.phases.paths[k]
-			slow := 0
-			for _, d := range g.all {
-				if d > r.phases.all.pct(99) {
-					slow++
-				}
-			}
-			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99), slow)
+		if indexer.UnlockedMatches() {
+			fmt.Fprintf(out, "\nReplay matches that faulted on a torn read and ran again (-tags unlockedmatch): %d runs again, over %d matches.\n", r.phases.again, r.phases.againMatches)
+		} else {
+			printPaths(out, &r.phases)
 		}
 	}
 	return nil
+}
+
+// printPaths prints the replay's matches by how they got the lock, and
+// how many of each are among the slowest 1 % (by their timed phases).
+func printPaths(out io.Writer, l *phaseLog) {
+	p99 := l.all.pct(99)
+	fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 | slower than the phases' p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", p99)
+	for k := range indexer.NPaths {
+		g := l.paths[k]
+		slow := 0
+		for _, d := range g.all {
+			if d > p99 {
+				slow++
+			}
+		}
+		fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", pathLabel(k), g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99), slow)
+	}
+}
+
+// pathLabel describes a path of a match (see indexer.MatchPath).
+func pathLabel(p indexer.MatchPath) string {
+	switch p {
+	case indexer.PathFree:
+		return "the lock was free"
+	case indexer.PathHanded:
+		return "a writer ran it (handed)"
+	case indexer.PathTakenBack:
+		return "handed, took itself back when the lock came free"
+	case indexer.PathHandGaveUp:
+		return "handed, waited for the lock when no writer ran it in time"
+	case indexer.PathSameCPU:
+		return "on the writer's CPU, waited for the lock"
+	case indexer.PathBusy:
+		return "waited for the lock (another was handed, or none are)"
+	}
+	return p.String()
 }
 
 // phaseLog collects the phases of matches made one at a time, by one
@@ -347,9 +377,12 @@ type phaseLog struct {
 	// the matching goroutine right after a handed match or after one it
 	// ran itself (see the kinds below). lastHanded: a writer ran the
 	// match before, filed or not (dropped, or without candidates).
-	kinds      [nKinds]kindLog
-	paths      [indexer.NPaths]kindLog // by how the match got the lock
-	lastHanded bool
+	kinds [nKinds]kindLog
+	paths [indexer.NPaths]kindLog // by how the match got the lock
+	// again counts the runs again of matches that faulted on a torn read
+	// (-tags unlockedmatch), againMatches those matches.
+	again, againMatches int
+	lastHanded          bool
 	// moved: the current match ran on another CPU than the one the
 	// matching goroutine was on at the end of the match before, or moved
 	// during it (the caller sets it; see replayer.match).
@@ -375,6 +408,9 @@ func (g *kindLog) add(busy, emit, wait time.Duration) {
 	g.busy, g.emit, g.wait, g.all = append(g.busy, busy), append(g.emit, emit), append(g.wait, wait), append(g.all, busy+wait)
 }
 
+// observe adds one shard's phases to the current match's. The match's
+// path is the last shard's that did not find the lock free (Handed is
+// any shard's).
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
 	l.cur.Start += p.Start
@@ -385,6 +421,7 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 	if p.Path != indexer.PathFree {
 		l.cur.Path = p.Path
 	}
+	l.cur.Again += p.Again
 }
 
 // drop forgets the current match's phases.
@@ -419,6 +456,10 @@ func (l *phaseLog) end() {
 	}
 	l.kinds[k].add(busy, c.Emit, c.Wait)
 	l.paths[c.Path].add(busy, c.Emit, c.Wait)
+	if c.Again > 0 {
+		l.again += c.Again
+		l.againMatches++
+	}
 }
 
 func (l *phaseLog) sort() {

@@ -286,6 +286,9 @@ func TestRunOnASmallTrace(t *testing.T) {
 		}{
 			{"| wait for the lock |", timed},
 			{"Replay matches by who ran them", timed},
+			{"| handed, took itself back when the lock came free | ", timed && !indexer.UnlockedMatches()},
+			{"- built with -tags unlockedmatch: matches take no lock", indexer.UnlockedMatches()},
+			{"faulted on a torn read and ran again (-tags unlockedmatch): ", timed && indexer.UnlockedMatches()},
 			{"such threads at once, one per Go core", multi},
 			{"| the same, a thread spinning meanwhile (another core busy) | 6, ", multi},
 			{"| interrupts, all CPUs (TLB shootdowns / function calls / rescheduling / local timer), alone, replay, stress | ", runtime.GOOS == "linux"},
