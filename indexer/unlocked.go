@@ -27,7 +27,7 @@ const maxTornRuns = 100
 // doUnlocked runs the match without mu, again (after letting other
 // goroutines run: a writer stopped in the middle of a step, say) until
 // it does not fault, at most maxTornRuns times; then under mu. Each run
-// again is counted in m.clock (MatchPhases.Runs), and the time of those
+// again is counted in m.clock (MatchPhases.Again), and the time of those
 // that faulted is booked as the match's wait.
 func (m *matcher) doUnlocked() {
 	at := len(m.dst)
