@@ -25,12 +25,11 @@ func (h *phaseHook) set(f func(MatchPhases)) bool {
 
 // phaseClock times the phases of one match of one shard.
 type phaseClock struct {
-	f      *func(MatchPhases)
-	last   time.Time
-	d      [nPhases]time.Duration
-	handed bool // a writer ran the match (see served)
-	path   MatchPath
-	again  int // runs again after a torn read (see ranAgain)
+	f     *func(MatchPhases)
+	last  time.Time
+	d     [nPhases]time.Duration
+	path  MatchPath // PathHanded: a writer ran the match (see served)
+	again int       // runs again after a torn read (see ranAgain)
 }
 
 // begin starts timing a match, if there is an observer.
@@ -54,7 +53,7 @@ func (c *phaseClock) lap(i int) {
 
 // served notes that a writer ran the match: called by that writer, before
 // the matching goroutine, which calls done, sees the match done.
-func (c *phaseClock) served() { c.handed, c.path = true, PathHanded }
+func (c *phaseClock) served() { c.path = PathHanded }
 
 // via notes how the match got the lock, or was run.
 func (c *phaseClock) via(p MatchPath) { c.path = p }
@@ -79,5 +78,5 @@ func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.handed, Path: c.path, Again: c.again})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.path == PathHanded, Path: c.path, Again: c.again})
 }

@@ -314,10 +314,9 @@ func run(cfg config, out io.Writer) error {
 			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
 		}
 		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
-		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 |\n|---|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | %s |\n|---|---|---|---|---|---|---|---|\n", kindColumns)
 		for k, name := range [nKinds]string{"the matcher, after one of its own", "the same, on another CPU", "the matcher, after a handed match", "a writer (handed)"} {
-			g := r.phases.kinds[k]
-			fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", name, g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
+			fmt.Fprintf(out, "| %s | %s |\n", name, r.phases.kinds[k].row())
 		}
 		if indexer.UnlockedMatches() {
 			fmt.Fprintf(out, "\nReplay matches that faulted on a torn read and ran again (-tags unlockedmatch): %d runs again, over %d matches.\n", r.phases.again, r.phases.againMatches)
@@ -332,7 +331,7 @@ func run(cfg config, out io.Writer) error {
 // how many of each are among the slowest 1 % (by their timed phases).
 func printPaths(out io.Writer, l *phaseLog) {
 	p99 := l.all.pct(99)
-	fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99 | slower than the phases' p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", p99)
+	fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | %s | slower than the phases' p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", kindColumns, p99)
 	for k := range indexer.NPaths {
 		g := l.paths[k]
 		slow := 0
@@ -341,7 +340,7 @@ func printPaths(out io.Writer, l *phaseLog) {
 				slow++
 			}
 		}
-		fmt.Fprintf(out, "| %s | %d | %s | %s | %s | %s | %s | %s | %d |\n", pathLabel(k), g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99), slow)
+		fmt.Fprintf(out, "| %s | %s | %d |\n", pathLabel(k), g.row(), slow)
 	}
 }
 
@@ -402,6 +401,15 @@ const (
 // kindLog is the matches of one kind: all but their wait, their emit,
 // their wait, and all.
 type kindLog struct{ busy, emit, wait, all latencies }
+
+// kindColumns head the columns of kindLog.row.
+const kindColumns = "matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99"
+
+// row gives the matches' count and percentiles, as kindColumns names
+// them (sorted: see phaseLog.sort).
+func (g *kindLog) row() string {
+	return fmt.Sprintf("%d | %s | %s | %s | %s | %s | %s", g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
+}
 
 // add files one match: all but its wait, its emit, its wait.
 func (g *kindLog) add(busy, emit, wait time.Duration) {
