@@ -376,6 +376,9 @@ type shard struct {
 	// onCPU returns the CPU the calling thread runs on (currentCPU; tests
 	// set their own).
 	onCPU func() int32
+	// now reads the clock for a handed match's and a spinning writer's
+	// timer (time.Now; tests set their own).
+	now func() time.Time
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	tree   *runTree
@@ -428,7 +431,7 @@ type shard struct {
 
 // newShard returns an empty shard.
 func newShard() *shard {
-	ix := &shard{handWait: handWait, stallWait: stallWait, onCPU: currentCPU, tree: newRunTree()}
+	ix := &shard{handWait: handWait, stallWait: stallWait, onCPU: currentCPU, now: time.Now, tree: newRunTree()}
 	ix.tree.yield = ix.relax
 	ix.cpu.Store(-1)
 	return ix

@@ -150,7 +150,7 @@ func (ix *shard) lock() {
 	}
 	var timer handTimer // it reads the clock every 1024 turns
 	for i := 1; !ix.mu.TryLock(); i++ {
-		if i%1024 == 0 && timer.expired(time.Now(), 0, lockSpin, lockSpin) {
+		if i%1024 == 0 && timer.expired(ix.now(), 0, lockSpin, lockSpin) {
 			ix.mu.Lock()
 			break
 		}
@@ -230,7 +230,7 @@ func (ix *shard) handOver(m *matcher) bool {
 			ix.mu.RUnlock()
 			continue
 		}
-		if i%1024 != 0 || !timer.expired(time.Now(), ix.steps.Load(), ix.handWait, ix.stallWait) {
+		if i%1024 != 0 || !timer.expired(ix.now(), ix.steps.Load(), ix.handWait, ix.stallWait) {
 			continue
 		}
 		if ix.handed.CompareAndSwap(m, nil) {
@@ -270,9 +270,14 @@ func (h *handTimer) expired(now time.Time, steps uint32, handWait, stallWait tim
 // serve runs m, handed to the shard, unless it was taken back: called by
 // a writer holding mu, between two steps.
 func (ix *shard) serve(m *matcher) {
-	if !ix.handed.CompareAndSwap(m, nil) {
-		return
+	if ix.handed.CompareAndSwap(m, nil) {
+		ix.run(m)
 	}
+}
+
+// run runs m, which a writer holding mu has taken from shard.handed, and
+// tells it so.
+func (ix *shard) run(m *matcher) {
 	m.do()
 	m.clock.served()
 	m.state.Store(handDone)

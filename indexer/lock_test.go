@@ -345,27 +345,31 @@ func TestHandedMatchTakenBack(t *testing.T) {
 // TestHandedMatchWaitsForTheLock checks that a handed match no writer
 // runs within handWait, or whose writer finishes no step for stallWait,
 // or that runs on the CPU the writer took the lock on, waits for the lock
-// instead, telling writers, and that while one match is handed, others
-// wait for the lock.
+// instead, telling writers; that while one match is handed, others wait
+// for the lock; and that where the shard has no spare core, matches are
+// not handed over.
 func TestHandedMatchWaitsForTheLock(t *testing.T) {
 	for _, c := range []struct {
 		name                string
 		handWait, stallWait time.Duration
 		sameCPU             bool        // the match runs on the writer's CPU
+		noSpare             bool        // the shard has no spare core
 		matches             int         // matches started while the lock is held
 		paths               []MatchPath // their MatchPhases.Path, sorted
 	}{
-		{"handWait passes", 0, time.Hour, false, 1, []MatchPath{PathHandGaveUp}},
-		{"the writer makes no step", time.Hour, stallWait, false, 1, []MatchPath{PathHandGaveUp}},
-		{"on the writer's CPU", time.Hour, time.Hour, true, 1, []MatchPath{PathSameCPU}},
+		{"handWait passes", 0, time.Hour, false, false, 1, []MatchPath{PathHandGaveUp}},
+		{"the writer makes no step", time.Hour, stallWait, false, false, 1, []MatchPath{PathHandGaveUp}},
+		{"on the writer's CPU", time.Hour, time.Hour, true, false, 1, []MatchPath{PathSameCPU}},
 		// The first, handed, takes itself back when the lock comes free.
-		{"another is handed", time.Hour, time.Hour, false, 2, []MatchPath{PathTakenBack, PathBusy}},
+		{"another is handed", time.Hour, time.Hour, false, false, 2, []MatchPath{PathTakenBack, PathBusy}},
+		{"no spare core", time.Hour, time.Hour, false, true, 1, []MatchPath{PathBusy}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ix, seq, want := handIndex(t, c.handWait)
 			notes, timed := observeHanded(ix)
 			sh := ix.shards[0]
 			sh.stallWait = c.stallWait
+			sh.spare = !c.noSpare
 			if c.sameCPU {
 				sh.onCPU = func() int32 { return 7 } // the writer's and the match's
 			}
@@ -389,6 +393,66 @@ func TestHandedMatchWaitsForTheLock(t *testing.T) {
 				t.Errorf("MatchPhases.Path: %v, want %v", notes.paths, c.paths)
 			}
 		})
+	}
+}
+
+// TestHandedMatchTakenAsItGivesUp checks that a handed match whose time
+// runs out after a writer has taken it (serve's first half), but before
+// the writer has run it, does not give up: it waits for the writer to run
+// it, and returns the writer's answer, without waiting for the lock.
+func TestHandedMatchTakenAsItGivesUp(t *testing.T) {
+	ix, seq, want := handIndex(t, time.Hour)
+	notes, timed := observeHanded(ix)
+	sh := ix.shards[0]
+	// The match's clock: it moves when the test moves it, and notes when
+	// the match has read it, before and after it moved.
+	var elapsed atomic.Int64
+	var read, readMoved atomic.Bool
+	t0 := time.Now()
+	sh.now = func() time.Time {
+		d := elapsed.Load()
+		read.Store(true)
+		if d != 0 {
+			readMoved.Store(true)
+		}
+		return t0.Add(time.Duration(d))
+	}
+	sh.write.Lock()
+	sh.lock()
+	got := matchAsync(ix, seq)
+	until(t, "match handed", func() bool { return sh.handed.Load() != nil })
+	m := sh.handed.Load()
+	if !sh.handed.CompareAndSwap(m, nil) {
+		t.Fatal("the handed match went before the writer took it")
+	}
+	// The match's first reading starts its timer, before the clock moves;
+	// a reading after the move runs its time out, and it finds the writer
+	// has taken it.
+	until(t, "the match starts its timer", read.Load)
+	elapsed.Store(int64(2 * time.Hour))
+	until(t, "the match reads the moved clock", readMoved.Load)
+	for i := range 1000 {
+		select {
+		case a := <-got:
+			t.Fatalf("after %d yields, a match the writer took but has not run returned %v", i, a)
+		default:
+		}
+		if sh.waiting.Load() != 0 {
+			t.Fatalf("after %d yields, a match the writer took waits for the lock", i)
+		}
+		runtime.Gosched()
+	}
+	sh.run(m)
+	if a := within(t, "match the writer ran", got); !slices.Equal(a, want) {
+		t.Errorf("match = %v, want %v", a, want)
+	}
+	sh.unlock()
+	sh.write.Unlock()
+	if n := ix.Stats().Handed; n != 1 {
+		t.Errorf("%d matches run by a writer, want 1", n)
+	}
+	if timed && !slices.Equal(notes.paths, []MatchPath{PathHanded}) {
+		t.Errorf("MatchPhases.Path: %v, want %v", notes.paths, PathHanded)
 	}
 }
 
@@ -559,7 +623,7 @@ func TestMatchFieldsApart(t *testing.T) {
 		{"runTree", fieldsOf(reflect.TypeFor[runTree](), reflect.TypeFor[blockSlab](), reflect.TypeFor[headTable]()),
 			[][]string{{"blocks.chunks", "spans", "sets", "who", "retired", "heads.slots", "heads.zero", "heads.zv"}}},
 		{"shard", fieldsOf(reflect.TypeFor[shard]()),
-			[][]string{{"spare", "handWait", "stallWait", "onCPU", "phases", "tree"}, {"mu", "waiting", "handed"}, {"steps", "cpu"}}},
+			[][]string{{"spare", "handWait", "stallWait", "onCPU", "now", "phases", "tree"}, {"mu", "waiting", "handed"}, {"steps", "cpu"}}},
 	} {
 		groupOf := func(name string) int {
 			for g, names := range tc.groups {
