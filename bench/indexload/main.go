@@ -897,8 +897,7 @@ type holdUps struct {
 	lost  time.Duration // their time, less the work's usual time
 	total time.Duration
 	work  time.Duration // the shortest repeat
-	// threads is how many threads measured (see measureHoldUps); 0 is
-	// one.
+	// threads is how many threads measured (see measureHoldUps).
 	threads int
 }
 
@@ -945,24 +944,24 @@ func sumHoldUps(all []holdUps) holdUps {
 		sum.lost += h.lost
 		sum.total = max(sum.total, h.total)
 		sum.work = min(sum.work, h.work)
-		sum.threads += max(h.threads, 1)
+		sum.threads += h.threads
 	}
 	return sum
 }
 
 // rate is how many times a second each thread was held up, on average.
-func (h holdUps) rate() float64 { return float64(h.n) / float64(max(h.threads, 1)) / h.total.Seconds() }
+func (h holdUps) rate() float64 { return float64(h.n) / float64(h.threads) / h.total.Seconds() }
 
 // lostPct is the share of each thread's time lost to hold-ups, on
 // average, in per cent.
 func (h holdUps) lostPct() float64 {
-	return 100 * h.lost.Seconds() / float64(max(h.threads, 1)) / h.total.Seconds()
+	return 100 * h.lost.Seconds() / float64(h.threads) / h.total.Seconds()
 }
 
 // holdUpsOf runs work back to back for d, timed by now, and counts the
 // repeats that took holdUpMin or longer. It allocates nothing.
 func holdUpsOf(d time.Duration, now func() time.Time, work func()) holdUps {
-	h := holdUps{work: time.Duration(math.MaxInt64)}
+	h := holdUps{work: time.Duration(math.MaxInt64), threads: 1}
 	var long time.Duration // the time of the hold-ups
 	start := now()
 	for prev := start; ; {

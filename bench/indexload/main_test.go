@@ -82,7 +82,7 @@ func TestHoldUpsOf(t *testing.T) {
 			now := func() time.Time { return clock }
 			work := func() { clock = clock.Add(c.gaps[i]); i++ }
 			h := holdUpsOf(c.d, now, work)
-			if i != len(c.gaps) || h.n != c.n || h.lost != c.lost || h.work != c.work || h.total != c.total {
+			if i != len(c.gaps) || h.n != c.n || h.lost != c.lost || h.work != c.work || h.total != c.total || h.threads != 1 {
 				t.Fatalf("%d repeats: %+v, want %d repeats, n %d lost %s work %s total %s", i, h, len(c.gaps), c.n, c.lost, c.work, c.total)
 			}
 		})
@@ -96,11 +96,11 @@ func TestSumHoldUps(t *testing.T) {
 		want       holdUps
 		rate, lost float64 // per thread: per second, per cent
 	}{
-		{"one thread", []holdUps{{n: 10, lost: 20 * time.Millisecond, total: time.Second, work: us(1)}},
+		{"one thread", []holdUps{{n: 10, lost: 20 * time.Millisecond, total: time.Second, work: us(1), threads: 1}},
 			holdUps{n: 10, lost: 20 * time.Millisecond, total: time.Second, work: us(1), threads: 1}, 10, 2},
 		{"two", []holdUps{
-			{n: 30, lost: 60 * time.Millisecond, total: 2 * time.Second, work: us(2)},
-			{n: 10, lost: 20 * time.Millisecond, total: 2*time.Second + us(5), work: us(1)},
+			{n: 30, lost: 60 * time.Millisecond, total: 2 * time.Second, work: us(2), threads: 1},
+			{n: 10, lost: 20 * time.Millisecond, total: 2*time.Second + us(5), work: us(1), threads: 1},
 		}, holdUps{n: 40, lost: 80 * time.Millisecond, total: 2*time.Second + us(5), work: us(1), threads: 2}, 10, 2},
 	}
 	for _, c := range cases {
