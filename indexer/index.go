@@ -232,13 +232,12 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 // MatchPhases is how long one match of one shard of an index spent in
 // each of its phases (see Index.ObservePhases).
 type MatchPhases struct {
-	Wait   time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
-	Start  time.Duration // finding the first block and its holders, the candidates
-	Walk   time.Duration // following the candidates along the prompt
-	Emit   time.Duration // appending their Overlaps
-	Ranks  int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-	Handed bool          // the writer holding the lock ran the match (see lock.go, Stats.Handed); Path is then PathHanded
-	Path   MatchPath     // how the match got the lock, or was run
+	Wait  time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
+	Start time.Duration // finding the first block and its holders, the candidates
+	Walk  time.Duration // following the candidates along the prompt
+	Emit  time.Duration // appending their Overlaps
+	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
+	Path  MatchPath     // how the match got the lock, or was run (PathHanded: the writer holding the lock ran it; see lock.go, Stats.Handed)
 	// Again counts the times a match without the lock (a binary built
 	// with -tags unlockedmatch: see UnlockedMatches) faulted on a torn
 	// read and ran again; those runs are booked as its wait.

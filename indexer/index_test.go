@@ -648,7 +648,7 @@ func TestObservePhases(t *testing.T) {
 	}
 	ranks, took := 0, time.Duration(0)
 	for _, p := range got[:ix.Shards()] {
-		if p.Handed {
+		if p.Path == PathHanded {
 			t.Errorf("a match with no writer about was handed: %+v", p)
 		}
 		ranks += p.Ranks

@@ -279,7 +279,7 @@ func (ix *shard) serve(m *matcher) {
 // tells it so.
 func (ix *shard) run(m *matcher) {
 	m.do()
-	m.clock.served()
+	m.clock.via(PathHanded)
 	m.state.Store(handDone)
 	ix.serveCredit -= serveAfter
 	ix.handedRuns.Add(1)

@@ -28,7 +28,7 @@ type phaseClock struct {
 	f     *func(MatchPhases)
 	last  time.Time
 	d     [nPhases]time.Duration
-	path  MatchPath // PathHanded: a writer ran the match (see served)
+	path  MatchPath // see via
 	again int       // runs again after a torn read (see ranAgain)
 }
 
@@ -51,11 +51,9 @@ func (c *phaseClock) lap(i int) {
 	c.last = now
 }
 
-// served notes that a writer ran the match: called by that writer, before
-// the matching goroutine, which calls done, sees the match done.
-func (c *phaseClock) served() { c.path = PathHanded }
-
-// via notes how the match got the lock, or was run.
+// via notes how the match got the lock, or was run: PathHanded by the
+// writer that ran it, before the matching goroutine, which calls done,
+// sees the match done.
 func (c *phaseClock) via(p MatchPath) { c.path = p }
 
 // ranAgain notes that a match without the lock (see unlocked.go) faulted
@@ -78,5 +76,5 @@ func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Handed: c.path == PathHanded, Path: c.path, Again: c.again})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Path: c.path, Again: c.again})
 }

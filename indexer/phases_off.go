@@ -12,7 +12,6 @@ type (
 func (*phaseHook) set(func(MatchPhases)) bool { return false }
 func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
-func (*phaseClock) served()                   {}
 func (*phaseClock) via(MatchPath)             {}
 func (*phaseClock) ranAgain()                 {}
 func (*phaseClock) done(int)                  {}

@@ -29,13 +29,12 @@
 // unlockedmatch too, its matches take no lock at all: they may read a
 // torn tree and answer wrong, but never wait for a writer, which times
 // what a scheme of reads that never wait could reach at best on the
-// same tree.
-// Each phase that
-// applies events reports how often the system preempted the process's
-// threads and how many page faults they took, and, on Linux, the
-// machine's interrupts of a few kinds meanwhile (TLB shootdowns,
-// function calls, rescheduling, the local timer). It owns nothing
-// but its own measurement; it uses only the indexer package's public API.
+// same tree. Each phase that applies events reports how often the
+// system preempted the process's threads and how many page faults they
+// took, and, on Linux, the machine's interrupts of a few kinds meanwhile
+// (TLB shootdowns, function calls, rescheduling, the local timer). It
+// owns nothing but its own measurement; it uses only the indexer
+// package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 //	go run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
@@ -374,14 +373,15 @@ type phaseLog struct {
 	waited                  int       // matches that waited more than 1µs
 	// kinds splits the matches by who ran them: a writer (handed), or
 	// the matching goroutine right after a handed match or after one it
-	// ran itself (see the kinds below). lastHanded: a writer ran the
-	// match before, filed or not (dropped, or without candidates).
+	// ran itself (see the kinds below). handed: a writer ran the current
+	// match on some shard; lastHanded: on the match before, filed or not
+	// (dropped, or without candidates).
 	kinds [nKinds]kindLog
 	paths [indexer.NPaths]kindLog // by how the match got the lock
 	// again counts the runs again of matches that faulted on a torn read
 	// (-tags unlockedmatch), againMatches those matches.
 	again, againMatches int
-	lastHanded          bool
+	handed, lastHanded  bool
 	// moved: the current match ran on another CPU than the one the
 	// matching goroutine was on at the end of the match before, or moved
 	// during it (the caller sets it; see replayer.match).
@@ -417,15 +417,15 @@ func (g *kindLog) add(busy, emit, wait time.Duration) {
 }
 
 // observe adds one shard's phases to the current match's. The match's
-// path is the last shard's that did not find the lock free (Handed is
-// any shard's).
+// path is the last shard's that did not find the lock free; a writer ran
+// it if one ran any shard's.
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
 	l.cur.Start += p.Start
 	l.cur.Walk += p.Walk
 	l.cur.Emit += p.Emit
 	l.cur.Ranks += p.Ranks
-	l.cur.Handed = l.cur.Handed || p.Handed
+	l.handed = l.handed || p.Path == indexer.PathHanded
 	if p.Path != indexer.PathFree {
 		l.cur.Path = p.Path
 	}
@@ -434,7 +434,7 @@ func (l *phaseLog) observe(p indexer.MatchPhases) {
 
 // drop forgets the current match's phases.
 func (l *phaseLog) drop() {
-	l.lastHanded = l.cur.Handed
+	l.lastHanded, l.handed = l.handed, false
 	l.cur = indexer.MatchPhases{}
 }
 
@@ -442,8 +442,8 @@ func (l *phaseLog) drop() {
 func (l *phaseLog) end() {
 	c := l.cur
 	l.cur = indexer.MatchPhases{}
-	after := l.lastHanded
-	l.lastHanded = c.Handed
+	after, handed := l.lastHanded, l.handed
+	l.lastHanded, l.handed = handed, false
 	if !l.timed || c.Ranks == 0 {
 		return
 	}
@@ -455,7 +455,7 @@ func (l *phaseLog) end() {
 	}
 	k := kindAfterOwn
 	switch {
-	case c.Handed:
+	case handed:
 		k = kindHanded
 	case after:
 		k = kindAfterHanded

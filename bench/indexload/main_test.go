@@ -176,7 +176,7 @@ func TestPhaseLog(t *testing.T) {
 	// By who ran them: the two above were the matcher's own; then a
 	// handed match, split over two shards (one ran it, one not), and the
 	// matcher's own after it, and after that.
-	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(4), Emit: us(1), Ranks: 1, Handed: true, Path: indexer.PathHanded})
+	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(4), Emit: us(1), Ranks: 1, Path: indexer.PathHanded})
 	l.observe(indexer.MatchPhases{Start: us(1), Ranks: 1})
 	l.end()
 	for _, e := range []time.Duration{us(3), us(9)} {
@@ -185,7 +185,7 @@ func TestPhaseLog(t *testing.T) {
 	}
 	// A handed match dropped (-rematch's second), then one filed: after
 	// a handed match.
-	l.observe(indexer.MatchPhases{Start: us(7), Ranks: 1, Handed: true, Path: indexer.PathHanded})
+	l.observe(indexer.MatchPhases{Start: us(7), Ranks: 1, Path: indexer.PathHanded})
 	l.drop()
 	l.observe(indexer.MatchPhases{Wait: us(4), Ranks: 1, Path: indexer.PathSameCPU})
 	l.observe(indexer.MatchPhases{Start: us(5), Emit: us(5), Ranks: 1})
