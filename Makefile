@@ -16,9 +16,7 @@ demo: build ## Replay a window of the Mooncake conversation trace through kvgate
 
 test: test-deps ## Run all tests with the race detector (installs the interop test's Debian packages if missing)
 	KVGATE_INTEROP=1 $(GO) test -race -count=1 ./...
-	$(GO) test -race -count=1 -tags matchphases -run 'ObservePhases|PhaseLog|RunOnASmallTrace|HandedMatch|RanAgain' ./indexer/ ./bench/indexload/
-	# Matches that take no lock race with writers by design: no -race.
-	$(GO) test -count=1 -tags unlockedmatch,matchphases -run 'Unlocked|RunOnASmallTrace|PhaseLog' ./indexer/ ./bench/indexload/
+	$(GO) test -race -count=1 -tags matchphases -run 'ObservePhases|PhaseLog|RunOnASmallTrace|NeverWait|PublishWaits' ./indexer/ ./bench/indexload/
 
 # The libzmq interop test runs a publisher on Debian's python3 with
 # python3-zmq and python3-msgpack (what vLLM and SGLang use).
@@ -38,7 +36,6 @@ bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conve
 	$(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -pace 5 -pace-spin
 	GOMAXPROCS=1 $(GO) run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl -pace 5 -rematch
 	$(GO) run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
-	$(GO) run -tags unlockedmatch,matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 	$(GO) run ./bench/ingest -publishers 4 -batches 20000
 	$(GO) run ./bench/ingest -publishers 64 -batches 2000 -encoding array
 	$(GO) run ./bench/gateway -tokenizer ../shared/tokenizers/qwen2.5 -duration 30s -sweep 200,400,800,1200 -sweep-duration 10s
@@ -56,7 +53,6 @@ lint: ## Fail on unformatted files; go vet
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags matchphases ./indexer/ ./bench/indexload/
-	$(GO) vet -tags unlockedmatch,matchphases ./indexer/ ./bench/indexload/
 
 clean: ## Remove build output
 	rm -rf bin demo-out bench-out

@@ -181,23 +181,3 @@ func BenchmarkDependentLoad(b *testing.B) {
 	}
 	runtime.KeepAlive(x)
 }
-
-// BenchmarkCurrentCPU measures what a writer pays, holding the lock, to
-// note its CPU each time it takes the lock on a shard with a spare core
-// (shard.cpu), and a match that finds the lock held, before it hands
-// itself over: at least once per event and per writeChunk blocks. The
-// system call (getcpu) is what currentCPU falls back to.
-func BenchmarkCurrentCPU(b *testing.B) {
-	for _, f := range []struct {
-		name string
-		f    func() int32
-	}{{"currentCPU", currentCPU}, {"getcpu", getcpu}} {
-		b.Run(f.name, func(b *testing.B) {
-			cpu := int32(0)
-			for b.Loop() {
-				cpu += f.f()
-			}
-			runtime.KeepAlive(cpu)
-		})
-	}
-}

@@ -1,11 +1,9 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its path-compressed tree
-// (tree.go) and pointer-free tables (store.go), how its writers and
-// matches share a lock (lock.go; the CPU a thread runs on, cpu_*.go and
-// cpu_linux_amd64.s),
-// its dump
-// and recovery format (dump.go), the set of indexes with the goroutines
+// (tree.go) and pointer-free tables (store.go), the two copies of what
+// matches read, which writers publish in turn (index.go), its dump and
+// recovery format (dump.go), the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go), and the event
 // path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
 // KV event batches (wire.go, on a small allocation-free msgpack reader in
@@ -43,41 +41,34 @@
 // stays while one of its engine ids still names it (see blockRec.pins).
 //
 // Concurrency: an index is split by worker id into shards (Options.
-// IndexShards), each a whole tree with its own RWMutex, so that the apply
-// goroutines of different shards never wait for each other; a match walks
-// every shard, and a block held in several shards is in each. In a shard,
-// writers take turns for a whole operation on a mutex of their own, so at
-// most one writer waits for the lock and a match never queues behind
-// several. A writer holds the lock exclusively in steps of at most 16
-// blocks (a stretch of a Stored event, a run of the engine ids of a
-// Removed or Cleared event, a rank's removal or an id-only Stored event),
-// and lets it go every writeChunk blocks and, for a waiting match, once
-// writers have applied yieldAfter blocks since they last yielded to one: 1
-// while matches come now and then, up to yieldChunk while they come back
-// to back. Where the shards are at least as many as the cores Go uses, a
-// writer letting the lock go also gives up its core for a moment
-// (runtime.Gosched), so that writers busy on every core do not keep a
-// match of another shard, or a request, waiting for one. Where the shards
-// are fewer, so that a core is spare, a match finding the lock held by a
-// writer hands itself to the writer and spins, and the writer runs it
-// after its current step (at most one in serveAfter blocks, over time, and
-// at once after a spell without matches: see serveBurst). It waits for the
-// lock instead, leaving its CPU, where it runs on the CPU the writer took
-// the lock on (mostly, the system took the writer's CPU for the match),
-// and once the writer finishes no step for stallWait (mostly, the system
-// has taken its CPU); writers there
-// take the lock by spinning for a while, rather than by sleeping (see
-// lock.go). A writer builds its rank's table of engine ids grown for a
-// Stored event, or shrunk after removals, or a new rank's first, without
-// the lock: only writers change the tree, and matches never read that
-// table. Without the lock too, it lists the engine ids a Cleared event or
-// a rank's removal takes (runTree.clearOrder), makes larger copies of the
-// arrays an event may outgrow (spans, holder sets, heads) and the slab's
-// next chunks, which it puts in place under the lock (runTree.prepare),
-// and it reads where the event's engine ids and blocks lie, all at once,
-// so that under the lock it finds them in the cache (runTree.warm).
-// A rank being removed is ignored by matches from the start, so that none
-// sees it half removed.
+// IndexShards), each a whole tree with writers of its own, so that the
+// apply goroutines of different shards never wait for each other; a
+// match walks every shard, and a block held in several shards is in
+// each. In a shard, writers take turns for a whole operation (an event,
+// a rank's removal) on a mutex, and matches never wait for them (see
+// shard in index.go): what a match reads of the tree (the spans, the
+// table of heads, the ranks; the view) is kept twice. Writers change
+// their own copy and, after each operation, publish it: matches read
+// the published copy, each counting itself in that copy's readers, and
+// the writer waits until no match reads the other copy, brings it up to
+// date with the spans the operation wrote and the heads it put or
+// deleted, and makes it its own (runTree.catchUp). The blocks' slab and
+// the holder sets are one for both copies: writers rewrite only blocks
+// and sets no copy reaches, so a block, set or diff array the tree lets
+// go of is freed only at the next publication, once no match reads the
+// copy that may still reach it (runTree.pend). A match so sees every
+// operation whole or not at all, never waits for a writer the system
+// has stopped, and costs writers nothing but the copy. Where the shards
+// are at least as many as the cores Go uses, a writer gives up its core
+// for a moment every writeChunk blocks (runtime.Gosched), so that
+// writers busy on every core do not keep a match, or a request, from
+// one. Before it changes the tree, a writer builds its rank's table of
+// engine ids grown for a Stored event (or, after removals, shrunk, or a
+// new rank's first), lists the engine ids a Cleared event or a rank's
+// removal takes (runTree.clearOrder), makes larger copies of the arrays
+// an event may outgrow and the slab's next chunks (runTree.prepare), and
+// reads where the event's engine ids and blocks lie, all at once, so
+// that it then finds them in the cache (runTree.warm).
 //
 // # The event path
 //

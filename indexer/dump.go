@@ -75,15 +75,16 @@ func (ix *Index) Dump() []Event {
 
 // ranks appends the shard's worker ranks to dst.
 func (ix *shard) ranks(dst []WorkerRank) []WorkerRank {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	return ix.tree.rankList(dst)
 }
 
-// copyRank appends the entries of one worker rank to dst, under the read lock.
+// copyRank appends the entries of one worker rank to dst, in the
+// writers' turn.
 func (ix *shard) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	return ix.tree.copyRank(wr, dst)
 }
 

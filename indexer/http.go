@@ -494,22 +494,19 @@ func fetchDump(ctx context.Context, client *http.Client, peer string, timeout ti
 	return UnmarshalDump(data)
 }
 
-// sizeCollector reports the size of every index at scrape time, and how
-// many matches its writers ran (see Stats.Handed).
+// sizeCollector reports the size of every index at scrape time.
 type sizeCollector struct{ set *Set }
 
 var (
 	sizeWorkers = prometheus.NewDesc("kvgate_index_worker_ranks", "Worker ranks holding blocks, per index.", []string{"model", "tenant"}, nil)
 	sizeNodes   = prometheus.NewDesc("kvgate_index_blocks", "Blocks in the prefix tree (held, or named by an engine id), per index; a block held by workers of several index shards counts once in each.", []string{"model", "tenant"}, nil)
 	sizeEntries = prometheus.NewDesc("kvgate_index_entries", "(block, worker rank) entries, per index.", []string{"model", "tenant"}, nil)
-	handedRuns  = prometheus.NewDesc("kvgate_index_matches_handed_total", "Matches that found a shard of the index locked by a writer and were run by that writer, per index.", []string{"model", "tenant"}, nil)
 )
 
 func (c sizeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- sizeWorkers
 	ch <- sizeNodes
 	ch <- sizeEntries
-	ch <- handedRuns
 }
 
 func (c sizeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -522,6 +519,5 @@ func (c sizeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(sizeWorkers, prometheus.GaugeValue, float64(st.Workers), k.Model, k.Tenant)
 		ch <- prometheus.MustNewConstMetric(sizeNodes, prometheus.GaugeValue, float64(st.Nodes), k.Model, k.Tenant)
 		ch <- prometheus.MustNewConstMetric(sizeEntries, prometheus.GaugeValue, float64(st.Entries), k.Model, k.Tenant)
-		ch <- prometheus.MustNewConstMetric(handedRuns, prometheus.CounterValue, float64(st.Handed), k.Model, k.Tenant)
 	}
 }

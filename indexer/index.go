@@ -151,11 +151,10 @@ func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
 	return int(o.Device) * blockSize, int(o.Host) * blockSize, int(o.Disk) * blockSize
 }
 
-// writeChunk is how many blocks a writer processes per lock hold, and the
-// step that reaches it (see lock.go), so a long event or a worker removal
-// never stalls matches for long. Readers may
-// observe a Stored or Removed event part-applied, which is the same state as
-// applying its blocks one by one: never a torn one.
+// writeChunk is how many blocks a writer applies, and the step that
+// reaches it, before it gives up its core where the shard has no spare
+// one (see shard.relax), so that a long event or a worker removal keeps
+// no match or request from a core for long.
 const writeChunk = 64
 
 // Index is the KV block index of one (model, tenant): which worker ranks
@@ -163,11 +162,12 @@ const writeChunk = 64
 // run concurrently with each other and with event application. Events of
 // one worker rank must be applied in order, as a Set does. The index
 // itself makes the calls that change a shard (Apply, RemoveWorker,
-// RemoveWorkerRank) take turns (see shard.write), so a writer may resize
-// a rank's table of engine ids without the shard's lock.
+// RemoveWorkerRank) take turns (see shard.write). Matches never wait for
+// them: they read the state as of the last whole operation, never a
+// part-applied one (see shard).
 //
 // An index is split by worker id into shards, each a whole prefix tree
-// behind its own lock, so that events of workers in different shards apply
+// with writers of its own, so that events of workers in different shards apply
 // in parallel: a Set's apply goroutines each feed one shard when the shard
 // count divides theirs. A match walks every shard; a block held by workers
 // of several shards is in each.
@@ -182,17 +182,11 @@ func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 
 // NewShardedIndex returns an empty index of n shards (at least one) for
 // blocks of blockSize tokens. With as many shards as Go uses cores
-// (GOMAXPROCS, now) or more, writers give up their core now and then;
-// with fewer, matches may be handed to writers (see shard.spare).
+// (GOMAXPROCS, now) or more, writers give up their core now and then
+// (see shard.spare).
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
 	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
-	if spare {
-		// Shards that hand matches over read the CPU (lock.go): find out
-		// how once, here, rather than in the first writer, holding the
-		// lock.
-		currentCPU()
-	}
 	for i := range ix.shards {
 		ix.shards[i] = newShard()
 		ix.shards[i].spare = spare
@@ -232,38 +226,11 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 // MatchPhases is how long one match of one shard of an index spent in
 // each of its phases (see Index.ObservePhases).
 type MatchPhases struct {
-	Wait  time.Duration // for the shard's lock, held by a writer, or for the writer to run the match (near 0 when the lock was free)
+	Wait  time.Duration // entering the view the shard published last (see shard.enter): a match never waits for a writer
 	Start time.Duration // finding the first block and its holders, the candidates
 	Walk  time.Duration // following the candidates along the prompt
 	Emit  time.Duration // appending their Overlaps
 	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-	Path  MatchPath     // how the match got the lock, or was run (PathHanded: the writer holding the lock ran it; see lock.go, Stats.Handed)
-	// Again counts the times a match without the lock (a binary built
-	// with -tags unlockedmatch: see UnlockedMatches) faulted on a torn
-	// read and ran again; those runs are booked as its wait.
-	Again int
-}
-
-// MatchPath is how a match of one shard got the shard's lock, or was run
-// by the writer holding it (see lock.go).
-type MatchPath uint8
-
-// The paths of a match.
-const (
-	PathFree       MatchPath = iota // the lock was free (or, built with -tags unlockedmatch, not taken)
-	PathHanded                      // a writer ran it
-	PathTakenBack                   // handed over, it found the lock free first and ran itself
-	PathHandGaveUp                  // handed over, no writer ran it in time: it waited for the lock
-	PathSameCPU                     // it ran on the writer's CPU: it waited for the lock
-	PathBusy                        // another match was handed over, or matches are not: it waited for the lock
-	NPaths                          // the number of paths
-)
-
-func (p MatchPath) String() string {
-	if p < NPaths {
-		return [NPaths]string{"free", "handed", "taken back", "hand gave up", "same CPU", "busy"}[p]
-	}
-	return fmt.Sprintf("MatchPath(%d)", uint8(p))
 }
 
 // The phases, as indexes of phaseClock's laps.
@@ -276,8 +243,8 @@ const (
 )
 
 // ObservePhases makes every later match call f with its phases, once per
-// shard, on the matching goroutine, while the shard's lock is no longer
-// held (nil: stop). It is a measuring instrument for benchmarks: only a
+// shard, on the matching goroutine, once it has left the shard's view
+// (nil: stop). It is a measuring instrument for benchmarks: only a
 // binary built with -tags matchphases times matches; others ignore f and
 // ObservePhases reports false.
 func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
@@ -287,16 +254,6 @@ func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
 	}
 	return ok
 }
-
-// CurrentCPU returns the number of the CPU the calling thread runs on, as
-// the index reads it for its hand-over rule (see lock.go), or -1 where
-// the system does not tell. It is a measuring instrument for benchmarks.
-func CurrentCPU() int32 { return currentCPU() }
-
-// UnlockedMatches reports whether the binary was built with -tags
-// unlockedmatch, whose matches take no lock and may answer wrong (see
-// unlocked.go): a measuring instrument for benchmarks.
-func UnlockedMatches() bool { return unlockedMatches }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
 // base model) and matches them; see Match.
@@ -331,13 +288,9 @@ type Stats struct {
 	Workers int // worker ranks with state
 	Nodes   int // block positions, counted once per shard that has them
 	Entries int // (block, worker rank) pairs, counted as the ranks' engine ids
-	// Handed counts the matches that found a shard's lock held by a
-	// writer and were run by it, since the index was made (see lock.go).
-	Handed int64
 }
 
-// Stats returns the index's current size, and how many matches its
-// writers ran.
+// Stats returns the index's current size.
 func (ix *Index) Stats() Stats {
 	var st Stats
 	for _, s := range ix.shards {
@@ -345,84 +298,58 @@ func (ix *Index) Stats() Stats {
 		st.Workers += t.Workers
 		st.Nodes += t.Nodes
 		st.Entries += t.Entries
-		st.Handed += t.Handed
 	}
 	return st
 }
 
 // shard is the index of the worker ranks of some workers (see Index): a
-// runTree behind one RWMutex. Matches run concurrently with each other and
-// with event application; the calls that change it take turns on write.
+// runTree whose writers take turns, and the view of it that matches read.
+//
+// Matches never wait for a writer. A shard has two copies of what
+// matches read of the tree (view), in turn the writers' and the
+// published one: after each operation, a writer publishes its copy
+// (front), waits until no match reads the other, brings that one up to
+// date with the changes of the operation, and makes it its own (see
+// publish and runTree.catchUp). A match counts itself in the readers of
+// the copy it reads (enter, leave).
 type shard struct {
 	// What matches read and only construction and ObservePhases write,
-	// a cache line away from what writers or matches write at nearly
-	// every step or match (see cacheLine).
+	// a cache line from what writers and matches write (see
+	// cacheLine).
 	//
 	// spare is set where the index has fewer shards than Go uses cores,
 	// so that a core stays free for matches and requests while the
-	// writers of every shard run: a match finding mu held by a writer
-	// then hands itself to the writer, and writers spin for mu instead of
-	// sleeping (see lock.go). Where it is not set, the writers of all
+	// writers of every shard run. Where it is not set, the writers of all
 	// shards can keep every core busy, and Go takes a core from a running
 	// goroutine only after 10 ms: writers then give up their core now and
-	// then (see relax), so that a match of another shard, or a request,
-	// does not wait for a writer's whole event, and nothing spins, which
-	// could keep the goroutine it waits for off the cores.
+	// then (see relax), so that a match, or a request, does not wait for
+	// a writer's whole event to get a core.
 	spare bool
-	// handWait bounds how long a handed match waits for a writer to run
-	// it, stallWait how long it waits for one that finishes no step.
-	handWait, stallWait time.Duration
-	// onCPU returns the CPU the calling thread runs on (currentCPU; tests
-	// set their own).
-	onCPU func() int32
-	// now reads the clock for a handed match's and a spinning writer's
-	// timer (time.Now; tests set their own).
-	now func() time.Time
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
-	tree   *runTree
-	_      [cacheLine]byte
-
-	// What both writers and matches write.
-	mu sync.RWMutex
-	// waiting counts matches blocked on mu: a writer holding it gives it
-	// up early (see relax).
-	waiting atomic.Int32
-	// handed is the match handed to the writer holding mu, if any.
-	handed atomic.Pointer[matcher]
-	_      [cacheLine]byte
-
-	// What writers write and matches read as they hand themselves over:
-	// steps counts the steps writers finished (see relax and stallWait);
-	// cpu is the CPU the last writer to take mu ran on then, noted only
-	// where matches are handed over (-1: not known; it is not reset when
-	// mu is let go, and the writer may have moved since).
-	steps atomic.Uint32
-	cpu   atomic.Int32
+	// views are the two copies of what matches read; front is the one
+	// they read now, which only a writer changes, in its turn.
+	views [2]view
+	front atomic.Uint32
 	_     [cacheLine]byte
 
-	// What only writers read and write (but handedRuns, which Stats
-	// reads).
+	// readers[i] counts the matches reading views[i], each a cache line
+	// from the other, as matches on several cores add to both.
+	readers [2]struct {
+		n atomic.Int64
+		_ [cacheLine - 8]byte
+	}
+	_ [cacheLine]byte
+
+	// What only writers read and write.
 	//
 	// write is held by a writer for a whole operation (an event, a rank's
-	// removal), before it takes mu: writers take turns on it, so that at
-	// most one of them waits for mu. Go's RWMutex makes new readers wait
-	// behind a waiting writer; with several, a match would queue behind
-	// each in turn, and behind the goroutine switches between them.
+	// removal), and by the calls that read the writers' tree (stats,
+	// dumps): writers take turns on it.
 	write sync.Mutex
-	// sinceYield counts the blocks writers applied, under mu, since one
-	// last released it for a waiting match (see relax); arrived is what
-	// it was when a writer first saw a match waiting since (0: none is
-	// waiting), and yieldShift sets yieldAfter from how soon matches came.
-	sinceYield int
-	arrived    int
-	yieldShift uint8
-	// serveCredit is what writers may spend on running handed matches
-	// (see relax), handedRuns counts the handed matches writers ran.
-	serveCredit int
-	handedRuns  atomic.Int64
-	// held counts the blocks the writer holding mu applied since it took
-	// it (see relax); unlock resets it.
+	tree  *runTree
+	// held counts the blocks the writer applied since it last gave up
+	// its core (see relax).
 	held int
 	// warmth sums what runTree.warm read, so that its loads are kept.
 	warmth uint64
@@ -430,11 +357,64 @@ type shard struct {
 
 // newShard returns an empty shard.
 func newShard() *shard {
-	ix := &shard{handWait: handWait, stallWait: stallWait, onCPU: currentCPU, now: time.Now, tree: newRunTree()}
+	ix := &shard{tree: newRunTree()}
 	ix.tree.yield = ix.relax
-	ix.cpu.Store(-1)
+	ix.views[0] = ix.tree.view // its arrays are empty, but the sets'
 	return ix
 }
+
+// relax is called by a writer after each step of an operation (see
+// runTree.yield), with n the blocks the step applied. Where the shard
+// has no spare core, it gives up its core (runtime.Gosched) every
+// writeChunk blocks, to any goroutine waiting for one.
+func (ix *shard) relax(n int) {
+	if ix.held += n; ix.held >= writeChunk {
+		ix.held = 0
+		if !ix.spare {
+			runtime.Gosched()
+		}
+	}
+}
+
+// publish makes the writers' view the one matches read, and gives the
+// writers the other, once no match reads it, brought up to date: called
+// by a writer, in its turn, after each operation.
+func (ix *shard) publish() {
+	w := 1 - ix.front.Load() // only writers change front, in turn
+	ix.views[w] = ix.tree.view
+	ix.front.Store(w)
+	// A match that read front before the Store may still be counting
+	// itself in; it then sees front changed, and counts itself out.
+	for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
+		if i >= publishSpin {
+			runtime.Gosched()
+		}
+	}
+	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
+}
+
+// publishSpin is how many times a writer looks for the matches still
+// reading the copy it is to bring up to date before it gives up its
+// core between looks: a match takes a few microseconds, unless the
+// system has stopped its thread.
+const publishSpin = 256
+
+// enter returns the view matches read now, with its index for leave: the
+// match counts itself in that view's readers, so that no writer changes
+// it until the match leaves.
+func (ix *shard) enter() (*view, uint32) {
+	for {
+		i := ix.front.Load()
+		ix.readers[i].n.Add(1)
+		if ix.front.Load() == i {
+			return &ix.views[i], i
+		}
+		ix.readers[i].n.Add(-1) // a writer published the other meanwhile
+	}
+}
+
+// leave ends a match's read of views[i] (see enter).
+func (ix *shard) leave(i uint32) { ix.readers[i].n.Add(-1) }
 
 // apply applies one event. On error the shard is unchanged.
 func (ix *shard) apply(ev Event) (ApplyResult, error) {
@@ -456,20 +436,15 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	}
 	ix.write.Lock()
 	defer ix.write.Unlock()
-	// Grow what the event may outgrow without mu: only writers change the
-	// tree, and they take turns on write.
 	grown := ix.tree.prepare(ev)
 	ix.warmth += ix.tree.warm(ev, grown.names)
-	ix.lock()
 	res, err := ix.tree.apply(ev, grown)
-	ix.unlock()
+	ix.held = 0
+	ix.publish()
 	if ev.Kind == Removed || ev.Kind == Cleared {
-		// Shrink the rank's table, if removals emptied it enough, without
-		// mu too.
+		// Shrink the rank's table, if removals emptied it enough.
 		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
-			ix.lock()
 			ix.tree.use(ev.Worker, growth{names: tab})
-			ix.unlock()
 		}
 	}
 	if errors.Is(err, ErrUnknownParent) {
@@ -489,8 +464,7 @@ func (ix *shard) removeWorkerRank(wr WorkerRank) {
 }
 
 // removeRanks drops the ranks for which gone is true, in the writers'
-// turn and holding mu (which the tree's steps may yield: see relax). It
-// lists them, with their engine ids, before it takes mu.
+// turn, and publishes the tree without them.
 func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	ix.write.Lock()
 	defer ix.write.Unlock()
@@ -498,74 +472,58 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	if len(leaving) == 0 {
 		return
 	}
-	ix.lock()
 	for _, r := range leaving {
 		ix.tree.removeRank(r.wr, r.ids)
 	}
-	ix.unlock()
+	ix.held = 0
+	ix.publish()
 }
 
-// matcher is one match of one shard, which the writer holding mu may run
-// (see lock.go).
-type matcher struct {
-	ix    *shard
-	seq   []uint64
-	dst   []Overlap
+// matchState is the scratch of one match of one shard.
+type matchState struct {
 	rm    runMatch
-	clock phaseClock    // times the match (see Index.ObservePhases)
-	state atomic.Uint32 // handPending or handDone, when handed to a writer (see handOver)
+	clock phaseClock // times the match (see Index.ObservePhases)
 }
 
-var matcherPool = sync.Pool{New: func() any { return new(matcher) }}
+var matchPool = sync.Pool{New: func() any { return new(matchState) }}
 
 // match appends to dst the Overlaps of the shard's ranks holding seq's
-// first block (see Index.Match), in slot order. A match that finds mu
-// held by a writer may be run by that writer (see lock.go).
+// first block (see Index.Match), in slot order, as of the view the
+// shard published last.
 func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
-	m := matcherPool.Get().(*matcher)
-	m.ix, m.seq, m.dst = ix, seq, dst
+	m := matchPool.Get().(*matchState)
 	m.clock = ix.phases.begin()
 	at := len(dst)
-	switch {
-	case unlockedMatches:
-		m.doUnlocked()
-	case ix.mu.TryRLock():
-		m.do()
-		ix.mu.RUnlock()
-	case ix.handOver(m):
-	default:
-		ix.rlock()
-		m.do()
-		ix.mu.RUnlock()
-	}
-	dst = m.dst
+	dst = ix.read(seq, m, dst)
 	m.clock.done(len(dst) - at)
-	m.ix, m.seq, m.dst = nil, nil, nil
-	matcherPool.Put(m)
+	matchPool.Put(m)
 	return dst
 }
 
-// do runs the match, appending its Overlaps to m.dst, with mu held: shared
-// by the match, or exclusively by the writer it was handed to.
-func (m *matcher) do() {
+// read runs m on the view the shard published last: a match that
+// panicked would otherwise be counted as reading it for ever, and keep
+// writers waiting (see publish).
+func (ix *shard) read(seq []uint64, m *matchState, dst []Overlap) []Overlap {
+	v, i := ix.enter()
+	defer ix.leave(i)
 	m.clock.lap(phaseWait)
-	m.dst = m.ix.tree.match(m.seq, &m.rm, m.dst, &m.clock)
+	return v.match(seq, &m.rm, dst, &m.clock)
 }
 
 // blockCounts sets, in out, how many engine ids each worker rank holds.
 func (ix *shard) blockCounts(out map[WorkerRank]int) {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	ix.tree.blockCounts(out)
 }
 
 // rankBlocks returns how many engine ids one worker rank holds.
 func (ix *shard) rankBlocks(wr WorkerRank) int {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
+	ix.write.Lock()
+	defer ix.write.Unlock()
 	if slot, ok := ix.tree.slotOf[wr]; ok {
 		return ix.tree.ranks[slot].names.len()
 	}
@@ -574,9 +532,9 @@ func (ix *shard) rankBlocks(wr WorkerRank) int {
 
 // stats returns the shard's current size.
 func (ix *shard) stats() Stats {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	st := Stats{Workers: len(ix.tree.slotOf), Nodes: ix.tree.live, Handed: ix.handedRuns.Load()}
+	ix.write.Lock()
+	defer ix.write.Unlock()
+	st := Stats{Workers: len(ix.tree.slotOf), Nodes: ix.tree.live}
 	for _, slot := range ix.tree.slotOf {
 		st.Entries += ix.tree.ranks[slot].names.len()
 	}

@@ -2,8 +2,11 @@ package indexer
 
 import (
 	"errors"
+	"reflect"
 	"runtime"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -411,9 +414,53 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 func checkInvariants(t fatalHelper, ix *Index) {
 	t.Helper()
 	for _, s := range ix.shards {
-		s.mu.RLock()
+		s.write.Lock()
 		checkRunTree(t, s.tree)
-		s.mu.RUnlock()
+		checkViews(t, &s.tree.view, &s.views[s.front.Load()])
+		s.write.Unlock()
+	}
+}
+
+// checkViews checks that the writers' view, caught up after an
+// operation, has what the published one has, in arrays of its own where
+// they must be (see runTree.catchUp).
+func checkViews(t fatalHelper, w, pub *view) {
+	t.Helper()
+	if len(w.spans) != len(pub.spans) {
+		t.Fatalf("writers' view has %d spans, published %d", len(w.spans), len(pub.spans))
+	}
+	if len(w.spans) > 0 && &w.spans[0] == &pub.spans[0] {
+		t.Fatalf("writers' and published views share their spans")
+	}
+	for s := range w.spans {
+		a, b := w.spans[s], pub.spans[s]
+		if !slices.Equal(a.diff, b.diff) {
+			t.Fatalf("span %d: writers' diff %v, published %v", s, a.diff, b.diff)
+		}
+		a.diff, b.diff = nil, nil
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("span %d: writers' %+v, published %+v", s, a, b)
+		}
+	}
+	if w.heads.len() != pub.heads.len() {
+		t.Fatalf("writers' view has %d heads, published %d", w.heads.len(), pub.heads.len())
+	}
+	for _, h := range w.heads.slots {
+		if got, ok := pub.heads.get(h.key); h.key != 0 && (!ok || got != h.val) {
+			t.Fatalf("head %x: writers' %d, published %d (%v)", h.key, h.val, got, ok)
+		}
+	}
+	if got, ok := pub.heads.get(0); ok != w.heads.zero || got != w.heads.zv {
+		t.Fatalf("head 0: writers' %d (%v), published %d (%v)", w.heads.zv, w.heads.zero, got, ok)
+	}
+	if !slices.Equal(w.who, pub.who) || !slices.Equal(w.retired, pub.retired) {
+		t.Fatalf("writers' ranks %v (retired %v), published %v (%v)", w.who, w.retired, pub.who, pub.retired)
+	}
+	if len(w.who) > 0 && &w.who[0] == &pub.who[0] {
+		t.Fatalf("writers' and published views share their ranks")
+	}
+	if len(w.sets) != len(pub.sets) || len(w.blocks.chunks) != len(pub.blocks.chunks) {
+		t.Fatalf("writers' view has %d sets and %d chunks, published %d and %d", len(w.sets), len(w.blocks.chunks), len(pub.sets), len(pub.blocks.chunks))
 	}
 }
 
@@ -581,44 +628,6 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 	}
 }
 
-// TestWritersTakeTurnsOffTheLock checks that a writer waiting for another
-// writer's operation to end waits on the shard's write mutex, not on mu,
-// where it would hold up new matches (Go's RWMutex queues new readers
-// behind a waiting writer).
-func TestWritersTakeTurnsOffTheLock(t *testing.T) {
-	ix := NewIndex(4)
-	sh := ix.shards[0]
-	sh.write.Lock() // another writer's operation, between two holds of mu
-	started, done := make(chan struct{}), make(chan struct{})
-	w := WorkerRank{Worker: 1}
-	go func() {
-		close(started)
-		if _, err := ix.Apply(stored(w, TierDevice, nil, blocksOf("", "01"))); err != nil {
-			t.Error(err)
-		}
-		close(done)
-	}()
-	<-started
-	for range 1000 {
-		if !sh.mu.TryRLock() {
-			sh.write.Unlock()
-			t.Fatal("a writer waiting for its turn holds up matches")
-		}
-		sh.mu.RUnlock()
-		runtime.Gosched()
-	}
-	select {
-	case <-done:
-		t.Fatal("an event applied during another writer's operation")
-	default:
-	}
-	sh.write.Unlock()
-	<-done
-	if got := ix.Match(seqOf("01"), nil); len(got) != 1 || got[0].Device != 2 {
-		t.Fatalf("match after the turn = %+v", got)
-	}
-}
-
 // TestObservePhases: a binary built with -tags matchphases calls the
 // observer once per shard per match, with the Overlaps each appended, and
 // stops when it is removed; others never call it. make test runs both.
@@ -648,9 +657,6 @@ func TestObservePhases(t *testing.T) {
 	}
 	ranks, took := 0, time.Duration(0)
 	for _, p := range got[:ix.Shards()] {
-		if p.Path == PathHanded {
-			t.Errorf("a match with no writer about was handed: %+v", p)
-		}
 		ranks += p.Ranks
 		took += p.Wait + p.Start + p.Walk + p.Emit
 	}
@@ -669,5 +675,219 @@ func TestObservePhases(t *testing.T) {
 	ix.MatchTokens(prompt, "", nil)
 	if len(got) != 2*ix.Shards() {
 		t.Errorf("observed after ObservePhases(nil): %+v", got[2*ix.Shards():])
+	}
+}
+
+// TestSpareCore checks which indexes have a core to spare for matches
+// and requests: those with fewer shards than Go uses cores. The others'
+// writers give up their core now and then (see shard.relax).
+func TestSpareCore(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	cases := []struct {
+		procs, shards int
+		spare         bool
+	}{
+		{1, 1, false},
+		{2, 1, true},
+		{2, 2, false},
+		{2, 4, false},
+		{8, 4, true},
+	}
+	for _, c := range cases {
+		runtime.GOMAXPROCS(c.procs)
+		ix := NewShardedIndex(4, c.shards)
+		for i, sh := range ix.shards {
+			if sh.spare != c.spare {
+				t.Errorf("GOMAXPROCS %d, %d shards: shard %d spare %v, want %v", c.procs, c.shards, i, sh.spare, c.spare)
+			}
+		}
+	}
+}
+
+// TestWritersGiveUpTheCPU checks that where the shards are as many as
+// the cores, a writer applying a long event lets a goroutine waiting for
+// a core run before the event ends: with one P and one shard, a goroutine
+// made runnable as the event begins runs before Apply returns.
+func TestWritersGiveUpTheCPU(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := NewIndex(4)
+	w := WorkerRank{Worker: 1}
+	blocks := make([]Block, 4*writeChunk)
+	for i := range blocks {
+		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
+	}
+	var applying, over atomic.Bool
+	ranDuring := make(chan bool, 1)
+	go func() {
+		// Should it run before the event starts (this goroutine
+		// preempted in between), it gives the P back until it has.
+		for !applying.Load() {
+			runtime.Gosched()
+		}
+		ranDuring <- !over.Load()
+	}()
+	applying.Store(true)
+	_, err := ix.Apply(stored(w, TierDevice, nil, blocks))
+	over.Store(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !<-ranDuring {
+		t.Fatal("the other goroutine ran only once the event was applied")
+	}
+}
+
+// within returns what ch gives, failing t if it gives nothing within 30s.
+func within[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not within 30s", what)
+		panic("unreachable")
+	}
+}
+
+// matchAsync matches seq on ix in another goroutine.
+func matchAsync(ix *Index, seq []uint64) <-chan []Overlap {
+	ch := make(chan []Overlap, 1)
+	go func() { ch <- ix.Match(seq, nil) }()
+	return ch
+}
+
+// TestMatchesNeverWaitForWriters stops a writer in the middle of an
+// operation, and of its turn: matches meanwhile answer at once, with the
+// state before the operation, and once it ends, with the state after.
+func TestMatchesNeverWaitForWriters(t *testing.T) {
+	ix := NewIndex(4)
+	a, b := wr(1, 0), wr(2, 0)
+	path := blocksOf("", strings.Repeat("01", writeChunk))
+	if _, err := ix.Apply(stored(a, TierDevice, nil, path)); err != nil {
+		t.Fatal(err)
+	}
+	seq := seqOf(strings.Repeat("01", writeChunk))
+	before := []Overlap{{Worker: a, Device: 2 * writeChunk, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk}}
+	sh := ix.shards[0]
+	stopped, resume := make(chan struct{}), make(chan struct{})
+	steps := 0
+	sh.tree.yield = func(n int) { // the writer's turn, between two steps
+		if steps++; steps == 2 {
+			close(stopped)
+			<-resume
+		}
+		sh.relax(n)
+	}
+	applied := make(chan error, 1)
+	go func() {
+		_, err := ix.Apply(stored(b, TierHost, nil, path))
+		applied <- err
+	}()
+	<-stopped
+	for range 3 {
+		if got := within(t, "a match while a writer is stopped", matchAsync(ix, seq)); !slices.Equal(got, before) {
+			t.Fatalf("match while a writer is stopped = %+v, want %+v", got, before)
+		}
+	}
+	close(resume)
+	if err := within(t, "the writer's operation", applied); err != nil {
+		t.Fatal(err)
+	}
+	after := append(before, Overlap{Worker: b, Device: 0, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk})
+	if got := ix.Match(seq, nil); !slices.Equal(got, after) {
+		t.Fatalf("match after the operation = %+v, want %+v", got, after)
+	}
+	checkInvariants(t, ix)
+}
+
+// TestPublishWaitsForReaders holds a match in the view the shard
+// published, as a writer publishes the next: the writer does not change
+// the held view (the race detector checks that too) and does not finish
+// its operation until the match leaves it.
+func TestPublishWaitsForReaders(t *testing.T) {
+	ix := NewIndex(4)
+	a, b := wr(1, 0), wr(2, 0)
+	if _, err := ix.Apply(stored(a, TierDevice, nil, blocksOf("", "0123"))); err != nil {
+		t.Fatal(err)
+	}
+	sh := ix.shards[0]
+	seq := seqOf("0123")
+	var rm runMatch
+	var clock phaseClock
+	v, i := sh.enter()
+	want := v.match(seq, &rm, nil, &clock)
+	applied := make(chan error, 1)
+	go func() {
+		_, err := ix.Apply(stored(b, TierDevice, nil, blocksOf("", "01")))
+		applied <- err
+	}()
+	for sh.front.Load() == i { // the writer has published
+		runtime.Gosched()
+	}
+	if got := ix.Match(seq, nil); len(got) != 2 {
+		t.Fatalf("match of the view published next = %+v, want both ranks", got)
+	}
+	for range 1000 {
+		select {
+		case <-applied:
+			t.Fatal("a writer finished its operation while a match read the view it had to change")
+		default:
+		}
+		runtime.Gosched()
+	}
+	if got := v.match(seq, &rm, nil, &clock); !slices.Equal(got, want) {
+		t.Fatalf("the held view changed: %+v, was %+v", got, want)
+	}
+	sh.leave(i)
+	if err := within(t, "the writer's operation", applied); err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, ix)
+}
+
+// field is a field's name and where it lies in its struct.
+type field struct {
+	name     string
+	from, to uintptr // bytes [from, to)
+}
+
+// fieldsOf lists the fields of struct type t, the blank ones (padding)
+// left out.
+func fieldsOf(t reflect.Type) []field {
+	var out []field
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Name != "_" {
+			out = append(out, field{f.Name, f.Offset, f.Offset + f.Type.Size()})
+		}
+	}
+	return out
+}
+
+// TestMatchFieldsApart checks that the fields of a shard that matches
+// only read, those they write (the counts of readers, one per view, each
+// padded to a line), and those only writers use lie at least a cache
+// line apart, so that no line holds two groups, however the struct is
+// aligned.
+func TestMatchFieldsApart(t *testing.T) {
+	groups := [][]string{{"spare", "phases", "views", "front"}, {"readers"}, {"write", "tree", "held", "warmth"}}
+	fields := fieldsOf(reflect.TypeFor[shard]())
+	groupOf := func(name string) int {
+		for g, names := range groups {
+			if slices.Contains(names, name) {
+				return g
+			}
+		}
+		t.Fatalf("shard field %s is in no group", name)
+		return -1
+	}
+	for i, a := range fields {
+		for _, b := range fields[i+1:] {
+			if groupOf(a.name) != groupOf(b.name) && a.to+cacheLine > b.from && b.to+cacheLine > a.from {
+				t.Errorf("%s (bytes %d-%d) and %s (%d-%d) are less than a cache line apart", a.name, a.from, a.to, b.name, b.from, b.to)
+			}
+		}
+	}
+	if r, _ := reflect.TypeFor[shard]().FieldByName("readers"); r.Type.Elem().Size() < cacheLine {
+		t.Errorf("a view's count of readers takes %d bytes, less than a cache line", r.Type.Elem().Size())
 	}
 }

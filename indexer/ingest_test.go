@@ -187,14 +187,14 @@ type snapshot map[WorkerRank]map[uint64]string
 func snap(x *Index) snapshot {
 	out := snapshot{}
 	for _, ix := range x.shards {
-		ix.mu.RLock()
+		ix.write.Lock()
 		snapShard(ix, out)
-		ix.mu.RUnlock()
+		ix.write.Unlock()
 	}
 	return out
 }
 
-// snapShard adds the content of one shard to out, with its lock held.
+// snapShard adds the content of one shard to out, in the writers' turn.
 func snapShard(ix *shard, out snapshot) {
 	for _, wr := range ix.tree.rankList(nil) {
 		m := map[uint64]string{}
@@ -648,8 +648,8 @@ func TestMooncakeObjects(t *testing.T) {
 	}
 	tiers := func() Tier { // of block 0x70
 		sh := ix.shardFor(w.Worker)
-		sh.mu.RLock()
-		defer sh.mu.RUnlock()
+		sh.write.Lock()
+		defer sh.write.Unlock()
 		for _, r := range sh.tree.copyRank(w, nil) {
 			if r.hash == 0x70 {
 				return r.tiers

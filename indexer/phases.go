@@ -25,11 +25,9 @@ func (h *phaseHook) set(f func(MatchPhases)) bool {
 
 // phaseClock times the phases of one match of one shard.
 type phaseClock struct {
-	f     *func(MatchPhases)
-	last  time.Time
-	d     [nPhases]time.Duration
-	path  MatchPath // see via
-	again int       // runs again after a torn read (see ranAgain)
+	f    *func(MatchPhases)
+	last time.Time
+	d    [nPhases]time.Duration
 }
 
 // begin starts timing a match, if there is an observer.
@@ -51,30 +49,10 @@ func (c *phaseClock) lap(i int) {
 	c.last = now
 }
 
-// via notes how the match got the lock, or was run: PathHanded by the
-// writer that ran it, before the matching goroutine, which calls done,
-// sees the match done.
-func (c *phaseClock) via(p MatchPath) { c.path = p }
-
-// ranAgain notes that a match without the lock (see unlocked.go) faulted
-// and runs again: the time of the run that faulted, its phases and since,
-// is booked as the match's wait.
-func (c *phaseClock) ranAgain() {
-	if c.f == nil {
-		return
-	}
-	c.again++
-	c.lap(phaseWait)
-	for i := phaseWait + 1; i < nPhases; i++ {
-		c.d[phaseWait] += c.d[i]
-		c.d[i] = 0
-	}
-}
-
 // done reports the match's phases, and ranks, the Overlaps it appended.
 func (c *phaseClock) done(ranks int) {
 	if c.f == nil {
 		return
 	}
-	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks, Path: c.path, Again: c.again})
+	(*c.f)(MatchPhases{Wait: c.d[phaseWait], Start: c.d[phaseStart], Walk: c.d[phaseWalk], Emit: c.d[phaseEmit], Ranks: ranks})
 }

@@ -12,6 +12,4 @@ type (
 func (*phaseHook) set(func(MatchPhases)) bool { return false }
 func (*phaseHook) begin() phaseClock          { return phaseClock{} }
 func (*phaseClock) lap(int)                   {}
-func (*phaseClock) via(MatchPath)             {}
-func (*phaseClock) ranAgain()                 {}
 func (*phaseClock) done(int)                  {}

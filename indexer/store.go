@@ -197,8 +197,7 @@ func (t *blockTable) reserveSize(extra int) int {
 
 // trimmed returns the table shrunk, if removals left it below load
 // trimBelow, to load sizeTo, or nil. It only reads t: a writer builds it
-// without the index's lock (see runTree.trimmed), once per event, not on
-// each deletion.
+// once per event (see runTree.trimmed), not on each deletion.
 func (t *blockTable) trimmed() []blockEntry {
 	if size := t.trimSize(); size > 0 {
 		return t.resized(size)
@@ -316,11 +315,7 @@ type headTable struct {
 	slots []headSlot
 	zero  bool
 	zv    uint32
-	// n, the keys in slots, changes with nearly every span made or
-	// gone; matches read only the fields above (get), so it lies a cache
-	// line away from them.
-	_ [cacheLine]byte
-	n int
+	n     int // keys in slots
 }
 
 type headSlot struct {

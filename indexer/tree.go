@@ -29,15 +29,11 @@ const noBlock = ^uint32(0)
 // errTreeFull: a Stored event would take a runTree past 1<<31 block ids.
 var errTreeFull = errors.New("index shard full: 1<<31 block ids")
 
-// errTorn: a match without the lock (see unlocked.go) walked more spans
-// than its prompt has blocks, so it read a torn tree.
-var errTorn = errors.New("index shard: a torn tree")
-
 // blockRec is one block of a runTree.
 type blockRec struct {
 	key   uint64 // sequence hash
 	local uint64
-	span  uint32 // freeBlock: free (see runTree.release)
+	span  uint32 // freeBlock: free; pendingBlock: released, not yet free (see runTree.release)
 	// pins counts the engine ids, over all ranks, naming the block: a
 	// block without holders stays while one does (see prune).
 	pins uint32
@@ -45,6 +41,10 @@ type blockRec struct {
 
 // freeBlock, as a block's span, marks a free block.
 const freeBlock = noBlock - 1
+
+// pendingBlock, as a block's span, marks a block released and not yet
+// free (see runTree.release).
+const pendingBlock = noBlock - 2
 
 // span is a chain of blocks first..first+n-1.
 type span struct {
@@ -96,21 +96,17 @@ type rankInfo struct {
 
 // cacheLine is the size of a cache line, as far apart as fields must be
 // so that a write to one does not take the other's line from another
-// core: the fields matches read lie that far from those writers change
-// at nearly every step (see runTree, shard), so that a match running on
-// one core does not miss on them each time the writer on the other has
-// stepped.
+// core: the fields of a shard that matches read lie that far from those
+// that matches or writers write (see shard).
 const cacheLine = 64
 
-// runTree is the tree of one shard.
-//
-// Matches read blocks.chunks, spans, sets, who, retired and heads' slots,
-// whose headers change only as the tree grows; writers change the other
-// fields at nearly every step. The fields matches read lie together,
-// from blocks.chunks to heads.zv, with a cache line of padding inside
-// blockSlab before them and inside headTable after them (see cacheLine;
-// TestMatchFieldsApart checks it).
-type runTree struct {
+// view is what a match reads of a runTree: the shard publishes a copy
+// of it (see shard.publish), which writers leave alone while matches
+// read it. The slab's chunks and the sets' array are shared by every
+// copy: writers change only blocks and sets that no copy reaches (see
+// runTree.pend). The spans, heads, who and retired arrays are each
+// copy's own.
+type view struct {
 	blocks blockSlab
 	spans  []span
 	sets   []holdSet
@@ -119,12 +115,18 @@ type runTree struct {
 	// them, so that it never sees one half removed.
 	retired []uint64
 	heads   headTable // key of a span's first block -> span
-	free    []uint32  // free span ids
+}
+
+// runTree is the tree of one shard. Its view is the writers' own copy;
+// matches read the one the shard published last.
+type runTree struct {
+	view
+	free []uint32 // free span ids
 	// setIDs maps a hash to the first of the sets with that hash, which
 	// holdSet.same chains. Free set ids keep their sets' arrays, which
-	// intern reuses: writers, holding the lock, then allocate only as
-	// the sets grow in number or size (an allocation can make them help
-	// the garbage collector meanwhile).
+	// intern reuses: writers then allocate only as the sets grow in
+	// number or size (an allocation can make them help the garbage
+	// collector meanwhile).
 	setIDs map[uint64]uint32
 	freeS  []uint32 // free set ids
 	// freeHead heads, per size class (floor log2 of the length), a
@@ -142,9 +144,110 @@ type runTree struct {
 	// room for diffCap()+1 entries as of when it was freed (spareDiff
 	// lets go of those the ranks outgrew since): spans split,
 	// merge and go all the time, and their diffs then need no new
-	// memory, so that writers holding the lock do not allocate (an
-	// allocation can make them help the garbage collector meanwhile).
+	// memory, so that writers do not allocate (an allocation can make
+	// them help the garbage collector meanwhile).
 	diffs [][]uint32
+
+	// What the writers changed in their view since the shard last
+	// published it (see catchUp): the spans written (marked, in
+	// spanMark, with the publication count gen), and the heads put and
+	// deleted, in order.
+	dirty    []uint32
+	spanMark []uint32
+	gen      uint32
+	headLog  []headOp
+	// pend is what writers let go of since the last publication, which
+	// the copy matches read may still reach: freed only once no match
+	// reads that copy (see catchUp).
+	pend struct {
+		diffs  [][]uint32
+		sets   []uint32
+		blocks [][2]uint32 // first, n
+	}
+}
+
+// headOp is a put (del false) or del of a span's head.
+type headOp struct {
+	key uint64
+	val uint32
+	del bool
+}
+
+// w returns span s for writing, marking it changed since the last
+// publication.
+func (t *runTree) w(s uint32) *span {
+	if int(s) >= len(t.spanMark) {
+		t.spanMark = append(t.spanMark, make([]uint32, int(s)+1-len(t.spanMark))...)
+	}
+	if t.spanMark[s] != t.gen+1 {
+		t.spanMark[s] = t.gen + 1
+		t.dirty = append(t.dirty, s)
+	}
+	return &t.spans[s]
+}
+
+func (t *runTree) putHead(k uint64, v uint32) {
+	t.heads.put(k, v)
+	t.headLog = append(t.headLog, headOp{key: k, val: v})
+}
+
+func (t *runTree) delHead(k uint64) {
+	t.heads.del(k)
+	t.headLog = append(t.headLog, headOp{key: k, del: true})
+}
+
+// catchUp makes old, the view the shard published before pub (its
+// arrays, which no match reads any more), the writers' view, brought up
+// to pub, and frees what writers let go of before pub (freePending).
+func (t *runTree) catchUp(pub, old *view) {
+	t.spans = old.spans
+	if n := len(t.spans); cap(t.spans) < len(pub.spans) {
+		t.spans = append(make([]span, 0, cap(pub.spans)), pub.spans...)
+	} else {
+		t.spans = t.spans[:len(pub.spans)]
+		copy(t.spans[n:], pub.spans[n:])
+		for _, s := range t.dirty {
+			if int(s) < n {
+				t.spans[s] = pub.spans[s]
+			}
+		}
+	}
+	t.heads = old.heads
+	for _, op := range t.headLog {
+		if op.del {
+			t.heads.del(op.key)
+		} else {
+			t.heads.put(op.key, op.val)
+		}
+	}
+	t.who = append(old.who[:0], pub.who...)
+	t.retired = append(old.retired[:0], pub.retired...)
+	t.dirty, t.headLog = t.dirty[:0], t.headLog[:0]
+	if t.gen++; t.gen == ^uint32(0) {
+		clear(t.spanMark) // no mark is gen+1
+		t.gen = 0
+	}
+	t.freePending()
+}
+
+// freePending frees what writers let go of (see runTree.pend): called
+// once no match reads a copy of the view that may reach it.
+func (t *runTree) freePending() {
+	for _, d := range t.pend.diffs {
+		if cap(d) > t.diffCap() {
+			t.diffs = append(t.diffs, d[:0])
+		}
+	}
+	for _, id := range t.pend.sets {
+		s := &t.sets[id]
+		*s = holdSet{elems: s.elems[:0], bits: s.bits[:0], gen: s.gen}
+		t.freeS = append(t.freeS, id)
+	}
+	for _, r := range t.pend.blocks {
+		t.freeRange(r[0], r[1])
+	}
+	clear(t.pend.diffs)
+	t.pend.diffs, t.pend.sets, t.pend.blocks = t.pend.diffs[:0], t.pend.sets[:0], t.pend.blocks[:0]
 }
 
 func newRunTree() *runTree {
@@ -224,8 +327,7 @@ func (t *runTree) unref(id uint32) {
 	default:
 		delete(t.setIDs, s.hash)
 	}
-	*s = holdSet{elems: s.elems[:0], bits: s.bits[:0], gen: s.gen}
-	t.freeS = append(t.freeS, id)
+	t.pend.sets = append(t.pend.sets, id)
 }
 
 // slotIndex returns where slot's element is, or would go, in es, sorted
@@ -265,7 +367,7 @@ func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 // depend on it up to date: its own, and that of the child span next in
 // the slab (others go stale: see span.diff).
 func (t *runTree) setSpanSet(s, id, slot uint32, tiers Tier) {
-	S := &t.spans[s]
+	S := t.w(s)
 	old := S.set
 	child := t.chainedChild(S)
 	childFresh := child != noBlock && t.freshDiff(child, old)
@@ -278,7 +380,7 @@ func (t *runTree) setSpanSet(s, id, slot uint32, tiers Tier) {
 		}
 	}
 	if child != noBlock {
-		if C := &t.spans[child]; childFresh {
+		if C := t.w(child); childFresh {
 			t.setDiff(C, adjustDiff(t.roomyDiff(C), slot, tiers, t.tiersIn(C.set, slot)), id)
 		} else {
 			t.refreshDiff(child)
@@ -288,7 +390,7 @@ func (t *runTree) setSpanSet(s, id, slot uint32, tiers Tier) {
 }
 
 // freshDiff reports whether span s's diff is from set p, as it is now.
-func (t *runTree) freshDiff(s, p uint32) bool {
+func (t *view) freshDiff(s, p uint32) bool {
 	S := &t.spans[s]
 	return S.diffFrom == p && S.diffGen == t.sets[p].gen
 }
@@ -313,8 +415,9 @@ func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
 // refreshDiff computes span s's diff from its parent span's set, or
 // leaves it stale if it would be longer than matches use (see diffCap).
 func (t *runTree) refreshDiff(s uint32) {
-	S := &t.spans[s]
-	S.diff = S.diff[:0]
+	S := t.w(s)
+	t.dropDiff(S.diff)
+	S.diff = nil
 	if S.parent == noBlock {
 		return
 	}
@@ -322,13 +425,14 @@ func (t *runTree) refreshDiff(s uint32) {
 	t.setDiff(S, t.diffOf(p, S.set, t.roomyDiff(S), t.diffCap()+1), p)
 }
 
-// roomyDiff returns span S's diff, moved first to a spare array if its
-// array cannot hold diffCap()+1 entries: a diff as long as matches use and
-// one more, which adjustDiff may insert or diffOf append.
+// roomyDiff returns span S's diff, moved first to a spare array with room
+// for diffCap()+1 entries (a diff as long as matches use and one more,
+// which adjustDiff may insert or diffOf append): a diff array is never
+// changed in place, as the published view may share it (see view).
 func (t *runTree) roomyDiff(S *span) []uint32 {
-	if cap(S.diff) <= t.diffCap() {
-		S.diff = append(t.spareDiff(), S.diff...)
-	}
+	old := S.diff
+	S.diff = append(t.spareDiff(), old...)
+	t.dropDiff(old)
 	return S.diff
 }
 
@@ -346,11 +450,12 @@ func (t *runTree) spareDiff() []uint32 {
 	return make([]uint32, 0, t.diffCap()+1)
 }
 
-// dropDiff keeps d, a diff array no span uses any more, for spareDiff, if
-// it is as large as spareDiff's.
+// dropDiff keeps d, a diff array no span of the writers' view uses any
+// more, for spareDiff, if it is as large as spareDiff's, once no view
+// reaches it (see runTree.pend).
 func (t *runTree) dropDiff(d []uint32) {
 	if cap(d) > t.diffCap() {
-		t.diffs = append(t.diffs, d[:0])
+		t.pend.diffs = append(t.pend.diffs, d)
 	}
 }
 
@@ -393,7 +498,7 @@ func (t *runTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
 
 func (t *runTree) newSpan(sp span) uint32 {
 	id := reuse(&t.spans, &t.free)
-	t.spans[id] = sp
+	*t.w(id) = sp
 	return id
 }
 
@@ -425,18 +530,18 @@ func (t *runTree) split(s, k uint32) {
 		ns := t.newSpan(span{first: S.first, n: k, depth: S.depth, parent: S.parent, kids: 1, set: S.set, end: t.blocks.at(S.first + k - 1).key,
 			diff: S.diff, diffFrom: S.diffFrom, diffGen: S.diffGen})
 		t.relabel(S.first, k, ns)
-		t.heads.put(t.blocks.at(S.first).key, ns)
-		p := &t.spans[s]
+		t.putHead(t.blocks.at(S.first).key, ns)
+		p := t.w(s)
 		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
 		p.diff, p.diffFrom, p.diffGen = nil, S.set, t.sets[S.set].gen // its parent has its set
-		t.heads.put(t.blocks.at(p.first).key, s)
+		t.putHead(t.blocks.at(p.first).key, s)
 		return
 	}
 	ns := t.newSpan(span{first: S.first + k, n: S.n - k, depth: S.depth + k, parent: S.first + k - 1, kids: S.kids, set: S.set, end: S.end,
 		diffFrom: S.set, diffGen: t.sets[S.set].gen})
 	t.relabel(S.first+k, S.n-k, ns)
-	t.heads.put(t.blocks.at(S.first+k).key, ns)
-	p := &t.spans[s]
+	t.putHead(t.blocks.at(S.first+k).key, ns)
+	p := t.w(s)
 	p.n, p.kids, p.end = k, 1, t.blocks.at(S.first+k-1).key
 }
 
@@ -447,21 +552,21 @@ func (t *runTree) merge(a, b uint32) uint32 {
 	t.unref(B.set)
 	if B.n <= A.n {
 		t.relabel(B.first, B.n, a)
-		t.heads.del(t.blocks.at(B.first).key)
-		p := &t.spans[a]
+		t.delHead(t.blocks.at(B.first).key)
+		p := t.w(a)
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
 		t.freeSpan(b)
 		return a
 	}
 	t.relabel(A.first, A.n, b)
-	t.heads.del(t.blocks.at(B.first).key)
-	t.heads.put(t.blocks.at(A.first).key, b)
-	p := &t.spans[b]
+	t.delHead(t.blocks.at(B.first).key)
+	t.putHead(t.blocks.at(A.first).key, b)
+	p := t.w(b)
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
 	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
 	p.n += A.n
-	t.spans[a].diff = B.diff // a, freed, gives back b's array, not its own
+	t.w(a).diff = B.diff // a, freed, gives back b's array, not its own
 	t.freeSpan(a)
 	return b
 }
@@ -469,7 +574,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 // freeSpan frees span s, keeping its diff array for spareDiff.
 func (t *runTree) freeSpan(s uint32) {
 	t.dropDiff(t.spans[s].diff)
-	t.spans[s] = span{}
+	*t.w(s) = span{}
 	t.free = append(t.free, s)
 }
 
@@ -477,7 +582,7 @@ func (t *runTree) freeSpan(s uint32) {
 // after S's last in the slab, or noBlock.
 func (t *runTree) chainedChild(S *span) uint32 {
 	if nb := S.first + S.n; int(nb) < t.blocks.len() {
-		if c := t.blocks.at(nb).span; c < freeBlock && t.spans[c].parent == nb-1 {
+		if c := t.blocks.at(nb).span; c < pendingBlock && t.spans[c].parent == nb-1 {
 			return c
 		}
 	}
@@ -521,12 +626,12 @@ func (t *runTree) prune(s uint32) {
 		if k > 0 {
 			if k < S.n {
 				t.release(S.first+k, S.n-k)
-				p := &t.spans[s]
+				p := t.w(s)
 				p.n, p.end = k, t.blocks.at(S.first+k-1).key
 			}
 			return
 		}
-		t.heads.del(t.blocks.at(S.first).key)
+		t.delHead(t.blocks.at(S.first).key)
 		t.release(S.first, S.n)
 		t.unref(S.set)
 		t.freeSpan(s)
@@ -534,7 +639,7 @@ func (t *runTree) prune(s uint32) {
 			return
 		}
 		s = t.blocks.at(S.parent).span
-		P := &t.spans[s]
+		P := t.w(s)
 		P.kids--
 		if P.kids > 0 || P.set != 0 {
 			if P.kids == 1 {
@@ -836,7 +941,7 @@ func (t *runTree) next(cur uint32, key uint64) uint32 {
 
 // childSpan returns the span under block parent (noBlock: a root) whose
 // first block has key.
-func (t *runTree) childSpan(parent uint32, key uint64) (uint32, bool) {
+func (t *view) childSpan(parent uint32, key uint64) (uint32, bool) {
 	s, ok := t.heads.get(key)
 	return s, ok && t.spans[s].parent == parent
 }
@@ -887,7 +992,7 @@ func (t *runTree) attachSet(cur, first, k, set uint32) {
 			t.split(s, cur-S.first+1)
 			s = t.blocks.at(cur).span
 		}
-		S := &t.spans[s]
+		S := t.w(s)
 		if S.kids == 0 && S.first+S.n == first && S.set == set {
 			S.n += k
 			S.end = end
@@ -900,7 +1005,7 @@ func (t *runTree) attachSet(cur, first, k, set uint32) {
 	}
 	ns := t.newSpan(span{first: first, n: k, depth: depth, parent: cur, set: set, end: end})
 	t.relabel(first, k, ns)
-	t.heads.put(t.blocks.at(first).key, ns)
+	t.putHead(t.blocks.at(first).key, ns)
 	t.refreshDiff(ns)
 }
 
@@ -980,7 +1085,7 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 }
 
 // clear applies a Cleared event of rank wr, whose engine ids are ids: a
-// writer lists them without the lock (see prepare, leaving).
+// writer lists them before it changes the tree (see prepare, leaving).
 func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[wr]
@@ -999,8 +1104,7 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 // clearOrder returns the engine ids of slot in the order clear takes
 // them: by the blocks they name, last first, so that a chain's blocks
 // go in runs (see detachRun), and those of a chain only the rank holds
-// from its tail. It only reads the tree: a writer calls it without the
-// lock.
+// from its tail. It only reads the tree.
 func (t *runTree) clearOrder(slot uint32) []uint64 {
 	names := &t.ranks[slot].names
 	ids := make([]uint64, 0, names.len())
@@ -1042,8 +1146,7 @@ type rankIDs struct {
 }
 
 // leaving returns the ranks for which gone is true, with their engine ids
-// (see removeRank). It only reads the tree: a writer builds it without
-// the lock.
+// (see removeRank). It only reads the tree.
 func (t *runTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 	var out []rankIDs
 	for wr, slot := range t.slotOf {
@@ -1096,7 +1199,7 @@ func (m *runMatch) reset(slots int) {
 
 // match appends to dst the Overlap of every rank holding seq[0], but those
 // being removed, lapping clock's phases.
-func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock) []Overlap {
+func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
@@ -1131,10 +1234,7 @@ func (t *runTree) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseCl
 	n := live // ranks emitted: all of m.all
 	last := uint32(len(seq) - 1)
 	var reached uint32 // where the ranks still in cands end
-	for spans := 0; ; spans++ {
-		if unlockedMatches && spans > len(seq) {
-			panic(errTorn) // a cycle: see unlocked.go
-		}
+	for {
 		end := S.depth + S.n - 1
 		hi := min(end, last)
 		key := S.end
@@ -1249,7 +1349,7 @@ func (h *holdSet) classBits(c int) []uint64 { return h.bits[c*h.words : (c+1)*h.
 // diverge returns the depth of the last block of span S that seq matches,
 // given that it matches S's first and not depth hi: the probes of a round
 // are independent loads, so that their cache misses overlap.
-func (t *runTree) diverge(seq []uint64, S *span, hi uint32) uint32 {
+func (t *view) diverge(seq []uint64, S *span, hi uint32) uint32 {
 	lo := S.depth
 	at := func(d uint32) uint64 { return t.blocks.at(S.first + d - S.depth).key }
 	for hi-lo > 4 {
@@ -1317,11 +1417,22 @@ func (t *runTree) taken(a, k uint32) {
 	t.blocks.at(a + k - 1).span = noBlock
 }
 
-// release frees blocks a..a+n-1, joining them with free neighbours, and
-// gives a range at the end back by shortening blocks. No two free ranges
-// touch, so every free range is whole in one list.
+// release lets go of blocks a..a+n-1, which left their span: it marks
+// them pending, and frees them (freeRange) once no view that may reach
+// them is read (see runTree.pend), as freeing rewrites their keys.
 func (t *runTree) release(a, n uint32) {
 	t.live -= int(n)
+	for b := a; b < a+n; b++ {
+		t.blocks.at(b).span = pendingBlock
+	}
+	t.pend.blocks = append(t.pend.blocks, [2]uint32{a, n})
+}
+
+// freeRange frees blocks a..a+n-1, released (see release) before the
+// last publication, joining them with free neighbours, and gives a range
+// at the end back by shortening blocks. No two free ranges touch, so
+// every free range is whole in one list.
+func (t *runTree) freeRange(a, n uint32) {
 	for b := a; b < a+n; b++ {
 		*t.blocks.at(b) = blockRec{span: freeBlock}
 	}
@@ -1376,11 +1487,10 @@ func (t *runTree) unlinkFree(a, n uint32) {
 	}
 }
 
-// growth is what a writer builds for an event without the lock (see
-// runTree.prepare) and puts in place under it (runTree.use): the arrays
-// the event may outgrow, copied into larger ones. Under the lock, a copy
-// of a large tree's spans or heads would hold matches up for
-// milliseconds.
+// growth is what a writer builds for an event before it changes the
+// tree (see runTree.prepare) and puts in place as it starts to
+// (runTree.use): the arrays the event may outgrow, copied into larger
+// ones at once rather than one append at a time.
 type growth struct {
 	names []blockEntry // the rank's engine-id table, or a new rank's first (see resizeFor, trimmed)
 	ids   []uint64     // the rank's engine ids, for a Cleared event (see clear)
@@ -1391,9 +1501,8 @@ type growth struct {
 
 // prepare returns the growth ev may need, and makes the slab's chunks for
 // its new blocks. It reads the tree and writes only the slab's spare
-// chunks, which matches never read: a writer calls it without the lock,
-// as writers take turns. An event that needs more than prepare foresaw
-// grows what it needs under the lock (blockTable.add, headTable.put,
+// chunks, which no view reaches. An event that needs more than prepare
+// foresaw grows what it needs as it goes (blockTable.add, headTable.put,
 // append): a Cleared event gets room for two spans only, as each of its
 // runs splits off at most two, and most merge back with the next run
 // (room for two a block would grow the arrays for nothing).
@@ -1411,7 +1520,7 @@ func (t *runTree) prepare(ev Event) growth {
 	}
 	// An event makes at most two spans a block (isolate's splits), and as
 	// many sets and heads, but where a stored block also takes an engine
-	// id from another (see storeOne): those few grow under the lock.
+	// id from another (see storeOne): those few grow as they go.
 	room := 2*k + 2
 	g.spans = roomFor(t.spans, len(t.free), room)
 	g.sets = roomFor(t.sets, len(t.freeS), room)
@@ -1454,8 +1563,8 @@ func (t *runTree) use(wr WorkerRank, g growth) {
 // be, for the engine ids the Stored event ev adds, as the ids of its first
 // writeChunk blocks suggest: none for a copy of held blocks to another
 // tier; or, for a rank ev makes, its first table, sized for all of ev's
-// ids. It only reads the tree, so a writer may build it without the
-// lock, and put it in place (use, store) under it.
+// ids. It only reads the tree: a writer puts it in place with use, or
+// store.
 func (t *runTree) resizeFor(ev Event) []blockEntry {
 	if len(ev.Blocks) == 0 {
 		return nil
@@ -1492,10 +1601,9 @@ func (t *runTree) resizeFor(ev Event) []blockEntry {
 // table where a lookup of its engine id starts, and, for a Removed event,
 // the block that id names, so that applying ev finds them in the cache.
 // grown is the table prepare made for ev, if any, which applying ev will
-// use instead. It only reads the tree (see resizeFor): a writer calls it
-// without the lock, and the loads of one pass are independent of each
-// other, so the processor makes them at once rather than one miss after
-// the other.
+// use instead. It only reads the tree (see resizeFor), and the loads of
+// one pass are independent of each other, so the processor makes them at
+// once rather than one miss after the other.
 func (t *runTree) warm(ev Event, grown []blockEntry) uint64 {
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok || ev.ByID || ev.Kind != Stored && ev.Kind != Removed {
@@ -1574,14 +1682,10 @@ func (t *runTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 const slabBits = 14
 
 // blockSlab holds a tree's blocks by value, in chunks that never move, so
-// that growing it copies nothing (under the lock, a copy of a large tree's
-// blocks held matches up for milliseconds).
+// that growing it copies nothing, and both views share them (see view).
 type blockSlab struct {
-	spare [][]blockRec // chunks made ahead (see reserve)
-	n     uint32       // ids below n are in use or free (see release)
-	// chunks, which matches read (at), lies a cache line away from n,
-	// which writers change as they store.
-	_      [cacheLine]byte
+	spare  [][]blockRec // chunks made ahead (see reserve)
+	n      uint32       // ids below n are in use or free (see release)
 	chunks [][]blockRec // each of 1<<slabBits blocks
 }
 
@@ -1608,7 +1712,7 @@ func (s *blockSlab) grow(k uint32) uint32 {
 
 // reserve makes spare chunks, if needed, for k more ids: the memory of a
 // new chunk comes from the system on its first write, a page at a time,
-// so a writer makes it without the lock, and writes it.
+// so a writer makes it, and writes it, ahead of the event.
 func (s *blockSlab) reserve(k int) {
 	for uint64(s.n)+uint64(k) > uint64(len(s.chunks)+len(s.spare))<<slabBits {
 		s.spare = append(s.spare, newChunk())

@@ -20,25 +20,17 @@
 // -rematch, the replay matches each prompt a second time at once, and
 // times that too: the same match with the blocks it reads in cache.
 // Built with -tags matchphases, it also reports how long the replay's and
-// the idle matches spent in each phase: waiting for the lock, starting,
-// walking, emitting (see indexer.Index.ObservePhases), and splits the
-// replay's matches by who ran them: a writer, to which the match was
-// handed, or the matching goroutine, after a handed match or after one
-// it ran itself (and then, on the CPU that one ended on or another), and
-// by how they got the lock (see indexer.MatchPath). Built with -tags
-// unlockedmatch too, its matches take no lock at all: they may read a
-// torn tree and answer wrong, but never wait for a writer, which times
-// what a scheme of reads that never wait could reach at best on the
-// same tree. Each phase that applies events reports how often the
-// system preempted the process's threads and how many page faults they
-// took, and, on Linux, the machine's interrupts of a few kinds meanwhile
-// (TLB shootdowns, function calls, rescheduling, the local timer). It
-// owns nothing but its own measurement; it uses only the indexer
-// package's public API.
+// the idle matches spent in each phase: entering the view of the tree
+// the writers published last, starting, walking, emitting (see
+// indexer.Index.ObservePhases). Each phase that applies events reports
+// how often the system preempted the process's threads and how many page
+// faults they took, and, on Linux, the machine's interrupts of a few
+// kinds meanwhile (TLB shootdowns, function calls, rescheduling, the
+// local timer). It owns nothing but its own measurement; it uses only
+// the indexer package's public API.
 //
 //	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 //	go run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
-//	go run -tags unlockedmatch,matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
 package main
 
 import (
@@ -142,9 +134,6 @@ func run(cfg config, out io.Writer) error {
 	fmt.Fprintf(out, "- workers: %d, cache %d blocks each; %d events carrying %d block operations\n", cfg.workers, cfg.capacity, len(events), blocks)
 	fmt.Fprintf(out, "- machine: %s, %d CPUs, GOMAXPROCS %d, %s\n", cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	fmt.Fprintf(out, "- event threads: %d, concurrent matchers: %d\n", cfg.eventThreads, cfg.queriers)
-	if indexer.UnlockedMatches() {
-		fmt.Fprintf(out, "- built with -tags unlockedmatch: matches take no lock, and may read a torn tree and answer wrong (a measuring instrument: what reads that never wait for a writer could reach at best)\n")
-	}
 	if cfg.holdUps > 0 {
 		h := measureHoldUps(cfg.holdUps, 1)
 		fmt.Fprintf(out, "- hold-ups: a thread repeating the same work (%s at the shortest, a clock read included) was held up (one repeat took %s or more) %.0f times a second, %.2f %% of its time, over %s\n",
@@ -211,11 +200,10 @@ func run(cfg config, out io.Writer) error {
 	// router does: it routes the request, then the worker stores).
 	var replay latencies
 	r := &replayer{queries: queries, firsts: firsts, rematch: cfg.rematch}
-	_, rix, replayRun, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
+	_, _, replayRun, err := apply(cfg, events, nil, nil, r.before, cfg.pace*1e6)
 	if err != nil {
 		return err
 	}
-	replayHanded := rix.Stats().Handed
 	reuse()
 	replay = r.lat
 	slices.Sort(replay)
@@ -268,7 +256,6 @@ func run(cfg config, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "| blocks applied per second, stress (%d goroutines matching back to back) | %s (%d ops in %s) |\n", cfg.queriers, rate(busyRun.elapsed), blocks, busyRun.elapsed.Round(time.Millisecond))
 	fmt.Fprintf(out, "| matches during the stress | %s |\n", lat)
-	fmt.Fprintf(out, "| matches run by the writer holding the lock, replay / stress | %d of %d / %d of %d |\n", replayHanded, replay.n()+r.again.n(), six.Stats().Handed, lat.n())
 	fmt.Fprintf(out, "| matches on the idle index | %s |\n", idle)
 	if spun != nil {
 		fmt.Fprintf(out, "| the same, a thread spinning meanwhile (another core busy) | %s |\n", spun)
@@ -303,7 +290,7 @@ func run(cfg config, out io.Writer) error {
 			replay latencies
 			idle   latencies
 		}{
-			{"wait for the lock", r.phases.wait, idlePhases.wait},
+			{"enter the published view", r.phases.wait, idlePhases.wait},
 			{"start (first block, candidates)", r.phases.start, idlePhases.start},
 			{"walk", r.phases.walk, idlePhases.walk},
 			{"emit (Overlaps)", r.phases.emit, idlePhases.emit},
@@ -312,138 +299,40 @@ func run(cfg config, out io.Writer) error {
 		} {
 			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
 		}
-		fmt.Fprintf(out, "\nReplay matches that waited for a lock (more than 1µs): %d of %d.\n", r.phases.waited, r.phases.all.n())
-		fmt.Fprintf(out, "\nReplay matches by who ran them:\n\n| ran by | %s |\n|---|---|---|---|---|---|---|---|\n", kindColumns)
-		for k, name := range [nKinds]string{"the matcher, after one of its own", "the same, on another CPU", "the matcher, after a handed match", "a writer (handed)"} {
-			fmt.Fprintf(out, "| %s | %s |\n", name, r.phases.kinds[k].row())
-		}
-		if indexer.UnlockedMatches() {
-			fmt.Fprintf(out, "\nReplay matches that faulted on a torn read and ran again (-tags unlockedmatch): %d runs again, over %d matches.\n", r.phases.again, r.phases.againMatches)
-		} else {
-			printPaths(out, &r.phases)
-		}
+		fmt.Fprintf(out, "\nReplay matches that took more than 1µs to enter the published view: %d of %d.\n", r.phases.waited, r.phases.all.n())
 	}
 	return nil
-}
-
-// printPaths prints the replay's matches by how they got the lock, and
-// how many of each are among the slowest 1 % (by their timed phases).
-func printPaths(out io.Writer, l *phaseLog) {
-	p99 := l.all.pct(99)
-	fmt.Fprintf(out, "\nReplay matches by how they got the lock:\n\n| path | %s | slower than the phases' p99 (%s) |\n|---|---|---|---|---|---|---|---|---|\n", kindColumns, p99)
-	for k := range indexer.NPaths {
-		g := l.paths[k]
-		slow := 0
-		for _, d := range g.all {
-			if d > p99 {
-				slow++
-			}
-		}
-		fmt.Fprintf(out, "| %s | %s | %d |\n", pathLabel(k), g.row(), slow)
-	}
-}
-
-// pathLabel describes a path of a match (see indexer.MatchPath).
-func pathLabel(p indexer.MatchPath) string {
-	switch p {
-	case indexer.PathFree:
-		return "the lock was free"
-	case indexer.PathHanded:
-		return "a writer ran it (handed)"
-	case indexer.PathTakenBack:
-		return "handed, took itself back when the lock came free"
-	case indexer.PathHandGaveUp:
-		return "handed, waited for the lock when no writer ran it in time"
-	case indexer.PathSameCPU:
-		return "on the writer's CPU, waited for the lock"
-	case indexer.PathBusy:
-		return "waited for the lock (another was handed, or none are)"
-	}
-	return p.String()
 }
 
 // phaseLog collects the phases of matches made one at a time, by one
 // goroutine (see indexer.Index.ObservePhases): observe sums the shards'
 // phases of the current match, end files them.
 type phaseLog struct {
-	timed                   bool // the binary times phases
-	cur                     indexer.MatchPhases
+	timed bool // the binary times phases
+	cur   indexer.MatchPhases
+	// wait is the time to enter the view the writers published last
+	// (MatchPhases.Wait); busy, all but that; all, the whole match.
 	wait, start, walk, emit latencies
-	busy, all               latencies // all but the wait; all
-	waited                  int       // matches that waited more than 1µs
-	// kinds splits the matches by who ran them: a writer (handed), or
-	// the matching goroutine right after a handed match or after one it
-	// ran itself (see the kinds below). handed: a writer ran the current
-	// match on some shard; lastHanded: on the match before, filed or not
-	// (dropped, or without candidates).
-	kinds [nKinds]kindLog
-	paths [indexer.NPaths]kindLog // by how the match got the lock
-	// again counts the runs again of matches that faulted on a torn read
-	// (-tags unlockedmatch), againMatches those matches.
-	again, againMatches int
-	handed, lastHanded  bool
-	// moved: the current match ran on another CPU than the one the
-	// matching goroutine was on at the end of the match before, or moved
-	// during it (the caller sets it; see replayer.match).
-	moved bool
+	busy, all               latencies
+	waited                  int // matches that took more than 1µs to enter the view
 }
 
-// The kinds of match, by who ran it and, if the matching goroutine did,
-// who ran the match before.
-const (
-	kindAfterOwn = iota
-	kindMovedCPU // after one of its own, on another CPU
-	kindAfterHanded
-	kindHanded
-	nKinds
-)
-
-// kindLog is the matches of one kind: all but their wait, their emit,
-// their wait, and all.
-type kindLog struct{ busy, emit, wait, all latencies }
-
-// kindColumns head the columns of kindLog.row.
-const kindColumns = "matches | all but the wait, p50 | p99 | emit, p50 | p99 | wait, p50 | p99"
-
-// row gives the matches' count and percentiles, as kindColumns names
-// them (sorted: see phaseLog.sort).
-func (g *kindLog) row() string {
-	return fmt.Sprintf("%d | %s | %s | %s | %s | %s | %s", g.busy.n(), g.busy.pct(50), g.busy.pct(99), g.emit.pct(50), g.emit.pct(99), g.wait.pct(50), g.wait.pct(99))
-}
-
-// add files one match: all but its wait, its emit, its wait.
-func (g *kindLog) add(busy, emit, wait time.Duration) {
-	g.busy, g.emit, g.wait, g.all = append(g.busy, busy), append(g.emit, emit), append(g.wait, wait), append(g.all, busy+wait)
-}
-
-// observe adds one shard's phases to the current match's. The match's
-// path is the last shard's that did not find the lock free; a writer ran
-// it if one ran any shard's.
+// observe adds one shard's phases to the current match's.
 func (l *phaseLog) observe(p indexer.MatchPhases) {
 	l.cur.Wait += p.Wait
 	l.cur.Start += p.Start
 	l.cur.Walk += p.Walk
 	l.cur.Emit += p.Emit
 	l.cur.Ranks += p.Ranks
-	l.handed = l.handed || p.Path == indexer.PathHanded
-	if p.Path != indexer.PathFree {
-		l.cur.Path = p.Path
-	}
-	l.cur.Again += p.Again
 }
 
 // drop forgets the current match's phases.
-func (l *phaseLog) drop() {
-	l.lastHanded, l.handed = l.handed, false
-	l.cur = indexer.MatchPhases{}
-}
+func (l *phaseLog) drop() { l.cur = indexer.MatchPhases{} }
 
 // end files the current match's phases if it had candidates.
 func (l *phaseLog) end() {
 	c := l.cur
 	l.cur = indexer.MatchPhases{}
-	after, handed := l.lastHanded, l.handed
-	l.lastHanded, l.handed = handed, false
 	if !l.timed || c.Ranks == 0 {
 		return
 	}
@@ -453,31 +342,11 @@ func (l *phaseLog) end() {
 	if c.Wait > time.Microsecond {
 		l.waited++
 	}
-	k := kindAfterOwn
-	switch {
-	case handed:
-		k = kindHanded
-	case after:
-		k = kindAfterHanded
-	case l.moved:
-		k = kindMovedCPU
-	}
-	l.kinds[k].add(busy, c.Emit, c.Wait)
-	l.paths[c.Path].add(busy, c.Emit, c.Wait)
-	if c.Again > 0 {
-		l.again += c.Again
-		l.againMatches++
-	}
 }
 
 func (l *phaseLog) sort() {
 	for _, x := range []latencies{l.wait, l.start, l.walk, l.emit, l.busy, l.all} {
 		slices.Sort(x)
-	}
-	for _, k := range append(l.kinds[:], l.paths[:]...) {
-		for _, x := range []latencies{k.busy, k.emit, k.wait, k.all} {
-			slices.Sort(x)
-		}
 	}
 }
 
@@ -663,10 +532,6 @@ type replayer struct {
 	again   latencies // the second matches
 	phases  phaseLog
 	hooked  bool // phases observes the replay's index
-	// cpu is where the last match (a -rematch one too) ended, when
-	// phases are timed and there was one (cpuSeen).
-	cpu     int32
-	cpuSeen bool
 }
 
 // before matches, on ix, every prompt not yet matched whose events start
@@ -685,24 +550,11 @@ func (r *replayer) before(ix *indexer.Index, i int) {
 	}
 }
 
-// match matches q on ix, into r.buf, and returns how long it took. When
-// phases are timed, it notes in r.phases whether the match ran on
-// another CPU than the one the match before ended on, or moved, reading
-// the CPU outside the timed span.
+// match matches q on ix, into r.buf, and returns how long it took.
 func (r *replayer) match(ix *indexer.Index, q []uint64) time.Duration {
-	var cpu int32
-	if r.phases.timed {
-		cpu = indexer.CurrentCPU()
-	}
 	t0 := time.Now()
 	r.buf = ix.Match(q, r.buf[:0])
-	d := time.Since(t0)
-	if r.phases.timed {
-		end := indexer.CurrentCPU()
-		r.phases.moved = r.cpuSeen && cpu != r.cpu || end != cpu
-		r.cpu, r.cpuSeen = end, true
-	}
-	return d
+	return time.Since(t0)
 }
 
 // phaseRun is how one phase of apply went: how long it took, and what
@@ -715,8 +567,9 @@ type phaseRun struct {
 // osUsage counts what the system did to the process: how often it took a
 // core from one of its threads that could have gone on running
 // (involuntary context switches), and how many pages its threads touched
-// for the first time (minor page faults). Both stall the thread: a
-// writer holding a shard's lock keeps matches waiting meanwhile.
+// for the first time (minor page faults). Both stall the thread: a match
+// held up takes that much longer, a writer publishes its changes that
+// much later.
 // It also counts, where Linux tells (/proc/interrupts), the machine's
 // interrupts of a few kinds, summed over its CPUs: each stops whatever
 // thread runs on the CPU it hits, and on a VM costs more than on bare
@@ -903,11 +756,10 @@ type holdUps struct {
 
 // measureHoldUps measures, for d, how often the machine holds up a thread
 // doing fixed work: interrupts, the hypervisor's steal, the Go runtime. A
-// match that waits for a writer waits longer when the writer is held up
-// while it holds the lock, so these set a floor to the tail of match
-// latency. With threads > 1, that many threads do so at once, each locked
-// to its goroutine (see sumHoldUps): a VM's hypervisor may hold threads
-// up more often when all its cores are busy.
+// match held up takes that much longer, so these set a floor to the tail
+// of match latency. With threads > 1, that many threads do so at once,
+// each locked to its goroutine (see sumHoldUps): a VM's hypervisor may
+// hold threads up more often when all its cores are busy.
 func measureHoldUps(d time.Duration, threads int) holdUps {
 	all := make([]holdUps, threads)
 	var wg sync.WaitGroup
