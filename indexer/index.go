@@ -328,10 +328,13 @@ type shard struct {
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	// views are the two copies of what matches read; front is the one
-	// they read now, which only a writer changes, in its turn.
-	views [2]view
-	front atomic.Uint32
-	_     [cacheLine]byte
+	// they read now, which only a writer changes, in its turn. draining
+	// is set while a writer waits for matches to leave the other (see
+	// publish).
+	views    [2]view
+	front    atomic.Uint32
+	draining atomic.Bool
+	_        [cacheLine]byte
 
 	// readers[i] counts the matches reading views[i], each a cache line
 	// from the other, as matches on several cores add to both.
@@ -385,10 +388,14 @@ func (ix *shard) publish() {
 	ix.front.Store(w)
 	// A match that read front before the Store may still be counting
 	// itself in; it then sees front changed, and counts itself out.
-	for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
-		if i >= publishSpin {
-			runtime.Gosched()
+	if ix.readers[1-w].n.Load() != 0 {
+		ix.draining.Store(true)
+		for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
+			if i >= publishSpin {
+				runtime.Gosched()
+			}
 		}
+		ix.draining.Store(false)
 	}
 	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
 }
@@ -500,6 +507,12 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	dst = ix.read(seq, m, dst)
 	m.clock.done(len(dst) - at)
 	matchPool.Put(m)
+	if !ix.spare && ix.draining.Load() {
+		// A writer waits for this match to leave, and, with no spare
+		// core, may not run until this goroutine gives up its own: Go
+		// would take it only after 10 ms of matches back to back.
+		runtime.Gosched()
+	}
 	return dst
 }
 

@@ -869,7 +869,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"spare", "phases", "views", "front"}, {"readers"}, {"write", "tree", "held", "warmth"}}
+	groups := [][]string{{"spare", "phases", "views", "front", "draining"}, {"readers"}, {"write", "tree", "held", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {
@@ -889,5 +889,50 @@ func TestMatchFieldsApart(t *testing.T) {
 	}
 	if r, _ := reflect.TypeFor[shard]().FieldByName("readers"); r.Type.Elem().Size() < cacheLine {
 		t.Errorf("a view's count of readers takes %d bytes, less than a cache line", r.Type.Elem().Size())
+	}
+}
+
+// TestMatchesLetAWaitingWriterRun checks, with one P, that matches back
+// to back give up the P to a writer waiting for one of them to leave the
+// view it has to bring up to date: Go takes the P from a goroutine that
+// keeps it only after 10 ms, so the writer would otherwise wait that
+// long, matches running all the while, at each event.
+func TestMatchesLetAWaitingWriterRun(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := NewIndex(4)
+	sh := ix.shards[0]
+	path := blocksOf("", strings.Repeat("0123", 8))
+	if _, err := ix.Apply(stored(wr(1, 0), TierDevice, nil, path)); err != nil {
+		t.Fatal(err)
+	}
+	seq := seqOf(strings.Repeat("0123", 8))
+	var stop atomic.Bool
+	var matches atomic.Int64
+	during := make(chan int)
+	go func() {
+		n := 0
+		for !stop.Load() {
+			ix.Match(seq, nil)
+			if sh.draining.Load() {
+				n++
+			}
+			matches.Add(1)
+		}
+		during <- n
+	}()
+	const events = 20
+	for i := range events {
+		// The matches take the P, until Go takes it from them (mostly
+		// in the middle of one, which the writer then waits for).
+		for m := matches.Load(); matches.Load() == m; {
+			runtime.Gosched()
+		}
+		if _, err := ix.Apply(stored(wr(uint64(i+2), 0), TierDevice, nil, path)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	if n := <-during; n > 2*events {
+		t.Fatalf("%d matches ran while a writer waited for one to leave, over %d events", n, events)
 	}
 }
