@@ -328,13 +328,15 @@ type shard struct {
 	// phases times matches (see Index.ObservePhases).
 	phases phaseHook
 	// views are the two copies of what matches read; front is the one
-	// they read now, which only a writer changes, in its turn. draining
-	// is set while a writer waits for matches to leave the other (see
-	// publish).
-	views    [2]view
-	front    atomic.Uint32
-	draining atomic.Bool
-	_        [cacheLine]byte
+	// they read now, which only a writer changes, in its turn. ceded
+	// is set, where the shard has no spare core, while a writer has
+	// given up its core (see relax) or waits for matches to leave the
+	// other copy (see publish): a match then gives up its core too, once
+	// it is done.
+	views [2]view
+	front atomic.Uint32
+	ceded atomic.Bool
+	_     [cacheLine]byte
 
 	// readers[i] counts the matches reading views[i], each a cache line
 	// from the other, as matches on several cores add to both.
@@ -374,9 +376,23 @@ func (ix *shard) relax(n int) {
 	if ix.held += n; ix.held >= writeChunk {
 		ix.held = 0
 		if !ix.spare {
-			runtime.Gosched()
+			ix.cede()
 		}
 	}
+}
+
+// cede gives up the writer's core to any goroutine waiting for one
+// (runtime.Gosched), telling matches to give it back once done (see
+// shard.ceded): Go would take the core from a goroutine running matches
+// back to back only after 10 ms.
+func (ix *shard) cede() {
+	if ix.spare {
+		runtime.Gosched() // matches have a core of their own
+		return
+	}
+	ix.ceded.Store(true)
+	runtime.Gosched()
+	ix.ceded.Store(false)
 }
 
 // publish makes the writers' view the one matches read, and gives the
@@ -388,14 +404,10 @@ func (ix *shard) publish() {
 	ix.front.Store(w)
 	// A match that read front before the Store may still be counting
 	// itself in; it then sees front changed, and counts itself out.
-	if ix.readers[1-w].n.Load() != 0 {
-		ix.draining.Store(true)
-		for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
-			if i >= publishSpin {
-				runtime.Gosched()
-			}
+	for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
+		if i >= publishSpin {
+			ix.cede()
 		}
-		ix.draining.Store(false)
 	}
 	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
 }
@@ -507,10 +519,9 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	dst = ix.read(seq, m, dst)
 	m.clock.done(len(dst) - at)
 	matchPool.Put(m)
-	if !ix.spare && ix.draining.Load() {
-		// A writer waits for this match to leave, and, with no spare
-		// core, may not run until this goroutine gives up its own: Go
-		// would take it only after 10 ms of matches back to back.
+	if ix.ceded.Load() {
+		// A writer of the shard, which has no spare core, waits for a
+		// core, or for this match to leave the view it read.
 		runtime.Gosched()
 	}
 	return dst

@@ -893,46 +893,58 @@ func TestMatchFieldsApart(t *testing.T) {
 }
 
 // TestMatchesLetAWaitingWriterRun checks, with one P, that matches back
-// to back give up the P to a writer waiting for one of them to leave the
-// view it has to bring up to date: Go takes the P from a goroutine that
-// keeps it only after 10 ms, so the writer would otherwise wait that
-// long, matches running all the while, at each event.
+// to back give the P back to a writer that gave it up, every writeChunk
+// blocks of a long event (see shard.relax), or waits for one of them to
+// leave the view it has to bring up to date (see shard.publish): Go
+// takes the P from a goroutine that keeps it only after 10 ms, so the
+// writer would otherwise wait that long each time, matches running all
+// the while.
 func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	ix := NewIndex(4)
-	sh := ix.shards[0]
-	path := blocksOf("", strings.Repeat("0123", 8))
-	if _, err := ix.Apply(stored(wr(1, 0), TierDevice, nil, path)); err != nil {
-		t.Fatal(err)
-	}
-	seq := seqOf(strings.Repeat("0123", 8))
-	var stop atomic.Bool
-	var matches atomic.Int64
-	during := make(chan int)
-	go func() {
-		n := 0
-		for !stop.Load() {
-			ix.Match(seq, nil)
-			if sh.draining.Load() {
-				n++
+	for _, tc := range []struct {
+		name   string
+		blocks int
+	}{
+		{"events shorter than writeChunk", writeChunk / 2},
+		{"events of several writeChunks", 3 * writeChunk},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ix := NewIndex(4)
+			path := strings.Repeat("0123", tc.blocks/4)
+			if _, err := ix.Apply(stored(wr(1, 0), TierDevice, nil, blocksOf("", path))); err != nil {
+				t.Fatal(err)
 			}
-			matches.Add(1)
-		}
-		during <- n
-	}()
-	const events = 20
-	for i := range events {
-		// The matches take the P, until Go takes it from them (mostly
-		// in the middle of one, which the writer then waits for).
-		for m := matches.Load(); matches.Load() == m; {
-			runtime.Gosched()
-		}
-		if _, err := ix.Apply(stored(wr(uint64(i+2), 0), TierDevice, nil, path)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stop.Store(true)
-	if n := <-during; n > 2*events {
-		t.Fatalf("%d matches ran while a writer waited for one to leave, over %d events", n, events)
+			seq := seqOf(path)
+			var stop atomic.Bool
+			var matches atomic.Int64
+			done := make(chan struct{})
+			go func() {
+				for !stop.Load() {
+					ix.Match(seq, nil)
+					matches.Add(1)
+				}
+				close(done)
+			}()
+			const events = 20
+			during := int64(0) // matches run while Apply ran
+			for i := range events {
+				// The matches take the P, until Go takes it from
+				// them (mostly in the middle of one, which the
+				// writer then waits for).
+				for m := matches.Load(); matches.Load() == m; {
+					runtime.Gosched()
+				}
+				m := matches.Load()
+				if _, err := ix.Apply(stored(wr(uint64(i+2), 0), TierDevice, nil, blocksOf("", path))); err != nil {
+					t.Fatal(err)
+				}
+				during += matches.Load() - m
+			}
+			stop.Store(true)
+			<-done
+			if most := int64(2 * events * (1 + tc.blocks/writeChunk)); during > most {
+				t.Fatalf("%d matches ran while %d events applied (at most %d)", during, events, most)
+			}
+		})
 	}
 }
