@@ -330,13 +330,14 @@ type shard struct {
 	// views are the two copies of what matches read; front is the one
 	// they read now, which only a writer changes, in its turn. ceded
 	// is set, where the shard has no spare core, while a writer has
-	// given up its core (see relax) or waits for matches to leave the
-	// other copy (see publish): a match then gives up its core too, once
-	// it is done.
-	views [2]view
-	front atomic.Uint32
-	ceded atomic.Bool
-	_     [cacheLine]byte
+	// given up its core (see cede), and cededMatches counts the matches
+	// that ended meanwhile.
+	views        [2]view
+	front        atomic.Uint32
+	ceded        atomic.Bool
+	_            [cacheLine]byte
+	cededMatches atomic.Int32
+	_            [cacheLine - 4]byte
 
 	// readers[i] counts the matches reading views[i], each a cache line
 	// from the other, as matches on several cores add to both.
@@ -382,14 +383,17 @@ func (ix *shard) relax(n int) {
 }
 
 // cede gives up the writer's core to any goroutine waiting for one
-// (runtime.Gosched), telling matches to give it back once done (see
-// shard.ceded): Go would take the core from a goroutine running matches
-// back to back only after 10 ms.
+// (runtime.Gosched). Where the shard has no spare core, matches then give
+// it back once cedeMatches of them have ended (see shard.match): Go
+// would take the core from a goroutine running matches back to back only
+// after 10 ms, while a match now and then, as a router's, is not made
+// to wait for the writer.
 func (ix *shard) cede() {
 	if ix.spare {
 		runtime.Gosched() // matches have a core of their own
 		return
 	}
+	ix.cededMatches.Store(0)
 	ix.ceded.Store(true)
 	runtime.Gosched()
 	ix.ceded.Store(false)
@@ -411,6 +415,10 @@ func (ix *shard) publish() {
 	}
 	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
 }
+
+// cedeMatches is how many matches may end while a writer that ceded its
+// core waits for one, before one gives its own up (see shard.cede).
+const cedeMatches = 4
 
 // publishSpin is how many times a writer looks for the matches still
 // reading the copy it is to bring up to date before it gives up its
@@ -519,9 +527,10 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	dst = ix.read(seq, m, dst)
 	m.clock.done(len(dst) - at)
 	matchPool.Put(m)
-	if ix.ceded.Load() {
-		// A writer of the shard, which has no spare core, waits for a
-		// core, or for this match to leave the view it read.
+	if ix.ceded.Load() && ix.cededMatches.Add(1) >= cedeMatches {
+		// A writer of the shard, which has no spare core, has waited
+		// for a core, or for a match to leave the view it read, for
+		// cedeMatches matches.
 		runtime.Gosched()
 	}
 	return dst

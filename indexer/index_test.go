@@ -869,7 +869,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"spare", "phases", "views", "front", "draining"}, {"readers"}, {"write", "tree", "held", "warmth"}}
+	groups := [][]string{{"spare", "phases", "views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "held", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {
@@ -942,7 +942,7 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 			}
 			stop.Store(true)
 			<-done
-			if most := int64(2 * events * (1 + tc.blocks/writeChunk)); during > most {
+			if most := int64(2 * cedeMatches * events * (1 + tc.blocks/writeChunk)); during > most {
 				t.Fatalf("%d matches ran while %d events applied (at most %d)", during, events, most)
 			}
 		})
