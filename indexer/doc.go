@@ -60,9 +60,11 @@
 // operation whole or not at all, never waits for a writer the system
 // has stopped, and costs writers nothing but the copy. Where the shards
 // are at least as many as the cores Go uses, a writer gives up its core
-// for a moment every writeChunk blocks (runtime.Gosched), so that
+// for a moment every writeChunk blocks, and while it waits for a match
+// to leave the copy it must bring up to date (runtime.Gosched), so that
 // writers busy on every core do not keep a match, or a request, from
-// one. Before it changes the tree, a writer builds its rank's table of
+// one; matches back to back give it back every cedeMatches matches
+// (shard.cede). Before it changes the tree, a writer builds its rank's table of
 // engine ids grown for a Stored event (or, after removals, shrunk, or a
 // new rank's first), lists the engine ids a Cleared event or a rank's
 // removal takes (runTree.clearOrder), makes larger copies of the arrays
