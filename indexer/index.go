@@ -313,9 +313,10 @@ func (ix *Index) Stats() Stats {
 // publish and runTree.catchUp). A match counts itself in the readers of
 // the copy it reads (enter, leave).
 type shard struct {
-	// What matches read and only construction and ObservePhases write,
-	// a cache line from what writers and matches write (see
-	// cacheLine).
+	// What matches read, a cache line from what they write (see
+	// cacheLine): spare and phases, set at construction (and by
+	// ObservePhases), and what writers set once an operation, or as they
+	// give up their core.
 	//
 	// spare is set where the index has fewer shards than Go uses cores,
 	// so that a core stays free for matches and requests while the
