@@ -104,17 +104,15 @@ const cacheLine = 64
 // of it (see shard.publish), which writers leave alone while matches
 // read it. The slab's chunks and the sets' array are shared by every
 // copy: writers change only blocks and sets that no copy reaches (see
-// runTree.pend). The spans, heads, who and retired arrays are each
-// copy's own.
+// runTree.pend). The spans, heads and who arrays are each copy's own.
+// A copy is published after whole operations only, so a match never
+// sees a rank half removed.
 type view struct {
 	blocks blockSlab
 	spans  []span
 	sets   []holdSet
 	who    []rankHead // by slot, as ranks
-	// retired marks, by slot, the ranks being removed: Match ignores
-	// them, so that it never sees one half removed.
-	retired []uint64
-	heads   headTable // key of a span's first block -> span
+	heads  headTable  // key of a span's first block -> span
 }
 
 // runTree is the tree of one shard. Its view is the writers' own copy;
@@ -221,7 +219,6 @@ func (t *runTree) catchUp(pub, old *view) {
 		}
 	}
 	t.who = append(old.who[:0], pub.who...)
-	t.retired = append(old.retired[:0], pub.retired...)
 	t.dirty, t.headLog = t.dirty[:0], t.headLog[:0]
 	if t.gen++; t.gen == ^uint32(0) {
 		clear(t.spanMark) // no mark is gen+1
@@ -1127,16 +1124,11 @@ func (t *runTree) removeRank(wr WorkerRank, ids []uint64) {
 	if !ok {
 		return
 	}
-	for len(t.retired) <= int(slot>>6) {
-		t.retired = append(t.retired, 0)
-	}
-	t.retired[slot>>6] |= 1 << (slot & 63)
 	t.clear(wr, AllTiers, ids)
 	t.ranks[slot] = rankInfo{}
 	t.who[slot] = rankHead{}
 	delete(t.slotOf, wr)
 	t.freeSlots = append(t.freeSlots, slot)
-	t.retired[slot>>6] &^= 1 << (slot & 63)
 }
 
 // rankIDs is a rank with its engine ids.
@@ -1197,8 +1189,8 @@ func (m *runMatch) reset(slots int) {
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
-// match appends to dst the Overlap of every rank holding seq[0], but those
-// being removed, lapping clock's phases.
+// match appends to dst the Overlap of every rank holding seq[0], lapping
+// clock's phases.
 func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock) []Overlap {
 	if len(seq) == 0 {
 		return dst
@@ -1212,9 +1204,6 @@ func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock
 	first := &t.sets[S.set]
 	for c := range nClasses {
 		copy(m.cands[c], first.classBits(c))
-		for i, x := range t.retired { // no longer than cands: see removeRank
-			m.cands[c][i] &^= x
-		}
 	}
 	copy(m.all, m.cands[classAny])
 	// A rank not in a class from the first block has 0 in it; others get
