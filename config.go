@@ -78,7 +78,7 @@ type serveConfig struct {
 	MetricsLoadWeight     float64
 
 	// OverlapWeight and RouterTemperature are the cost function's defaults
-	// (shared/spec/scheduling.md); requests to /select may override them.
+	// (docs/scheduling.md); requests to /select may override them.
 	OverlapWeight     float64
 	RouterTemperature float64
 	// ReuseWeight charges the gateway's KV-aware decisions for the cached

@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// The endpoint-picker protocol's names (shared/spec/epp-protocol.md).
+// The endpoint-picker protocol's names (docs/epp-protocol.md).
 const (
 	DestinationHeader   = "x-gateway-destination-endpoint"
 	LBNamespace         = "envoy.lb"

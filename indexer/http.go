@@ -21,7 +21,7 @@ import (
 
 // This file serves the index over HTTP: Dynamo's standalone indexer query
 // and dump routes, Mooncake's conductor queries, and the peer list with
-// startup recovery from a peer's dump (shared/spec/http-api.md).
+// startup recovery from a peer's dump (docs/http-api.md).
 
 // API serves the index routes over a Set.
 type API struct {

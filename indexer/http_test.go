@@ -266,7 +266,7 @@ const (
 	emptyDynamo = `{"scores":{},"frequencies":[],"tree_sizes":{},"instances":{}}`
 
 	// mooncakeExampleDynamo is the answer to mcTokens on deepseek-v3, by
-	// hand, with the cumulative tiers of shared/spec/http-api.md:
+	// hand, with the cumulative tiers of docs/http-api.md:
 	//   dp0: device prefix H1 H2 = 2 blocks; device-or-host prefix H1 H2
 	//        (H3 is on disk only) = 2; any-tier prefix H1 H2 H3 = 3.
 	//   dp1: H1 on device, H2 not held: 1, 1, 1.

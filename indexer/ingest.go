@@ -22,7 +22,7 @@ import (
 
 // This file feeds the index from engines: one ZMQ SUB listener per
 // registered publisher of a worker rank, with gap detection and replay over
-// a DEALER (shared/spec/kv-events.md), decoding (wire.go) and hashing.
+// a DEALER (docs/kv-events.md), decoding (wire.go) and hashing.
 
 // Registration names one KV event publisher of a worker rank.
 type Registration struct {

@@ -11,7 +11,7 @@ import (
 )
 
 // This file decodes the KV events engines publish (vLLM, SGLang, Mooncake's
-// store), as described in shared/spec/kv-events.md, into WireBatch values,
+// store), as described in docs/kv-events.md, into WireBatch values,
 // and turns those into index Events. Decoding is defensive: every length is
 // checked against the bytes present, unknown fields are skipped, and a
 // malformed payload is an error, never a panic.

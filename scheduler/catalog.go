@@ -1,8 +1,8 @@
 // Package scheduler owns the worker catalog: which workers serve which
 // (model, tenant), where their requests and KV events go, and whether they
-// are ready; and the catalog's HTTP views (shared/spec/http-api.md, "One
+// are ready; and the catalog's HTTP views (docs/http-api.md, "One
 // worker catalog"). Later: active-load accounting, cost-based selection,
-// reservations and replica sync (shared/spec/scheduling.md), and the load
+// reservations and replica sync (docs/scheduling.md), and the load
 // each worker's engine reports on its vLLM /metrics page (scrape.go), an
 // optional correction of the cost.
 //
@@ -567,7 +567,7 @@ func (c *Catalog) HoldReady(reason string) {
 	c.mu.Unlock()
 }
 
-// Ready reports whether kvgate may serve (shared/spec/scheduling.md): no
+// Ready reports whether kvgate may serve (docs/scheduling.md): no
 // hold, the startup gate open, and at least one schedulable worker. The
 // gate opens, for good, once MinInitialWorkers workers are active at the
 // same time.

@@ -14,7 +14,7 @@ import (
 )
 
 // This file is the active-load accounting (the slot tracker of
-// shared/spec/scheduling.md): per (model, tenant), the requests booked on
+// docs/scheduling.md): per (model, tenant), the requests booked on
 // each worker rank, their prefill tokens still to compute, and the unique
 // prompt blocks (by sequence hash) and output blocks they hold.
 
@@ -39,7 +39,7 @@ type Booking struct {
 	// PrefillTokens are the tokens the worker must compute (not cached).
 	PrefillTokens int64
 	// Chained says Hashes are the request's own sequence hashes, chained
-	// from the first block (shared/spec/hashing.md), as the scheduler
+	// from the first block (docs/hashing.md), as the scheduler
 	// derives them from local hashes: each names its whole prefix, so the
 	// hashes of two chained lists agree up to their first difference and
 	// never after it, and a decision counting the blocks of a chained

@@ -13,7 +13,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 )
 
-// These tests drive Loads directly (shared/spec/scheduling.md, "Active load
+// These tests drive Loads directly (docs/scheduling.md, "Active load
 // per (worker, dp_rank)"; seed 002, the slot tracker). Every expected load
 // is worked out by hand in the case that states it.
 

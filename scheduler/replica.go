@@ -26,7 +26,7 @@ import (
 	"github.com/kvgate/kvgate/internal/admin"
 )
 
-// This file is replica sync (shared/spec/scheduling.md, "Selection service
+// This file is replica sync (docs/scheduling.md, "Selection service
 // semantics"): kvgate replicas share the admissions, prefill completions
 // and frees of their active-load accounting, so that each one routes with
 // the load the others booked. Every replica binds a ZMQ PUB socket and

@@ -28,7 +28,7 @@ import (
 )
 
 // This file reads the load each worker's engine reports on its vLLM
-// /metrics page (shared/spec/epp-protocol.md, "vLLM metrics"): requests
+// /metrics page (docs/epp-protocol.md, "vLLM metrics"): requests
 // waiting in its queue and running, the fraction of its KV cache in use
 // and, when it says, the cache's size in blocks. A Scraper fetches the
 // page of every catalog worker with a request endpoint, periodically; the

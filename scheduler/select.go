@@ -15,7 +15,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 )
 
-// This file is the decision (shared/spec/scheduling.md): for a prompt,
+// This file is the decision (docs/scheduling.md): for a prompt,
 // each schedulable rank's cached overlap from the index and active load
 // from Loads give a cost; the cheapest rank wins (or one is sampled with a
 // temperature), and may be booked in the same step. The load a rank's
@@ -302,7 +302,7 @@ type candidate struct {
 	extra float64
 }
 
-// costOf returns the cost (shared/spec/scheduling.md) of sending a prompt
+// costOf returns the cost (docs/scheduling.md) of sending a prompt
 // of n blocks to rl, with c's new prefill, held blocks and extra (reuse
 // charge and metrics correction), at overlap weight w and block size bs.
 func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
@@ -330,7 +330,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	}
 	bs := ix.BlockSize()
 	// The index is matched on hashes derived from the local ones
-	// (shared/spec/hashing.md); the client's own sequence hashes, when
+	// (docs/hashing.md); the client's own sequence hashes, when
 	// given, are what active requests are accounted by.
 	sc, _ := s.scratch.Get().(*scratch)
 	if sc == nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 )
 
-// These tests drive Scheduler.Select (shared/spec/scheduling.md, "Cost of
+// These tests drive Scheduler.Select (docs/scheduling.md, "Cost of
 // sending a new request to (worker, rank)"). Expected costs are worked out
 // by hand from the spec's formula, never read back from the code:
 //

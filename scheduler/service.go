@@ -20,7 +20,7 @@ import (
 // This file serves the slot tracker's lifecycle and load routes (seed 002)
 // and the selection service's worker, selection, reservation and overlap
 // routes (seed 003) over the catalog, the loads and the scheduler
-// (shared/spec/http-api.md). A reservation is a booking in the loads under
+// (docs/http-api.md). A reservation is a booking in the loads under
 // its reservation id, as a slot tracker request is under its request id.
 
 // Service serves the slot tracker and selection service routes.
@@ -496,7 +496,7 @@ func (s *Service) selection(req *selectRequest, reserve bool) (int, any, error) 
 	sr.Local = u64s(*req.BlockHashes)
 	// The overlap is looked up by block_hashes; the given sequence
 	// hashes are those SequenceHashes derives from them for every client
-	// hashing as Dynamo does (shared/spec/hashing.md), so they are only
+	// hashing as Dynamo does (docs/hashing.md), so they are only
 	// checked.
 	if req.SequenceHashes != nil && len(*req.SequenceHashes) != len(sr.Local) {
 		return 0, nil, badRequest("sequence_hashes has %d hashes and block_hashes %d; they must match", len(*req.SequenceHashes), len(sr.Local))

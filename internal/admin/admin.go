@@ -1,7 +1,7 @@
 // Package admin is the plumbing of kvgate's admin HTTP listener: routing
 // with JSON 404/405 answers, the request body limit, the optional bearer
 // token on mutating routes, per-route request metrics, and the JSON
-// decoding and error helpers every handler uses (shared/spec/http-api.md,
+// decoding and error helpers every handler uses (docs/http-api.md,
 // "Errors and limits").
 //
 // It owns no API of its own: the indexer and scheduler packages define the
