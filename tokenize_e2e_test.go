@@ -3,33 +3,28 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fixture"
 )
 
-// sharedTokenizers is where the real tokenizer files live (see
-// ../shared/tokenizers/README.md).
-const sharedTokenizers = "../shared/tokenizers"
-
+// needTokenizer returns the directory of a real tokenizer, skipping t when it
+// is absent (see internal/fixture).
 func needTokenizer(t *testing.T, family string) string {
 	t.Helper()
-	dir := filepath.Join(sharedTokenizers, family)
-	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-		t.Skipf("real tokenizer files not present (%v); they come with the repository's ../shared checkout", err)
-	}
-	return dir
+	return fixture.Family(t, family)
 }
 
 // TestE2ETokenizeCLI drives `kvgate tokenize` with JSON lines, against ids
-// Hugging Face tokenizers publishes for these models (see
-// ../shared/tokenizers/README.md, "Checks").
+// Hugging Face tokenizers publishes for these models (see the README of the
+// tokenizer directory, "Checks").
 func TestE2ETokenizeCLI(t *testing.T) {
-	qwen := needTokenizer(t, "qwen2.5")
-	llama2 := needTokenizer(t, "llama2")
+	dirs := fixture.Families(t, "qwen2.5", "llama2")
+	qwen, llama2 := dirs[0], dirs[1]
 
 	type line struct {
 		IDs   []uint32 `json:"ids"`

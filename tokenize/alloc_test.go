@@ -5,7 +5,11 @@
 
 package tokenize
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvgate/kvgate/internal/fixture"
+)
 
 // TestAppendEncodeAllocs checks that a warm AppendEncode into a large enough dst
 // allocates nothing.
@@ -15,7 +19,9 @@ func TestAppendEncodeAllocs(t *testing.T) {
 	}
 	texts := goldenTexts(t)
 	text := texts[len(texts)-1] // the long mixed text
-	for _, name := range []string{"llama3", "qwen2.5", "llama2", "phi3", "phi2"} {
+	names := []string{"llama3", "qwen2.5", "llama2", "phi3", "phi2"}
+	fixture.Families(t, names...)
+	for _, name := range names {
 		tk := loadReal(t, name)
 		dst, err := tk.AppendEncode(nil, text, true)
 		if err != nil {

@@ -1,8 +1,6 @@
 package tokenize
 
 import (
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
+
+	"github.com/kvgate/kvgate/internal/fixture"
 )
 
 // FuzzParse: Parse must never panic, and a tokenizer it accepts must encode without
@@ -30,44 +30,38 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// fuzzTokenizers are the fixtures plus, when the shared files are present, two real
-// tokenizers (one byte-level, one SentencePiece-style).
-var (
-	fuzzOnce sync.Once
-	fuzzToks []namedTokenizer
-	fuzzErr  error
-)
-
 type namedTokenizer struct {
 	name string
 	tk   *Tokenizer
 }
 
+// fuzzReal are the real tokenizers fuzzTokenizerSet adds when present (one
+// byte-level, one SentencePiece-style).
+var fuzzReal = []string{"llama3", "llama2"}
+
+// fuzzTokenizerSet returns the fixtures plus the tokenizers of fuzzReal that are
+// present.
 func fuzzTokenizerSet(t testing.TB) []namedTokenizer {
-	fuzzOnce.Do(func() {
-		for _, p := range fixturePipelines(t) {
-			tk, err := Parse(assembleFixture(t, p))
-			if err != nil {
-				fuzzErr = err
-				return
-			}
-			fuzzToks = append(fuzzToks, namedTokenizer{p.Name, tk})
+	t.Helper()
+	var toks []namedTokenizer
+	for _, p := range fixturePipelines(t) {
+		tk, err := Parse(assembleFixture(t, p))
+		if err != nil {
+			t.Fatalf("%s: %v", p.Name, err)
 		}
-		if _, err := os.Stat(realDir); err == nil {
-			for _, name := range []string{"llama3", "llama2"} {
-				tk, err := Load(filepath.Join(realDir, name))
-				if err != nil {
-					fuzzErr = err
-					return
-				}
-				fuzzToks = append(fuzzToks, namedTokenizer{name, tk})
-			}
-		}
-	})
-	if fuzzErr != nil {
-		t.Fatal(fuzzErr)
+		toks = append(toks, namedTokenizer{p.Name, tk})
 	}
-	return fuzzToks
+	for i, dir := range fixture.Optional(t, fuzzReal...) {
+		if dir == "" {
+			continue
+		}
+		tk, err := Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, namedTokenizer{fuzzReal[i], tk})
+	}
+	return toks
 }
 
 var (
@@ -83,8 +77,9 @@ func FuzzEncode(f *testing.F) {
 	for _, s := range goldenTexts(f) {
 		f.Add(s)
 	}
+	toks := fuzzTokenizerSet(f)
 	f.Fuzz(func(t *testing.T, text string) {
-		for _, nt := range fuzzTokenizerSet(t) {
+		for _, nt := range toks {
 			checkEncode(t, nt.name, nt.tk, text)
 		}
 		if !utf8.ValidString(text) {
@@ -109,7 +104,7 @@ func FuzzEncode(f *testing.F) {
 				t.Fatalf("%s scanner on %q:\n got %q\nwant %q", sc.name, text, pieces(text, got), pieces(text, want))
 			}
 		}
-		for _, nt := range fuzzTokenizerSet(t) {
+		for _, nt := range toks {
 			m := nt.tk.model
 			if m.cross == nil || text == "" {
 				continue

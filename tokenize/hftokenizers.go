@@ -12,8 +12,6 @@ package tokenize
 import (
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"unicode/utf8"
 
@@ -26,10 +24,10 @@ type HFTokenizer struct {
 	tk *hf.Tokenizer
 }
 
-// LoadHF reads dir/tokenizer.json into the Rust tokenizer.
+// LoadHF reads dir/tokenizer.json (or dir/tokenizer.json.gz when tokenizer.json
+// does not exist) into the Rust tokenizer.
 func LoadHF(dir string) (*HFTokenizer, error) {
-	path := filepath.Join(dir, "tokenizer.json")
-	data, err := os.ReadFile(path)
+	data, path, err := ReadTokenizerJSON(dir)
 	if err != nil {
 		return nil, err
 	}

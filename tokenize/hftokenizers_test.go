@@ -3,10 +3,11 @@
 package tokenize
 
 import (
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fixture"
 )
 
 // TestHFTokenizerMatches cross-checks the pure-Go Tokenizer against the Rust library
@@ -16,7 +17,7 @@ func TestHFTokenizerMatches(t *testing.T) {
 	for _, name := range realFamilies {
 		t.Run(name, func(t *testing.T) {
 			tk := loadReal(t, name)
-			hft, err := LoadHF(filepath.Join(realDir, name))
+			hft, err := LoadHF(fixture.Family(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}

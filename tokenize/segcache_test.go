@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -19,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"pgregory.net/rapid"
+
+	"github.com/kvgate/kvgate/internal/fixture"
 )
 
 // convWords is the vocabulary of the synthetic conversations.
@@ -162,7 +163,7 @@ func benchConversation() []convMessage { return conversation(1, 10, 1400, 2000) 
 func BenchmarkEncodeMultiTurn(b *testing.B) {
 	for _, name := range multiTurnModels {
 		tk := loadReal(b, name)
-		chat, err := LoadChatTemplate(filepath.Join(realDir, name))
+		chat, err := LoadChatTemplate(fixture.Family(b, name))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -207,6 +208,7 @@ func BenchmarkEncodeMultiTurn(b *testing.B) {
 func BenchmarkTokenizeMultiTurn(b *testing.B) {
 	for _, name := range multiTurnModels {
 		loadReal(b, name) // skips without the files
+		dir := fixture.Family(b, name)
 		msgs := benchConversation()
 		for _, mode := range []string{"off", "on"} {
 			b.Run(fmt.Sprintf("%s/cache=%s", name, mode), func(b *testing.B) {
@@ -214,7 +216,7 @@ func BenchmarkTokenizeMultiTurn(b *testing.B) {
 				if mode == "on" {
 					opts.SegmentCacheBytes = 0 // the default
 				}
-				reg, err := NewRegistry(Config{Models: []ModelConfig{{Name: name, Tokenizer: filepath.Join(realDir, name)}}}, opts)
+				reg, err := NewRegistry(Config{Models: []ModelConfig{{Name: name, Tokenizer: dir}}}, opts)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -315,6 +317,7 @@ var (
 func cacheSubjects(t testing.TB) []cacheSubject {
 	t.Helper()
 	fixtures := fixturePipelines(t)
+	realDirs := fixture.Optional(t, realFamilies...) // "": absent
 	subjectsOnce.Do(func() {
 		add := func(name string, tk *Tokenizer, chat *ChatTemplate) {
 			var sp []string
@@ -332,16 +335,17 @@ func cacheSubjects(t testing.TB) []cacheSubject {
 			}
 			add("fixture_"+p.Name, tk, nil)
 		}
-		if _, err := os.Stat(realDir); err != nil {
-			return
-		}
-		for _, name := range realFamilies {
-			tk, err := Load(filepath.Join(realDir, name))
+		for i, name := range realFamilies {
+			dir := realDirs[i]
+			if dir == "" {
+				continue
+			}
+			tk, err := Load(dir)
 			if err != nil {
 				subjectsErr = err
 				return
 			}
-			chat, err := LoadChatTemplate(filepath.Join(realDir, name))
+			chat, err := LoadChatTemplate(dir)
 			if err != nil && !errors.Is(err, ErrNoChatTemplate) {
 				subjectsErr = err
 				return
@@ -755,13 +759,14 @@ func TestRegistrySegmentCache(t *testing.T) {
 func BenchmarkTokenizePaced(b *testing.B) {
 	for _, name := range multiTurnModels {
 		loadReal(b, name)
+		dir := fixture.Family(b, name)
 		for _, mode := range []string{"off", "on"} {
 			b.Run(fmt.Sprintf("%s/cache=%s", name, mode), func(b *testing.B) {
 				opts := RegistryOptions{Strict: true, SegmentCacheBytes: -1}
 				if mode == "on" {
 					opts.SegmentCacheBytes = 0
 				}
-				reg, err := NewRegistry(Config{Models: []ModelConfig{{Name: name, Tokenizer: filepath.Join(realDir, name)}}}, opts)
+				reg, err := NewRegistry(Config{Models: []ModelConfig{{Name: name, Tokenizer: dir}}}, opts)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -6,25 +6,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-)
 
-// tplShared is where the real model files live (never copied into the repo).
-const tplShared = "../../shared/tokenizers"
+	"github.com/kvgate/kvgate/internal/fixture"
+)
 
 var tplGoldenNow = time.Date(2024, 7, 23, 15, 4, 5, 0, time.UTC)
 
 func tplFixedClock() time.Time { return tplGoldenNow }
-
-func tplRequireShared(t testing.TB) {
-	t.Helper()
-	if _, err := os.Stat(tplShared); err != nil {
-		t.Skipf("real tokenizer files not found at %s (%v); skipping tests that need them", tplShared, err)
-	}
-}
 
 type tplGoldenFile struct {
 	Templates map[string]struct {
@@ -77,7 +70,7 @@ func tplGoldenTemplate(t testing.TB, g *tplGoldenFile, name string) *ChatTemplat
 	var err error
 	switch {
 	case ref.Model != "":
-		c, err = LoadChatTemplate(filepath.Join(tplShared, ref.Model))
+		c, err = LoadChatTemplate(fixture.Family(t, ref.Model))
 	case ref.Dir != "":
 		c, err = LoadChatTemplate(filepath.Join("testdata/templates", ref.Dir))
 	default:
@@ -97,12 +90,22 @@ func tplGoldenTemplate(t testing.TB, g *tplGoldenFile, name string) *ChatTemplat
 // request handling transcribed in gen.py.
 func TestChatTemplateGolden(t *testing.T) {
 	g := tplLoadGolden(t)
-	_, sharedErr := os.Stat(tplShared)
+	var models []string // the real models, whose files may be absent
+	for _, ref := range g.Templates {
+		if ref.Model != "" && !slices.Contains(models, ref.Model) {
+			models = append(models, ref.Model)
+		}
+	}
+	slices.Sort(models)
+	absent := map[string]bool{}
+	for i, dir := range fixture.Optional(t, models...) {
+		absent[models[i]] = dir == ""
+	}
 	templates := map[string]*ChatTemplate{}
 	matched, skipped := 0, 0
 	for i, c := range g.Cases {
-		if g.Templates[c.Template].Model != "" && sharedErr != nil {
-			skipped++ // the real templates live in ../shared/tokenizers
+		if absent[g.Templates[c.Template].Model] {
+			skipped++
 			continue
 		}
 		tpl := templates[c.Template]
@@ -151,7 +154,7 @@ func TestChatTemplateGolden(t *testing.T) {
 	}
 	t.Logf("%d/%d golden cases match", matched, len(g.Cases)-skipped)
 	if skipped > 0 {
-		t.Logf("skipped %d cases of real models: %s not found", skipped, tplShared)
+		t.Logf("skipped %d cases of real models whose files are absent", skipped)
 	}
 }
 
@@ -293,7 +296,7 @@ func TestLoadChatTemplate(t *testing.T) {
 }
 
 func TestLoadRealChatTemplates(t *testing.T) {
-	tplRequireShared(t)
+	fixture.Families(t, "llama3", "qwen2.5", "qwen3", "phi3", "llama2")
 	msgs := json.RawMessage(`[{"role":"user","content":"Hi"}]`)
 	for model, want := range map[string]string{
 		"llama3":  "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
@@ -301,7 +304,7 @@ func TestLoadRealChatTemplates(t *testing.T) {
 		"qwen3":   "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
 		"phi3":    "<|user|>\nHi<|end|>\n<|assistant|>\n",
 	} {
-		c, err := LoadChatTemplate(filepath.Join(tplShared, model))
+		c, err := LoadChatTemplate(fixture.Family(t, model))
 		if err != nil {
 			t.Fatalf("%s: %v", model, err)
 		}
@@ -310,7 +313,7 @@ func TestLoadRealChatTemplates(t *testing.T) {
 			t.Errorf("%s: got %q, %v; want %q", model, got, err, want)
 		}
 	}
-	if _, err := LoadChatTemplate(filepath.Join(tplShared, "llama2")); !errors.Is(err, ErrNoChatTemplate) {
+	if _, err := LoadChatTemplate(fixture.Family(t, "llama2")); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("llama2 has no chat template: got %v", err)
 	}
 }
@@ -427,9 +430,10 @@ func TestRenderConcurrent(t *testing.T) {
 var tplBenchMessages = json.RawMessage(`[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is the capital of France?"},{"role":"assistant","content":"The capital of France is Paris."},{"role":"user","content":"And what is its population?"}]`)
 
 func BenchmarkRender(b *testing.B) {
-	tplRequireShared(b)
-	for _, model := range []string{"qwen2.5", "llama3", "qwen3"} {
-		c, err := LoadChatTemplate(filepath.Join(tplShared, model))
+	models := []string{"qwen2.5", "llama3", "qwen3"}
+	for i, dir := range fixture.Families(b, models...) {
+		model := models[i]
+		c, err := LoadChatTemplate(dir)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -453,14 +457,15 @@ func FuzzRender(f *testing.F) {
 	f.Add([]byte(`[{"role":"user","content":"a"},{"role":"assistant","content":"<think>r</think>b "}]`), []byte(`null`), []byte(`{}`), false, true)
 	f.Add([]byte(`[{"role":"developer","content":"d"},{"role":"user","content":"u","name":"n"}]`), []byte(``), []byte(`{"bos_token":"X"}`), true, false)
 	var templates []*ChatTemplate
-	if _, err := os.Stat(tplShared); err == nil {
-		for _, m := range []string{"llama3", "qwen2.5", "qwen3", "phi3"} {
-			c, err := LoadChatTemplate(filepath.Join(tplShared, m))
-			if err != nil {
-				f.Fatal(err)
-			}
-			templates = append(templates, c)
+	for _, dir := range fixture.Optional(f, "llama3", "qwen2.5", "qwen3", "phi3") {
+		if dir == "" {
+			continue
 		}
+		c, err := LoadChatTemplate(dir)
+		if err != nil {
+			f.Fatal(err)
+		}
+		templates = append(templates, c)
 	}
 	for _, name := range []string{"features", "hermes_like", "llama31_like", "mistral_like", "openai_content"} {
 		src, err := os.ReadFile(filepath.Join("testdata/templates", name+".jinja"))

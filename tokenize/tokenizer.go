@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -37,10 +35,10 @@ type UnsupportedError struct{ Component string }
 
 func (e *UnsupportedError) Error() string { return "unsupported " + e.Component }
 
-// Load reads dir/tokenizer.json.
+// Load reads dir/tokenizer.json, or dir/tokenizer.json.gz when tokenizer.json does
+// not exist (see ReadTokenizerJSON).
 func Load(dir string) (*Tokenizer, error) {
-	path := filepath.Join(dir, "tokenizer.json")
-	data, err := os.ReadFile(path)
+	data, path, err := ReadTokenizerJSON(dir)
 	if err != nil {
 		return nil, err
 	}

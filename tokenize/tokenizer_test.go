@@ -1,22 +1,24 @@
 package tokenize
 
 import (
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/kvgate/kvgate/internal/fixture"
 )
 
-// realDir holds the real tokenizer files (outside the repository, see
-// shared/tokenizers/README.md); tests run with the package directory as cwd.
-const realDir = "../../shared/tokenizers"
-
-// realFamilies are the families in realDir, with a golden file each.
+// realFamilies are the real tokenizers (see internal/fixture), with a golden
+// file each.
 var realFamilies = []string{"llama3", "qwen2.5", "qwen3", "llama2", "phi3", "phi2"}
 
 const goldenDir = "testdata/golden"
@@ -26,19 +28,17 @@ var (
 	realCache = map[string]*Tokenizer{}
 )
 
-// loadReal loads (once per test binary) a real tokenizer, skipping the test when the
-// shared tokenizer directory is absent.
+// loadReal loads (once per test binary) a real tokenizer, skipping the test when it
+// is absent (see fixture.Family).
 func loadReal(t testing.TB, name string) *Tokenizer {
 	t.Helper()
-	if _, err := os.Stat(realDir); err != nil {
-		t.Skipf("real tokenizer files not available: %s is absent (%v)", realDir, err)
-	}
+	dir := fixture.Family(t, name)
 	realMu.Lock()
 	defer realMu.Unlock()
 	if tk, ok := realCache[name]; ok {
 		return tk
 	}
-	tk, err := Load(filepath.Join(realDir, name))
+	tk, err := Load(dir)
 	if err != nil {
 		t.Fatalf("Load(%s): %v", name, err)
 	}
@@ -403,17 +403,32 @@ func BenchmarkEncode(b *testing.B) {
 	}
 }
 
+// realTokenizerJSON reads dir/tokenizer.json, or dir/tokenizer.json.gz
+// uncompressed (the form of the tokenizers that ship in the repository).
+func realTokenizerJSON(t testing.TB, dir string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		var f *os.File
+		if f, err = os.Open(filepath.Join(dir, "tokenizer.json.gz")); err == nil {
+			defer f.Close()
+			var zr *gzip.Reader
+			if zr, err = gzip.NewReader(f); err == nil {
+				data, err = io.ReadAll(zr)
+			}
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
 // BenchmarkLoad parses each real tokenizer.json (the file read is not timed).
 func BenchmarkLoad(b *testing.B) {
 	for _, name := range realFamilies {
 		b.Run(name, func(b *testing.B) {
-			if _, err := os.Stat(realDir); err != nil {
-				b.Skipf("real tokenizer files not available: %s is absent", realDir)
-			}
-			data, err := os.ReadFile(filepath.Join(realDir, name, "tokenizer.json"))
-			if err != nil {
-				b.Fatal(err)
-			}
+			data := realTokenizerJSON(b, fixture.Family(b, name))
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
 				if _, err := Parse(data); err != nil {

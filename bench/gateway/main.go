@@ -4,7 +4,11 @@
 // 8 000 tokens tokenized in process, over 64 workers, at an open-loop
 // offered load.
 //
-//	go run ./bench/gateway [-tokenizer ../shared/tokenizers/qwen2.5] [-rate 100] [-duration 30s]
+//	go run ./bench/gateway [-tokenizer data/tokenizers/qwen2.5] [-rate 100] [-duration 30s]
+//
+// The default tokenizer is the Qwen2.5 one shipped in the repository (see
+// data/README.md), relative to the repository root, where make and go run
+// ./bench/gateway run.
 //
 // Everything runs in this process, over real gRPC on 127.0.0.1: kvgate's
 // ext_proc server (extproc.Server over a Gateway, the catalog, the
@@ -26,8 +30,9 @@
 // have left both: the gateway has seen the history once (its tokenizer's
 // segment cache may hold it) and decisions find real prefixes. Only the
 // last reply and the new question of a request are new to the gateway.
-// The text is words of the Go specification from GOROOT, in random
-// sentences.
+// The text is runs of 6 to 17 consecutive words of English prose, in an
+// order drawn from -seed: the prose of kvgate's own documentation, embedded
+// (testdata/prose.txt.gz, written by genprose.go).
 //
 // Reported per offered rate: decision latency p50/p99/max, the rate
 // achieved, and CPU time per request (user+system of this whole process
@@ -38,7 +43,10 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	_ "embed"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -50,7 +58,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -91,7 +98,7 @@ const model = "bench-model"
 func main() {
 	var cfg config
 	var sweep string
-	flag.StringVar(&cfg.tokenizer, "tokenizer", "../shared/tokenizers/qwen2.5", "model directory with tokenizer.json and a chat template")
+	flag.StringVar(&cfg.tokenizer, "tokenizer", "data/tokenizers/qwen2.5", "model directory with tokenizer.json (or tokenizer.json.gz) and a chat template")
 	flag.IntVar(&cfg.workers, "workers", 64, "workers in the catalog")
 	flag.Float64Var(&cfg.rate, "rate", 100, "offered load of the main level, requests per second (open loop)")
 	flag.DurationVar(&cfg.duration, "duration", 30*time.Second, "length of the main level")
@@ -185,7 +192,7 @@ type bench struct {
 
 func newBench(cfg config) (*bench, error) {
 	b := &bench{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rand: rand.New(rand.NewPCG(cfg.seed, 11))}
-	words, err := specWords()
+	words, err := proseWords()
 	if err != nil {
 		return nil, err
 	}
@@ -254,25 +261,32 @@ func (b *bench) close() {
 	}
 }
 
-// specWords returns the words of the Go specification in GOROOT.
-func specWords() ([]string, error) {
-	raw, err := os.ReadFile(filepath.Join(runtime.GOROOT(), "doc", "go_spec.html"))
+//go:embed testdata/prose.txt.gz
+var proseGz []byte
+
+// proseWords returns the words of the embedded prose, in order.
+func proseWords() ([]string, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(proseGz))
 	if err != nil {
 		return nil, fmt.Errorf("text source: %w", err)
 	}
-	text := regexp.MustCompile(`<[^>]*>|&[a-z]+;`).ReplaceAllString(string(raw), " ")
-	words := strings.Fields(text)
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, fmt.Errorf("text source: %w", err)
+	}
+	words := strings.Fields(string(raw))
 	if len(words) < 1000 {
-		return nil, fmt.Errorf("text source: only %d words in go_spec.html", len(words))
+		return nil, fmt.Errorf("text source: only %d words", len(words))
 	}
 	return words, nil
 }
 
-// text returns sentences of about tokens tokens (a word and its space are
-// about 1.3 tokens).
+// text returns sentences of about tokens tokens (in Qwen2.5's tokenizer, a
+// word of the prose with its space and its share of the full stops is about
+// 1.7 tokens: technical English, with numbers and punctuation).
 func (b *bench) text(tokens int) string {
 	var sb strings.Builder
-	n := tokens * 10 / 13
+	n := tokens * 10 / 17
 	for i := 0; i < n; {
 		start := b.rand.IntN(len(b.words) - 20)
 		l := 6 + b.rand.IntN(12)

@@ -15,7 +15,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // answered (level fails if a booking is left), the table has a row per
 // level, and nothing is left running.
 func TestRun(t *testing.T) {
-	cfg := config{tokenizer: "../../../shared/tokenizers/qwen2.5", workers: 4, rate: 40, duration: time.Second,
+	cfg := config{tokenizer: "../../data/tokenizers/qwen2.5", workers: 4, rate: 40, duration: time.Second,
 		sweep: []float64{80}, sweepDuration: 500 * time.Millisecond, p99Limit: time.Minute,
 		active: 4, turns: 3, historyTokens: 400, turnTokens: 60, chunk: 1024, seed: 1}
 	var out bytes.Buffer

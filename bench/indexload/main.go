@@ -29,12 +29,17 @@
 // local timer). It owns nothing but its own measurement; it uses only
 // the indexer package's public API.
 //
-//	go run ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
-//	go run -tags matchphases ./bench/indexload -trace ../shared/data/mooncake-traces/conversation_trace.jsonl
+// The trace is by default the Mooncake conversation trace shipped gzipped
+// in data/mooncake-traces (see data/README.md); run it from the repository
+// root, as make bench does:
+//
+//	go run ./bench/indexload [-trace data/mooncake-traces/conversation_trace.jsonl.gz]
+//	go run -tags matchphases ./bench/indexload
 package main
 
 import (
 	"bufio"
+	"compress/gzip"
 	"container/list"
 	"context"
 	"encoding/json"
@@ -59,6 +64,9 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 )
 
+// defaultTrace is -trace's default, relative to the repository root.
+const defaultTrace = "data/mooncake-traces/conversation_trace.jsonl.gz"
+
 type config struct {
 	trace        string
 	workers      int
@@ -80,7 +88,7 @@ type config struct {
 
 func main() {
 	var cfg config
-	flag.StringVar(&cfg.trace, "trace", "../shared/data/mooncake-traces/conversation_trace.jsonl", "Mooncake trace (JSON lines with hash_ids)")
+	flag.StringVar(&cfg.trace, "trace", defaultTrace, "Mooncake trace (JSON lines with hash_ids, gzipped or not); the default is relative to the repository root")
 	flag.IntVar(&cfg.workers, "workers", 256, "simulated workers")
 	flag.IntVar(&cfg.split, "split", 32, "sub-blocks per 512-token trace block (32 = vLLM's block size 16)")
 	flag.IntVar(&cfg.capacity, "capacity", 16384, "KV cache capacity per worker, in blocks")
@@ -398,14 +406,22 @@ type traceRequest struct {
 	HashIDs []uint64 `json:"hash_ids"`
 }
 
+// readTrace reads a Mooncake trace, gzipped or not (by its magic bytes, or
+// a name ending in .gz).
 func readTrace(path string) ([]traceRequest, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}
 	defer f.Close()
+	var r io.Reader = bufio.NewReader(f)
+	if magic, _ := r.(*bufio.Reader).Peek(2); strings.HasSuffix(path, ".gz") || (len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+		if r, err = gzip.NewReader(r); err != nil {
+			return nil, fmt.Errorf("trace %s: %w", path, err)
+		}
+	}
 	var reqs []traceRequest
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)
 	for line := 1; sc.Scan(); line++ {
 		if len(strings.TrimSpace(sc.Text())) == 0 {
@@ -418,7 +434,7 @@ func readTrace(path string) ([]traceRequest, error) {
 		reqs = append(reqs, r)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read trace: %w", err)
+		return nil, fmt.Errorf("read trace %s: %w", path, err)
 	}
 	if len(reqs) == 0 {
 		return nil, fmt.Errorf("trace %s has no requests", path)

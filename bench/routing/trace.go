@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +11,7 @@ import (
 	"math"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -35,28 +38,50 @@ type traceLine struct {
 	HashIDs      []uint64 `json:"hash_ids"`
 }
 
-// ReadTraceFile reads a Mooncake trace file; see ReadTrace.
+// ReadTraceFile reads a Mooncake trace file, gzipped or not (a name ending
+// in .gz must be gzip); see ReadTrace.
 func ReadTraceFile(path string, tokensPerHash int) ([]Request, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
-	reqs, err := ReadTrace(f, tokensPerHash)
+	r, err := decompress(f, strings.HasSuffix(path, ".gz"))
+	if err != nil {
+		return nil, fmt.Errorf("trace %s: %w", path, err)
+	}
+	reqs, err := ReadTrace(r, tokensPerHash)
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", path, err)
 	}
 	return reqs, nil
 }
 
-// ReadTrace reads a Mooncake trace: one JSON object per line with
-// timestamp (ms), input_length, output_length and hash_ids, where each id
-// stands for tokensPerHash prompt tokens. Lines must be in timestamp order
-// and each prompt must need exactly len(hash_ids) blocks. At is the
-// timestamp from the first line's.
+// gzipMagic starts every gzip stream.
+var gzipMagic = []byte{0x1f, 0x8b}
+
+// decompress returns r decompressed when it starts as gzip does, or when gz
+// is set; else r itself (buffered).
+func decompress(r io.Reader, gz bool) (io.Reader, error) {
+	br := bufio.NewReader(r)
+	if magic, _ := br.Peek(len(gzipMagic)); !gz && !bytes.Equal(magic, gzipMagic) {
+		return br, nil
+	}
+	return gzip.NewReader(br)
+}
+
+// ReadTrace reads a Mooncake trace, gzipped or not: one JSON object per
+// line with timestamp (ms), input_length, output_length and hash_ids, where
+// each id stands for tokensPerHash prompt tokens. Lines must be in
+// timestamp order and each prompt must need exactly len(hash_ids) blocks.
+// At is the timestamp from the first line's.
 func ReadTrace(r io.Reader, tokensPerHash int) ([]Request, error) {
 	if tokensPerHash < 1 {
 		return nil, fmt.Errorf("tokens per hash id %d: must be >= 1", tokensPerHash)
+	}
+	r, err := decompress(r, false)
+	if err != nil {
+		return nil, err
 	}
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 1<<20), 64<<20)

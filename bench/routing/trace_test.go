@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -153,5 +158,95 @@ func TestPromptTokens(t *testing.T) {
 	var fromJSON []uint32
 	if err := json.Unmarshal(appendPromptJSON(nil, a, 4), &fromJSON); err != nil || !slices.Equal(fromJSON, ta) {
 		t.Errorf("appendPromptJSON: %v, %v, want %v", fromJSON, err, ta)
+	}
+}
+
+// TestReadTraceGzip: a gzipped trace reads as the plain one does, by its
+// magic bytes whatever its name; a .gz name that is not gzip, and a
+// truncated gzip stream, fail naming the file.
+func TestReadTraceGzip(t *testing.T) {
+	plain := `{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 1500.5, "input_length": 512, "output_length": 1, "hash_ids": [0]}
+`
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(plain))
+	zw.Close()
+	want, err := ReadTrace(strings.NewReader(plain), 512)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(got []Request) bool {
+		return slices.EqualFunc(got, want, func(a, b Request) bool {
+			return a.Line == b.Line && a.At == b.At && a.InputLength == b.InputLength && a.OutputLength == b.OutputLength && slices.Equal(a.HashIDs, b.HashIDs)
+		})
+	}
+	if got, err := ReadTrace(bytes.NewReader(gz.Bytes()), 512); err != nil || !same(got) {
+		t.Errorf("ReadTrace(gzip) = %+v, %v; want %+v", got, err, want)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"t.jsonl": []byte(plain), "t.jsonl.gz": gz.Bytes(), "gzip-named-plainly.jsonl": gz.Bytes()} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ReadTraceFile(path, 512); err != nil || !same(got) {
+			t.Errorf("ReadTraceFile(%s) = %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+	for name, data := range map[string][]byte{"plain.jsonl.gz": []byte(plain), "truncated.jsonl.gz": gz.Bytes()[:gz.Len()-12]} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadTraceFile(path, 512); err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("ReadTraceFile(%s) = %v; want an error naming the file", name, err)
+		}
+	}
+}
+
+// TestShippedTraces reads the traces shipped in data/mooncake-traces (see
+// data/README.md) whole, as the demo and bench-routing do: they are part
+// of the repository, so a missing or unreadable one fails. The default
+// -trace is one of them (relative to the repository root, where make and
+// go run ./bench/routing run).
+func TestShippedTraces(t *testing.T) {
+	root := filepath.Join("..", "..")
+	cfg, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Trace != "data/mooncake-traces/conversation_trace.jsonl.gz" {
+		t.Errorf("default -trace %q, want the shipped conversation trace", cfg.Trace)
+	}
+	for _, tc := range []struct {
+		file             string
+		requests, blocks int
+	}{
+		{"conversation_trace.jsonl.gz", 12031, 288500},
+		{"synthetic_trace.jsonl.gz", 3993, 121877},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			reqs, err := ReadTraceFile(filepath.Join(root, "data", "mooncake-traces", tc.file), 512)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blocks, distinct := 0, map[uint64]bool{}
+			for _, r := range reqs {
+				if len(r.HashIDs) == 0 {
+					t.Fatalf("line %d has no hash ids", r.Line)
+				}
+				blocks += len(r.HashIDs)
+				for _, h := range r.HashIDs {
+					distinct[h] = true
+				}
+			}
+			if len(reqs) != tc.requests || blocks != tc.blocks {
+				t.Errorf("%d requests, %d prompt blocks; want %d and %d (data/README.md)", len(reqs), blocks, tc.requests, tc.blocks)
+			}
+			if o := ComputeOracle(reqs, 512); o.SeenBlocks == 0 || len(distinct) >= blocks {
+				t.Errorf("no prompt block repeats (%d distinct of %d): the hash ids do not share prefixes", len(distinct), blocks)
+			}
+		})
 	}
 }

@@ -1,18 +1,31 @@
 // Command tokenize benchmarks kvgate's pure-Go tokenizer against the reference, the npm
 // package `tokenizers` (Hugging Face's Rust core), on the same corpus, in one run:
 //
-//	go run ./bench/tokenize [-tokenizers ../shared/tokenizers] [-mb 3] [-passes 5]
+//	go run ./bench/tokenize [-tokenizers DIR] [-mb 3] [-passes 5]
 //
-// For every <dir>/*/tokenizer.json it encodes every document of the corpus with
-// add_special_tokens=false on one goroutine (after a warm-up pass, as both sides have a
-// word cache), runs the reference through a node child process (RAYON_NUM_THREADS=1,
-// best of sequential encode() and encodeBatch()), checks that both produced identical
-// ids for every document, and prints a Markdown table.
+// For every <dir>/<family>/tokenizer.json (or tokenizer.json.gz) it encodes every
+// document of the corpus with add_special_tokens=false on one goroutine (after a
+// warm-up pass, as both sides have a word cache), runs the reference through a node
+// child process (RAYON_NUM_THREADS=1, best of sequential encode() and encodeBatch()),
+// checks that both produced identical ids for every document, and prints a Markdown
+// table.
 //
-// The corpus is built from text on the machine: the Go specification and Go standard
-// library sources from GOROOT (English prose, HTML, code) and the UTF-8 test texts of
-// golang.org/x/text from the module cache (French, Japanese, Chinese, Korean), cut
-// into documents of about -docsize bytes at line ends.
+// -tokenizers defaults to $KVGATE_TOKENIZERS when set, else data/tokenizers (relative
+// to the repository root, where go run ./bench/tokenize runs), which holds only
+// qwen2.5 (see data/README.md). A run over every model family (Llama 2 and 3, Phi-2,
+// Phi-3, Qwen2.5, Qwen3) needs the directory that holds them all, named by
+// KVGATE_TOKENIZERS or given as -tokenizers $KVGATE_TOKENIZERS; the project's
+// machines keep it beside the checkout, in the tokenizers folder of the shared
+// directory (see CONTRIBUTING.md).
+//
+// The corpus ships with the command, embedded: testdata/corpus.txt.gz, about 0.87 MB
+// of kvgate's own text (gencorpus.go writes it and says what it holds): Markdown
+// prose, the same rendered as HTML, Go sources, YAML and scripts, edge-case texts,
+// and French, Japanese, Chinese and Korean paragraphs. Its sections are cut into
+// documents of about -docsize bytes at line ends and interleaved in proportion, so
+// that any prefix mixes them; -mb takes the documents in that order until it has
+// that many bytes, cycling through the corpus again (the same documents) when -mb is
+// larger than it.
 //
 // The reference is installed with npm into a cache directory outside the repository
 // (-refdir, default $XDG_CACHE_HOME/kvgate/tokref) when missing; without node/npm the
@@ -20,6 +33,8 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	_ "embed"
 	"encoding/binary"
 	"encoding/json"
@@ -27,7 +42,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,7 +61,7 @@ const refPackage = "tokenizers@0.23.2"
 
 func main() {
 	var (
-		dir     = flag.String("tokenizers", "../shared/tokenizers", "directory of <family>/tokenizer.json")
+		dir     = flag.String("tokenizers", defaultTokenizers(), "directory of <family>/tokenizer.json or tokenizer.json.gz ($KVGATE_TOKENIZERS when set, else data/tokenizers)")
 		mb      = flag.Float64("mb", 3, "corpus size in MB")
 		docSize = flag.Int("docsize", 4096, "document size in bytes")
 		passes  = flag.Int("passes", 5, "timed passes per side (best is reported)")
@@ -59,6 +73,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/tokenize:", err)
 		os.Exit(1)
 	}
+}
+
+// defaultTokenizers is $KVGATE_TOKENIZERS, else the repository's data/tokenizers.
+func defaultTokenizers() string {
+	if d := os.Getenv("KVGATE_TOKENIZERS"); d != "" {
+		return d
+	}
+	return filepath.Join("data", "tokenizers")
 }
 
 func defaultRefDir() string {
@@ -148,7 +170,7 @@ func run(w io.Writer, dir string, mb float64, docSize, passes int, only, refDir 
 		if refErr != nil {
 			res.refNote = "not run"
 		} else {
-			ref, err := runReference(node, refDir, script, filepath.Join(dir, fam, "tokenizer.json"), docsFile, tmp, len(docs), passes)
+			ref, err := runReference(node, refDir, script, filepath.Join(dir, fam), docsFile, tmp, len(docs), passes)
 			if err != nil {
 				res.refNote = "failed: " + err.Error()
 			} else {
@@ -171,7 +193,8 @@ func run(w io.Writer, dir string, mb float64, docSize, passes int, only, refDir 
 	return nil
 }
 
-// listFamilies returns the subdirectories of dir holding a tokenizer.json.
+// listFamilies returns the subdirectories of dir holding a tokenizer.json or a
+// tokenizer.json.gz.
 func listFamilies(dir, only string) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -189,12 +212,12 @@ func listFamilies(dir, only string) ([]string, error) {
 		if !e.IsDir() || (want != nil && !want[e.Name()]) {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(dir, e.Name(), "tokenizer.json")); err == nil {
+		if _, err := tokenize.TokenizerJSONPath(filepath.Join(dir, e.Name())); err == nil {
 			out = append(out, e.Name())
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no <family>/tokenizer.json under %s", dir)
+		return nil, fmt.Errorf("no <family>/tokenizer.json or tokenizer.json.gz under %s", dir)
 	}
 	return out, nil
 }
@@ -252,8 +275,23 @@ func ensureReference(refDir string) (string, error) {
 	return node, nil
 }
 
-// runReference runs ref.js on one tokenizer and reads back its ids.
-func runReference(node, refDir, script, tokJSON, docsFile, tmp string, ndocs, passes int) (*refResult, error) {
+// runReference runs ref.js on the tokenizer of famDir and reads back its ids. A
+// gzipped tokenizer.json is decompressed into tmp for it.
+func runReference(node, refDir, script, famDir, docsFile, tmp string, ndocs, passes int) (*refResult, error) {
+	tokJSON, err := tokenize.TokenizerJSONPath(famDir)
+	if err != nil {
+		return nil, err
+	}
+	if strings.HasSuffix(tokJSON, ".gz") {
+		data, _, err := tokenize.ReadTokenizerJSON(famDir)
+		if err != nil {
+			return nil, err
+		}
+		tokJSON = filepath.Join(tmp, "tokenizer.json")
+		if err := os.WriteFile(tokJSON, data, 0o644); err != nil {
+			return nil, err
+		}
+	}
 	idsFile := filepath.Join(tmp, "ref-ids.bin")
 	cmd := exec.Command(node, script, tokJSON, docsFile, idsFile, fmt.Sprint(passes))
 	cmd.Env = append(os.Environ(), "NODE_PATH="+filepath.Join(refDir, "node_modules"), "RAYON_NUM_THREADS=1")
@@ -326,76 +364,79 @@ func writeJSON(path string, v any) error {
 	return os.WriteFile(path, data, 0o644)
 }
 
-// buildCorpus gathers about size bytes of text and cuts it into documents.
+//go:embed testdata/corpus.txt.gz
+var corpusGz []byte
+
+// sectionMarker starts a line naming the corpus section that follows (gencorpus.go).
+const sectionMarker = "\x1ekvgate-corpus "
+
+// section is one part of the corpus: a kind of text.
+type section struct{ name, text string }
+
+// readCorpus returns the sections of the embedded corpus.
+func readCorpus() ([]section, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(corpusGz))
+	if err != nil {
+		return nil, fmt.Errorf("corpus: %w", err)
+	}
+	data, err := io.ReadAll(zr)
+	if err != nil {
+		return nil, fmt.Errorf("corpus: %w", err)
+	}
+	parts := strings.Split(string(data), sectionMarker)
+	if parts[0] != "" || len(parts) < 2 {
+		return nil, errors.New("corpus: does not start with a section")
+	}
+	var out []section
+	for _, p := range parts[1:] {
+		name, text, ok := strings.Cut(p, "\n")
+		if !ok || name == "" || text == "" {
+			return nil, fmt.Errorf("corpus: bad section %.40q", p)
+		}
+		out = append(out, section{name, text})
+	}
+	return out, nil
+}
+
+// buildCorpus cuts the corpus's sections into documents of about docSize bytes,
+// interleaves them in proportion (document j of a section of n comes at (j+0.5)/n
+// of the way), and takes them in that order, cycling, until they hold size bytes.
+// It returns the documents and a description of what they hold.
 func buildCorpus(size, docSize int) ([]string, []string, error) {
-	goroot, err := goEnv("GOROOT")
+	sections, err := readCorpus()
 	if err != nil {
 		return nil, nil, err
 	}
-	var texts []string
-	var sources []string
-	total := 0
-	add := func(name string, data []byte) {
-		texts = append(texts, string(data))
-		total += len(data)
-		_ = name
+	type doc struct {
+		text    string
+		section int
+		at      float64
 	}
-	// Multilingual text: golang.org/x/text's UTF-8 test texts (about 120 kB), twice.
-	if dir, err := moduleDir("golang.org/x/text"); err == nil {
-		files, _ := filepath.Glob(filepath.Join(dir, "encoding", "testdata", "*-utf-8.txt"))
-		sort.Strings(files)
-		n := 0
-		for rep := 0; rep < 2; rep++ {
-			for _, f := range files {
-				if data, err := os.ReadFile(f); err == nil {
-					add(f, data)
-					n += len(data)
-				}
-			}
+	var all []doc
+	corpusBytes := 0
+	for i, s := range sections {
+		parts := splitDocs(s.text, docSize)
+		for j, p := range parts {
+			all = append(all, doc{p, i, (float64(j) + 0.5) / float64(len(parts))})
 		}
-		if n > 0 {
-			sources = append(sources, fmt.Sprintf("x/text testdata %.2f MB", float64(n)/1e6))
-		}
+		corpusBytes += len(s.text)
 	}
-	// The Go specification (HTML prose).
-	if data, err := os.ReadFile(filepath.Join(goroot, "doc", "go_spec.html")); err == nil {
-		add("go_spec.html", data)
-		sources = append(sources, fmt.Sprintf("go_spec.html %.2f MB", float64(len(data))/1e6))
-	}
-	// Go sources, in a fixed order, up to the size.
-	var goFiles []string
-	err = filepath.WalkDir(filepath.Join(goroot, "src"), func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if d.IsDir() && (d.Name() == "testdata" || d.Name() == "vendor") {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
-			goFiles = append(goFiles, path)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	sort.Strings(goFiles)
-	codeBytes := 0
-	for _, f := range goFiles {
-		if total >= size {
-			break
-		}
-		data, err := os.ReadFile(f)
-		if err != nil || !isText(data) {
-			continue
-		}
-		add(f, data)
-		codeBytes += len(data)
-	}
-	sources = append(sources, fmt.Sprintf("GOROOT/src Go files %.2f MB", float64(codeBytes)/1e6))
+	sort.SliceStable(all, func(a, b int) bool { return all[a].at < all[b].at })
 	var docs []string
-	for _, t := range texts {
-		docs = append(docs, splitDocs(t, docSize)...)
+	perSection := make([]int, len(sections))
+	total := 0
+	for i := 0; total < size; i++ {
+		d := all[i%len(all)]
+		docs = append(docs, d.text)
+		perSection[d.section] += len(d.text)
+		total += len(d.text)
+	}
+	var sources []string
+	for i, s := range sections {
+		sources = append(sources, fmt.Sprintf("%s %.2f MB", s.name, float64(perSection[i])/1e6))
+	}
+	if total > corpusBytes {
+		sources = append(sources, fmt.Sprintf("the %.2f MB corpus cycled %.1f times", float64(corpusBytes)/1e6, float64(total)/float64(corpusBytes)))
 	}
 	return docs, sources, nil
 }
@@ -419,28 +460,4 @@ func splitDocs(s string, size int) []string {
 		s = s[cut:]
 	}
 	return out
-}
-
-func isText(b []byte) bool {
-	return !slices.Contains(b, 0)
-}
-
-func goEnv(key string) (string, error) {
-	out, err := exec.Command("go", "env", key).Output()
-	if err != nil {
-		return "", fmt.Errorf("go env %s: %w", key, err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-func moduleDir(path string) (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", path).Output()
-	if err != nil {
-		return "", err
-	}
-	dir := strings.TrimSpace(string(out))
-	if dir == "" {
-		return "", fmt.Errorf("module %s not downloaded", path)
-	}
-	return dir, nil
 }
