@@ -6,10 +6,13 @@ LDFLAGS  := -X main.version=$(VERSION)
 FUZZTIME ?= 10s
 
 .DEFAULT_GOAL := build
-.PHONY: build demo test test-deps bench bench-routing fuzz lint clean help
+.PHONY: build install demo test test-deps bench bench-routing fuzz lint clean help
 
 build: ## Build bin/kvgate, version stamped from git describe (or "dev")
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/kvgate .
+
+install: ## Install kvgate into $(go env GOPATH)/bin (or GOBIN), version stamped as for build
+	$(GO) install -ldflags '$(LDFLAGS)' .
 
 demo: build ## Replay a window of the Mooncake conversation trace through kvgate in front of a simulated fleet, once per routing policy; results in demo-out/
 	$(GO) run ./bench/routing -kvgate bin/kvgate -out demo-out
@@ -42,18 +45,15 @@ test-deps:
 		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q python3 python3-zmq python3-msgpack; \
 	fi
 
-bench: ## Run Go benchmarks, then the index load benchmark on the Mooncake conversation trace
+bench: ## Go benchmarks, then the index, ingestion, gateway and tokenizer benchmarks (BENCHMARKS.md), on the shipped data
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./bench/indexload
 	$(GO) run ./bench/indexload -index-shards 2
 	$(GO) run ./bench/indexload -split 1 -capacity 512
-	$(GO) run ./bench/indexload -pace 5
-	$(GO) run ./bench/indexload -pace 5 -pace-spin
-	GOMAXPROCS=1 $(GO) run ./bench/indexload -pace 5 -rematch
-	$(GO) run -tags matchphases ./bench/indexload
 	$(GO) run ./bench/ingest -publishers 4 -batches 20000
 	$(GO) run ./bench/ingest -publishers 64 -batches 2000 -encoding array
 	$(GO) run ./bench/gateway -duration 30s -sweep 200,400,800,1200 -sweep-duration 10s
+	$(GO) run ./bench/tokenize
 
 bench-routing: build ## Routing quality at larger scale: load sweeps on the conversation and synthetic traces; results in bench-out/
 	$(GO) run ./bench/routing -kvgate bin/kvgate -out bench-out/conversation -window 15m -compression 15,20,25,30

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,16 +31,29 @@ func newSimCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sim",
 		Short: "Run a fleet of simulated vLLM workers (OpenAI HTTP API, KV events over ZMQ) for demos and load tests",
-		Long: `Runs --workers simulated vLLM engines in one process. Worker i serves vLLM's
-OpenAI-compatible HTTP API on --base-port+i (/v1/completions, /v1/chat/completions,
-/v1/models, /tokenize, /health, /metrics, /reset_prefix_cache) and publishes its
-KV cache events, rank r on --event-base-port + i*dp_size + r, with a replay socket on
---replay-base-port likewise. Each rank has a KV cache of --num-blocks blocks with
-prefix caching and LRU eviction, a continuous-batching scheduler, and Dynamo
-mocker's timing model, sped up by --speedup.
+		Long: `Runs --workers simulated vLLM engines in one process. Workers are numbered from
+--first-id (default 1); the worker with id --first-id+i (i = 0, 1, ...) serves
+vLLM's OpenAI-compatible HTTP API on port --base-port+i (/v1/completions,
+/v1/chat/completions, /v1/models, /tokenize, /health, /metrics,
+/reset_prefix_cache) and publishes its KV cache events, rank r on port
+--event-base-port + i*dp_size + r, with a replay socket on --replay-base-port
+likewise. With the defaults, worker 1 listens on 8000 and publishes on 5557,
+worker 2 on 8001 and 5558, and so on. Each rank has a KV cache of --num-blocks
+blocks with prefix caching and LRU eviction, a continuous-batching scheduler,
+and Dynamo mocker's timing model, sped up by --speedup.
 
-It prints where every worker listens and the matching "kvgate serve" command, then
-runs until interrupted.`,
+A request with max_tokens gets exactly that many output tokens (finish_reason
+"length"); without it the simulated model ends its answer on its own, after a
+length drawn per request from a lognormal distribution with mean
+--mean-output-tokens (median about 0.61 x the mean), the same for the same
+request and --seed (finish_reason "stop"), unless the context (or, for
+completions, vLLM's default of 16 tokens) cuts it first.
+
+It prints where every worker listens and a "kvgate serve" command that routes
+to them: the embedded proxy on 127.0.0.1:8080, the admin API on 127.0.0.1:8090
+and ext_proc on 127.0.0.1:9002. --endpoints-file writes the same as JSON, the
+listener flags as listen_args and the fleet's as serve_args. Then it runs until
+interrupted.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Workers < 1 || cfg.DPSize < 1 {
@@ -71,11 +85,11 @@ runs until interrupted.`,
 	fs.IntVar(&cfg.Workers, "workers", 4, "number of simulated workers")
 	fs.IntVar(&cfg.DPSize, "dp-size", 1, "data-parallel ranks per worker")
 	fs.StringVar(&cfg.Host, "host", "127.0.0.1", "address every socket binds")
-	fs.IntVar(&cfg.BasePort, "base-port", 8000, "HTTP port of the first worker (worker i: base+i); 0 picks free ports")
-	fs.IntVar(&cfg.EventBasePort, "event-base-port", 5557, "KV event PUB port of the first rank; 0 picks free ports")
-	fs.IntVar(&cfg.ReplayBasePort, "replay-base-port", 6557, "KV event replay port of the first rank; 0 picks free ports")
+	fs.IntVar(&cfg.BasePort, "base-port", 8000, "HTTP port of the first worker (the worker with id first-id+i: base-port+i); 0 picks free ports")
+	fs.IntVar(&cfg.EventBasePort, "event-base-port", 5557, "KV event PUB port of the first worker's rank 0 (id first-id+i, rank r: event-base-port + i*dp-size + r); 0 picks free ports")
+	fs.IntVar(&cfg.ReplayBasePort, "replay-base-port", 6557, "KV event replay port of the first worker's rank 0, numbered as --event-base-port; 0 picks free ports")
 	fs.BoolVar(&cfg.NoReplay, "no-replay", false, "do not open replay sockets")
-	fs.Uint64Var(&cfg.FirstID, "first-id", 1, "id of the first worker (worker i: first+i)")
+	fs.Uint64Var(&cfg.FirstID, "first-id", 1, "id of the first worker; the others follow (first-id+1, ...)")
 	fs.StringVar(&cfg.Model, "model", "sim-model", "served model name")
 	fs.StringVar(&lora, "lora", "", "comma-separated LoRA adapter names, served as models of their own")
 	fs.StringVar(&cfg.Tokenizer, "tokenizer", "", "model directory with tokenizer.json (and chat template); without it text prompts are tokenized as UTF-8 bytes and chats are refused")
@@ -91,7 +105,8 @@ runs until interrupted.`,
 	fs.Float64Var(&cfg.Faults.FailRate, "fail-rate", 0, "fault: fraction of generation requests answered with HTTP 500")
 	fs.DurationVar(&cfg.Faults.Delay, "delay", 0, "fault: delay before every generation response")
 	fs.DurationVar(&cfg.Faults.RestartEvery, "restart-every", 0, "fault: restart one worker's engine (round robin) at this period; 0: never")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of output tokens and faults")
+	fs.Float64Var(&cfg.MeanOutputTokens, "mean-output-tokens", sim.DefaultMeanOutputTokens, "mean length of the answers the simulated model ends on its own (requests without max_tokens; lognormal, median about 0.61 x the mean)")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of output tokens, output lengths and faults")
 	fs.StringVar(&endpointFile, "endpoints-file", "", "also write the workers' endpoints as JSON to this file once listening")
 	fs.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return cmd
@@ -142,7 +157,8 @@ func runSim(ctx context.Context, cfg sim.Config, endpointFile string, out io.Wri
 		https = append(https, fmt.Sprintf("%d=%s", w.ID, strings.TrimPrefix(w.URL, "http://")))
 	}
 	doc.ServeArgs = append(doc.ServeArgs, "--workers", strings.Join(workers, ","), "--worker-endpoints", strings.Join(https, ","))
-	fmt.Fprintf(out, "route with: kvgate serve %s\n", shellJoin(doc.ServeArgs))
+	doc.ListenArgs = serveListenArgs
+	fmt.Fprintf(out, "route with: kvgate serve %s\n", shellJoin(slices.Concat(doc.ListenArgs, doc.ServeArgs)))
 	if endpointFile != "" {
 		data, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {
@@ -159,6 +175,12 @@ func runSim(ctx context.Context, cfg sim.Config, endpointFile string, out io.Wri
 	}
 	return nil
 }
+
+// serveListenArgs are the listeners of the printed `kvgate serve`
+// command: the embedded proxy the walkthrough sends requests to, and the
+// admin and ext_proc servers, all on the loopback interface only (kvgate's
+// own defaults bind every interface).
+var serveListenArgs = []string{"--proxy-addr", "127.0.0.1:8080", "--admin-addr", "127.0.0.1:8090", "--ext-proc-addr", "127.0.0.1:9002"}
 
 // shellJoin quotes args for a POSIX shell where needed.
 func shellJoin(args []string) string {

@@ -3,9 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,9 +16,11 @@ import (
 )
 
 // TestE2ESim runs `kvgate sim` (2 workers x 2 DP ranks) and `kvgate serve`
-// subscribed to it with the command line the simulator prints: a
-// completion served by worker 2's rank 1 shows up, through real KV events,
-// in kvgate's /query for that worker and rank only.
+// subscribed to it with the command line the simulator prints (its
+// listeners on free ports of the same interface): a completion served by
+// worker 2's rank 1 shows up, through real KV events, in kvgate's /query
+// for that worker and rank only, and the command's proxy, on the loopback
+// interface, serves completions.
 func TestE2ESim(t *testing.T) {
 	ctx := e2eContext(t)
 	dir := t.TempDir()
@@ -36,8 +41,19 @@ func TestE2ESim(t *testing.T) {
 	if len(eps.Workers) != 2 || len(eps.Workers[1].Ranks) != 2 || eps.Model != "sim-model" || eps.BlockSize != 16 {
 		t.Fatalf("endpoints: %s", data)
 	}
-	args := append([]string{"serve", "--admin-addr", "127.0.0.1:0"}, eps.ServeArgs...)
-	kv := startKvgate(t, ctx, args...)
+	if want := []string{"--proxy-addr", "127.0.0.1:8080", "--admin-addr", "127.0.0.1:8090", "--ext-proc-addr", "127.0.0.1:9002"}; !slices.Equal(eps.ListenArgs, want) {
+		t.Errorf("listen_args %q, want %q", eps.ListenArgs, want)
+	}
+	// The printed command, on free ports: tests run several kvgate
+	// processes at once.
+	args := []string{"serve"}
+	for _, a := range eps.ListenArgs {
+		if host, _, err := net.SplitHostPort(a); err == nil {
+			a = net.JoinHostPort(host, "0")
+		}
+		args = append(args, a)
+	}
+	kv := startKvgate(t, ctx, append(args, eps.ServeArgs...)...)
 	api := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + kv.adminAddr(t, ctx)}
 	api.eventually(func() string {
 		body := api.must(http.StatusOK, "GET", "/workers", nil)
@@ -79,10 +95,43 @@ func TestE2ESim(t *testing.T) {
 		}
 		return ""
 	})
+
+	// The proxy is on, on the loopback interface, and routes.
+	line, err := kv.waitLine(ctx, func(l string) bool { return strings.Contains(l, `msg="proxy listening"`) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := listenRE.FindStringSubmatch(line)
+	if m == nil || !strings.HasPrefix(m[2], "127.0.0.1:") {
+		t.Fatalf("proxy: %q, want an address on 127.0.0.1", line)
+	}
+	body, _ = json.Marshal(map[string]any{"model": "sim-model", "prompt": prompt[:40], "max_tokens": 2})
+	req, err = http.NewRequestWithContext(ctx, "POST", "http://"+m[2]+"/v1/completions", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = testClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(data), `"completion_tokens":2`) {
+		t.Errorf("completion through the proxy: status %d, %s", resp.StatusCode, data)
+	}
+	for _, l := range kv.stderrLines() {
+		if m := listenRE.FindStringSubmatch(l); m != nil && !strings.HasPrefix(m[2], "127.0.0.1:") {
+			t.Errorf("%s listens on %s, not on the loopback interface", m[1], m[2])
+		}
+	}
+
 	stop(t, kv)
 	stop(t, simProc)
-	// What it printed (read once it exited): the same command, quoted for a shell.
-	if want := "route with: kvgate serve " + shellJoin(eps.ServeArgs) + "\n"; !strings.Contains(simProc.stdout.String(), want) {
+	// What it printed (read once it exited): the same command, quoted for
+	// a shell, with the listeners on the loopback interface.
+	want = "route with: kvgate serve --proxy-addr 127.0.0.1:8080 --admin-addr 127.0.0.1:8090 --ext-proc-addr 127.0.0.1:9002 " + shellJoin(eps.ServeArgs) + "\n"
+	if !strings.Contains(simProc.stdout.String(), want) {
 		t.Errorf("output %q lacks %q", simProc.stdout.String(), want)
 	}
 }
@@ -108,6 +157,7 @@ func TestE2ESimBadFlags(t *testing.T) {
 		{"sim", "--encoding", "xml"},
 		{"sim", "--workers", "0", "--base-port", "0"},
 		{"sim", "--fail-rate", "2", "--base-port", "0"},
+		{"sim", "--mean-output-tokens", "-1", "--base-port", "0"},
 		{"sim", "--tokenizer", "/nonexistent", "--base-port", "0"},
 	} {
 		p := startKvgate(t, ctx, args...)

@@ -28,6 +28,47 @@
 // with -serve-args "--log-level debug", decisions off the rank with the
 // longest cached prefix.
 //
+// # results.csv
+//
+// One row per (load level, policy), then an "oracle" row per level that
+// fills only the hit rate columns. The columns:
+//
+//   - trace, window_start_s, window_s, requests: the window replayed
+//     (window_start_s is -start, 0 by default);
+//   - compression, speedup, load: the load level (load = compression /
+//     speedup, the offered load against the engines' real speed);
+//   - policy, completed, errors: the run and its requests;
+//   - prompt_tokens, cached_tokens, hit_rate: from the responses' usage
+//     (cached_tokens is prompt_tokens_details.cached_tokens);
+//     oracle_hit_rate and hit_rate_of_oracle compare it with the oracle;
+//   - ttft_*_ms, e2e_*_ms: latencies in wall-clock milliseconds through
+//     kvgate's proxy; output_tokens, duration_s, output_tokens_per_s,
+//     requests_per_s: throughput; offered_requests_per_s: the rate sent;
+//     send_lag_p99_ms: how late the runner sent requests;
+//   - requests_per_worker: kvgate's routed counter per worker, in worker
+//     order, "/"-separated;
+//   - preemptions: the engines' vllm:num_preemptions_total, summed; 0
+//     unless some rank ran out of KV blocks (with the demo's 65536
+//     blocks per rank it rarely does: lower -num-blocks to see it);
+//   - kvgate_cpu_s, fleet_cpu_s, runner_cpu_s, other_cpu_s, wall_s: CPU
+//     seconds of each process and of everything else on the machine
+//     during the run, from /proc: all 0 off Linux;
+//   - contended: why the run's latencies are not reliable (busy machine,
+//     late runner), empty when they are; such runs are marked "(!)" in
+//     the tables and the TTFT CDF;
+//   - lost_in_flight_of_oracle: the share of the oracle's reusable tokens
+//     lost because their prefix was still being computed when the
+//     request was sent (gap.go), empty when the window has none; 0 is
+//     common at low load, where a conversation's next turn comes after
+//     the previous one finished;
+//   - lost_off_best_of_oracle, decisions_off_best, decisions_logged: only
+//     when kvgate ran with -serve-args "--log-level debug" and logged its
+//     decisions (otherwise they would always be 0, so they are left out):
+//     the share lost to decisions off the rank with the longest cached
+//     prefix, how many such decisions, and how many decisions were read.
+//     Policies that do not look at the cache (the baselines) log none:
+//     their first two cells are empty.
+//
 // The package owns bench/routing only. It must not import kvgate's
 // routing packages (scheduler, extproc, indexer) nor route requests: it is
 // a client of the kvgate binary, like a user's load generator.

@@ -12,30 +12,34 @@ import (
 	"time"
 )
 
-// ReuseGap splits the reusable prompt tokens a run did not find cached
-// (the oracle's, less the engines' cached tokens) by cause:
+// ReuseGap splits the reusable prompt tokens of a run (the oracle's: in
+// blocks seen earlier in the window) into those the engines found cached
+// and those lost, by cause. The parts are never negative and add up to
+// Oracle, token by token: a request's cached tokens are the first ones of
+// its prompt, so each reusable block is found (as far as the engine's
+// cached prefix reaches into it) or lost, and a lost token has one cause,
+// the first that applies:
 //
 //   - in flight: the block had been sent before, but no request holding
-//     it had finished its prefill when this one was sent, so no engine
-//     held it yet (blocks are cached once computed);
+//     it had finished its prefill (as the runner saw it: first token
+//     received) when this one was sent, so no engine could hold it yet.
+//     On a busy machine the runner sees first tokens late, so more blocks
+//     count as in flight; those the engines found all the same count as
+//     found, never twice;
 //   - off best: kvgate routed the request to a rank holding a shorter
 //     cached prefix than another rank did (from kvgate's routed debug
 //     log: cached_blocks against best_cached_blocks; only for kv runs
-//     with --log-level debug);
-//   - the rest: evictions, prefixes split over ranks, and the engines'
-//     own timing (negative when the engines found more than kvgate saw at
-//     routing time: a prefix computed between the decision and the
-//     request's scheduling).
+//     with --log-level debug), at most the tokens the request lost
+//     otherwise;
+//   - other: evictions, prefixes split over ranks, failed requests, a
+//     prompt's last partial block, and the engines' own timing.
 type ReuseGap struct {
-	// Oracle and Cached are tokens: those in blocks seen earlier in the
-	// window (as Oracle.SeenTokens) and those the engines reported cached.
-	Oracle, Cached int64
-	InFlight       int64
+	// Oracle is the reusable tokens (as Oracle.SeenTokens); Found,
+	// InFlight, OffBestTokens and Other split it.
+	Oracle, Found, InFlight, OffBestTokens, Other int64
 	// Decisions are the routed decisions read from kvgate's log, OffBest
-	// those off the longest cached prefix, OffBestTokens the cached
-	// tokens they gave up.
+	// those off the longest cached prefix.
 	Decisions, OffBest int
-	OffBestTokens      int64
 }
 
 // routedDecision is a decision of kvgate's routed debug log, in blocks.
@@ -55,20 +59,44 @@ func ComputeGap(reqs []Request, outs []Outcome, tokensPerHash int, routed map[in
 	stored := make(map[uint64]time.Duration)
 	for _, r := range reqs {
 		o, sent := byLine[r.Line]
+		cached := 0
+		if sent && o.OK() {
+			cached = o.CachedTokens
+		}
+		var inFlight, other int64
 		for j, h := range r.HashIDs {
-			n := int64(min(tokensPerHash, r.InputLength-j*tokensPerHash))
 			at, seen := stored[h]
 			if !seen {
 				continue
 			}
-			g.Oracle += n
+			from := j * tokensPerHash
+			n := min(tokensPerHash, r.InputLength-from)
+			if n <= 0 {
+				continue
+			}
+			found := min(max(cached-from, 0), n)
+			lost := int64(n - found)
+			g.Oracle += int64(n)
+			g.Found += int64(found)
 			if sent && at > o.Sent {
-				g.InFlight += n
+				inFlight += lost
+			} else {
+				other += lost
 			}
 		}
+		if d, ok := routed[r.Line]; ok {
+			g.Decisions++
+			if d.best > d.cached {
+				g.OffBest++
+				off := min(int64((d.best-d.cached)*blockSize), other)
+				g.OffBestTokens += off
+				other -= off
+			}
+		}
+		g.InFlight += inFlight
+		g.Other += other
 		done := time.Duration(math.MaxInt64)
 		if sent && o.OK() {
-			g.Cached += int64(o.CachedTokens)
 			done = o.Sent + o.TTFT
 		}
 		for _, h := range r.HashIDs {
@@ -76,30 +104,22 @@ func ComputeGap(reqs []Request, outs []Outcome, tokensPerHash int, routed map[in
 				stored[h] = done
 			}
 		}
-		if d, ok := routed[r.Line]; ok {
-			g.Decisions++
-			if d.best > d.cached {
-				g.OffBest++
-				g.OffBestTokens += int64((d.best - d.cached) * blockSize)
-			}
-		}
 	}
 	return g
 }
 
-// String is a one-line account of the gap, as shares of the oracle.
+// String is a one-line account of the gap, as shares of the oracle (each
+// in [0, 100%], together 100%).
 func (g ReuseGap) String() string {
 	if g.Oracle == 0 {
 		return "no reusable token in the window"
 	}
 	share := func(n int64) string { return pct(float64(n) / float64(g.Oracle)) }
-	s := fmt.Sprintf("found %s of the oracle's reusable tokens; lost: %s in flight (prefix not yet computed when sent)", share(g.Cached), share(g.InFlight))
-	rest := g.Oracle - g.Cached - g.InFlight
+	s := fmt.Sprintf("found %s of the oracle's reusable tokens; lost: %s in flight (prefix not yet computed when sent)", share(g.Found), share(g.InFlight))
 	if g.Decisions > 0 {
 		s += fmt.Sprintf(", %s routed off the longest cached prefix (%d of %d decisions)", share(g.OffBestTokens), g.OffBest, g.Decisions)
-		rest -= g.OffBestTokens
 	}
-	return s + fmt.Sprintf(", %s other", share(rest))
+	return s + fmt.Sprintf(", %s other", share(g.Other))
 }
 
 // routedRE reads a text-format routed debug line of kvgate's gateway.

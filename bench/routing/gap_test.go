@@ -1,6 +1,8 @@
 package main
 
 import (
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,7 +41,13 @@ func TestParseRouted(t *testing.T) {
 //	line 5: hashes 5 6, sent at 200 ms: 5 seen but its only request
 //	        failed (in flight, 100)
 //
-// Oracle 200 + 300 + 100 = 600 tokens; cached 128.
+// Oracle 200 + 300 + 100 = 600 tokens; found 128.
+//
+// The contended run is the same but for line 2: on a busy machine the
+// runner saw line 1's first token late, yet the engine had computed its
+// prefix when line 2 reached it and found 192 of line 2's 200 reusable
+// tokens. They count as found, and only the 8 it missed as in flight:
+// before, they counted twice and the rest came out negative (-24.7%).
 func TestComputeGap(t *testing.T) {
 	ms := time.Millisecond
 	reqs := []Request{
@@ -56,24 +64,35 @@ func TestComputeGap(t *testing.T) {
 		{Line: 4, Sent: 150 * ms, Err: "status 500"},
 		{Line: 5, Sent: 200 * ms, TTFT: 5 * ms},
 	}
+	contended := slices.Clone(outs)
+	contended[2].CachedTokens = 192
 	routed := map[int]routedDecision{1: {0, 0}, 2: {0, 0}, 3: {cached: 2, best: 4}, 5: {0, 0}}
+	// Line 3 lost 172 tokens; a decision claiming 10 blocks (640 tokens)
+	// off best accounts for those 172 only.
+	greedy := map[int]routedDecision{3: {cached: 2, best: 12}}
 	tests := []struct {
 		name   string
+		outs   []Outcome
 		routed map[int]routedDecision
 		want   ReuseGap
 		text   string
 	}{
-		{"with decisions", routed, ReuseGap{Oracle: 600, Cached: 128, InFlight: 300, Decisions: 4, OffBest: 1, OffBestTokens: 128},
+		{"with decisions", outs, routed, ReuseGap{Oracle: 600, Found: 128, InFlight: 300, OffBestTokens: 128, Other: 44, Decisions: 4, OffBest: 1},
 			"found 21.3% of the oracle's reusable tokens; lost: 50.0% in flight (prefix not yet computed when sent), 21.3% routed off the longest cached prefix (1 of 4 decisions), 7.3% other"},
-		{"without", nil, ReuseGap{Oracle: 600, Cached: 128, InFlight: 300},
+		{"without", outs, nil, ReuseGap{Oracle: 600, Found: 128, InFlight: 300, Other: 172},
 			"found 21.3% of the oracle's reusable tokens; lost: 50.0% in flight (prefix not yet computed when sent), 28.7% other"},
+		{"contended", contended, routed, ReuseGap{Oracle: 600, Found: 320, InFlight: 108, OffBestTokens: 128, Other: 44, Decisions: 4, OffBest: 1},
+			"found 53.3% of the oracle's reusable tokens; lost: 18.0% in flight (prefix not yet computed when sent), 21.3% routed off the longest cached prefix (1 of 4 decisions), 7.3% other"},
+		{"off best capped by the loss", outs, greedy, ReuseGap{Oracle: 600, Found: 128, InFlight: 300, OffBestTokens: 172, Decisions: 1, OffBest: 1},
+			"found 21.3% of the oracle's reusable tokens; lost: 50.0% in flight (prefix not yet computed when sent), 28.7% routed off the longest cached prefix (1 of 1 decisions), 0.0% other"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g := ComputeGap(reqs, outs, 100, tt.routed, 64)
+			g := ComputeGap(reqs, tt.outs, 100, tt.routed, 64)
 			if g != tt.want {
 				t.Errorf("gap %+v, want %+v", g, tt.want)
 			}
+			checkGapParts(t, g)
 			if g.String() != tt.text {
 				t.Errorf("text %q\nwant %q", g.String(), tt.text)
 			}
@@ -81,5 +100,49 @@ func TestComputeGap(t *testing.T) {
 	}
 	if g := ComputeGap(reqs[:1], outs, 100, nil, 64); g.String() != "no reusable token in the window" {
 		t.Errorf("one request: %q", g)
+	}
+}
+
+// checkGapParts: the parts of g are never negative and add up to the
+// oracle.
+func checkGapParts(t *testing.T, g ReuseGap) {
+	t.Helper()
+	if g.Found < 0 || g.InFlight < 0 || g.OffBestTokens < 0 || g.Other < 0 || g.Found+g.InFlight+g.OffBestTokens+g.Other != g.Oracle {
+		t.Errorf("gap %+v: parts negative or not adding up to the oracle", g)
+	}
+}
+
+// TestComputeGapBounded: whatever the engines report (cached tokens up to
+// the whole prompt, first tokens seen at any time, failures) and whatever
+// kvgate logged, every share is in [0, 100%] and they add up.
+func TestComputeGapBounded(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		var reqs []Request
+		var outs []Outcome
+		routed := map[int]routedDecision{}
+		for line := range 30 {
+			n := 1 + rng.IntN(6)
+			ids := make([]uint64, n)
+			for j := range ids {
+				ids[j] = uint64(j*10 + rng.IntN(3)) // shared prefixes, often
+			}
+			in := (n-1)*100 + 1 + rng.IntN(100)
+			reqs = append(reqs, Request{Line: line, InputLength: in, HashIDs: ids})
+			o := Outcome{Line: line, Sent: time.Duration(line) * time.Millisecond, TTFT: time.Duration(rng.IntN(50)) * time.Millisecond,
+				CachedTokens: rng.IntN(in + 1)}
+			if rng.IntN(10) == 0 {
+				o.Err = "status 500"
+			}
+			if rng.IntN(5) > 0 {
+				outs = append(outs, o)
+			}
+			routed[line] = routedDecision{cached: rng.IntN(4), best: rng.IntN(8)}
+		}
+		g := ComputeGap(reqs, outs, 100, routed, 16)
+		checkGapParts(t, g)
+		if t.Failed() {
+			return
+		}
 	}
 }

@@ -80,16 +80,16 @@ func parseFlags(args []string, errOut io.Writer) (Config, error) {
 		fs.PrintDefaults()
 	}
 	f := &cfg.Fleet
-	fs.StringVar(&f.Kvgate, "kvgate", "bin/kvgate", "kvgate binary (runs both `kvgate sim` and `kvgate serve`)")
-	fs.StringVar(&cfg.Trace, "trace", "../shared/data/mooncake-traces/conversation_trace.jsonl", "Mooncake trace (JSON lines: timestamp, input_length, output_length, hash_ids)")
+	fs.StringVar(&f.Kvgate, "kvgate", "bin/kvgate", "`path` of the kvgate binary, which runs both the simulated fleet (kvgate sim) and the router (kvgate serve)")
+	fs.StringVar(&cfg.Trace, "trace", "data/mooncake-traces/conversation_trace.jsonl.gz", "Mooncake trace (JSON lines, or gzipped JSON lines: timestamp, input_length, output_length, hash_ids); the default is relative to the repository root")
 	fs.DurationVar(&cfg.Start, "start", 0, "window start, in trace time from the first request")
 	fs.DurationVar(&cfg.Window, "window", 8*time.Minute, "window length in trace time; 0: to the end of the trace")
 	fs.IntVar(&cfg.MaxRequests, "max-requests", 0, "at most this many requests of the window; 0: all")
 	fs.IntVar(&cfg.TokensPerHash, "tokens-per-hash", 512, "prompt tokens per trace hash id (Mooncake: 512)")
 	fs.IntVar(&cfg.MaxTokens, "max-tokens", 32, "cap on each request's output_length (max_tokens); 0: no cap")
-	compressions := fs.String("compression", "25", "time compression (trace time / wall time); a comma-separated list runs a load sweep")
-	policies := fs.String("policies", strings.Join(allPolicies, ","), "comma-separated kvgate --routing-policy values to compare")
-	fs.StringVar(&cfg.OutDir, "out", "demo-out", "output directory (results.csv, results.md, requests.csv, PNG plots, logs/)")
+	compressions := fs.String("compression", "25", "time compression (trace time / wall time): one value, or a comma-separated `list` of them for a load sweep")
+	policies := fs.String("policies", strings.Join(allPolicies, ","), "comma-separated `list` of kvgate --routing-policy values to compare")
+	fs.StringVar(&cfg.OutDir, "out", "demo-out", "output `dir`ectory (results.csv, results.md, requests.csv, PNG plots, logs/)")
 	fs.DurationVar(&cfg.RequestTimeout, "request-timeout", 5*time.Minute, "give up on a request after this long")
 	fs.IntVar(&f.Workers, "workers", 4, "simulated workers")
 	fs.IntVar(&f.DPSize, "dp-size", 1, "data-parallel ranks per worker")
@@ -99,8 +99,8 @@ func parseFlags(args []string, errOut io.Writer) (Config, error) {
 	fs.IntVar(&f.MaxBatchedTokens, "max-num-batched-tokens", 0, "tokens computed per engine step; 0: the simulator's default")
 	fs.Float64Var(&f.Speedup, "speedup", 5, "engine speedup: simulated time runs this many times faster than wall time")
 	fs.Uint64Var(&f.Seed, "seed", 1, "seed of the simulated fleet")
-	simArgs := fs.String("sim-args", "", "extra `kvgate sim` arguments, space-separated")
-	serveArgs := fs.String("serve-args", "", "extra `kvgate serve` arguments, space-separated")
+	simArgs := fs.String("sim-args", "", "extra `args` for kvgate sim, space-separated")
+	serveArgs := fs.String("serve-args", "", "extra `args` for kvgate serve, space-separated (e.g. \"--log-level debug\" to log routing decisions for the gap analysis)")
 	fs.DurationVar(&f.StartTimeout, "start-timeout", 30*time.Second, "how long a fleet and kvgate may take to be ready")
 	fs.DurationVar(&f.StopTimeout, "stop-timeout", 10*time.Second, "how long a process may take to exit after SIGTERM before SIGKILL")
 	if err := fs.Parse(args); err != nil {
@@ -273,8 +273,7 @@ func Run(ctx context.Context, cfg Config, out, progress io.Writer) (*Report, err
 		if len(cfg.Compressions) > 1 {
 			name = fmt.Sprintf("ttft_cdf_c%g.png", c)
 		}
-		title := fmt.Sprintf("TTFT CDF: %s, %d requests, load %.2fx", rep.Trace, rep.Requests, level.Load)
-		if err := PlotTTFTCDF(filepath.Join(cfg.OutDir, name), title, level); err != nil {
+		if err := PlotTTFTCDF(filepath.Join(cfg.OutDir, name), rep.ttftCDFTitle(level), level); err != nil {
 			return nil, err
 		}
 		plots[c] = name

@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"image/png"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +101,12 @@ func TestShortDemo(t *testing.T) {
 		if s.PromptTokens != 20*int64(rep.MeanInput) {
 			t.Errorf("%s: %d prompt tokens, want %d", s.Policy, s.PromptTokens, 20*int64(rep.MeanInput))
 		}
+		// Every request sends max_tokens (the trace's output_length, capped
+		// at -max-tokens), so the simulator generates exactly that many
+		// tokens: its own end of answer is for requests without it.
+		if s.OutputTokens != 20*4 {
+			t.Errorf("%s: %d output tokens, want %d", s.Policy, s.OutputTokens, 20*4)
+		}
 	}
 	kv, _ := l.policy("kv")
 	rr, _ := l.policy("round-robin")
@@ -135,5 +144,42 @@ func TestShortDemo(t *testing.T) {
 		if !strings.Contains(stdout.String(), fmt.Sprintf("| %s ", p)) {
 			t.Errorf("stdout has no row for %s", p)
 		}
+	}
+}
+
+// TestFlagUsage: -h names every flag's value with a placeholder that
+// reads as one (Go's flag package takes a back-quoted word of the usage
+// as the placeholder, else the type), and no back quote is left over.
+func TestFlagUsage(t *testing.T) {
+	var b bytes.Buffer
+	if _, err := parseFlags([]string{"-h"}, &b); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v, want flag.ErrHelp", err)
+	}
+	out := b.String()
+	if strings.Contains(out, "`") {
+		t.Errorf("usage has a back quote:\n%s", out)
+	}
+	placeholders := map[string]bool{"int": true, "uint": true, "float": true, "duration": true, "string": true,
+		"path": true, "dir": true, "file": true, "list": true, "args": true}
+	flagLine := regexp.MustCompile(`^  -(\S+)(?: (.*))?$`)
+	got := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		m := flagLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		got[m[1]] = m[2]
+		if m[2] != "" && !placeholders[m[2]] {
+			t.Errorf("-%s: placeholder %q", m[1], m[2])
+		}
+	}
+	for name, want := range map[string]string{"kvgate": "path", "sim-args": "args", "serve-args": "args", "compression": "list",
+		"policies": "list", "out": "dir", "workers": "int", "speedup": "float", "window": "duration"} {
+		if got[name] != want {
+			t.Errorf("-%s: placeholder %q, want %q", name, got[name], want)
+		}
+	}
+	if len(got) < 20 {
+		t.Errorf("%d flags in the usage, want every flag:\n%s", len(got), out)
 	}
 }

@@ -45,7 +45,8 @@ const cdfPoints = 400
 func msec(d time.Duration) float64 { return math.Max(float64(d)/1e6, 1e-3) }
 
 // PlotTTFTCDF writes a PNG of every policy's TTFT CDF at one level, TTFT
-// on a log axis.
+// on a log axis; a contended run's legend entry is marked "(!)" (see
+// policyLabel; Report.ttftCDFTitle names them in the title).
 func PlotTTFTCDF(path, title string, l Level) error {
 	p := plot.New()
 	p.Title.Text = title
@@ -79,7 +80,7 @@ func PlotTTFTCDF(path, title string, l Level) error {
 		line.Dashes = plotutil.Dashes(i)
 		line.Width = vg.Points(1.5)
 		p.Add(line)
-		p.Legend.Add(s.Policy, line)
+		p.Legend.Add(policyLabel(s), line)
 		lines++
 	}
 	if lines == 0 {

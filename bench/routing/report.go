@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,10 +76,7 @@ var tableHeader = []string{"policy", "hit rate", "of oracle", "TTFT mean", "TTFT
 func (r *Report) Table(l Level) string {
 	rows := [][]string{tableHeader}
 	for _, s := range l.Summaries {
-		name := s.Policy
-		if contended(s) != "" {
-			name += " (!)"
-		}
+		name := policyLabel(s)
 		done := fmt.Sprintf("%d/%d", s.Completed, s.Requests)
 		if s.Errors > 0 {
 			done += fmt.Sprintf(" (%d errors)", s.Errors)
@@ -121,6 +119,32 @@ func (r *Report) Table(l Level) string {
 		line(row)
 	}
 	return b.String()
+}
+
+// policyLabel names a policy's run in tables and plot legends, marked
+// "(!)" when the machine was contended during it.
+func policyLabel(s Summary) string {
+	if contended(s) != "" {
+		return s.Policy + " (!)"
+	}
+	return s.Policy
+}
+
+// ttftCDFTitle is the title of a level's TTFT CDF plot. When some runs
+// were contended (see contended), a second line says which: their curves
+// show the machine as much as the policy.
+func (r *Report) ttftCDFTitle(l Level) string {
+	title := fmt.Sprintf("TTFT CDF: %s, %d requests, load %.2fx", r.Trace, r.Requests, l.Load)
+	var busy []string
+	for _, s := range l.Summaries {
+		if contended(s) != "" {
+			busy = append(busy, s.Policy)
+		}
+	}
+	if len(busy) > 0 {
+		title += fmt.Sprintf("\n(!) contended machine, latencies not reliable: %s", strings.Join(busy, ", "))
+	}
+	return title
 }
 
 // Verdict states how kv compares with the others at a level: mean TTFT
@@ -246,26 +270,56 @@ func (r *Report) WriteMarkdown(w io.Writer, plots map[float64]string, sweepPlot 
 	return err
 }
 
-// csvHeader are the columns of results.csv.
+// csvHeader are the columns of results.csv, as doc.go describes them.
+// decisionColumns follow them only when kvgate's decisions were logged
+// (see Report.loggedDecisions).
 var csvHeader = []string{"trace", "window_start_s", "window_s", "requests", "compression", "speedup", "load", "policy",
 	"completed", "errors", "prompt_tokens", "cached_tokens", "hit_rate", "oracle_hit_rate", "hit_rate_of_oracle",
 	"ttft_mean_ms", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "e2e_mean_ms", "e2e_p50_ms", "e2e_p99_ms",
 	"output_tokens", "duration_s", "output_tokens_per_s", "requests_per_s", "offered_requests_per_s", "send_lag_p99_ms",
 	"requests_per_worker", "preemptions", "kvgate_cpu_s", "fleet_cpu_s", "runner_cpu_s", "other_cpu_s", "wall_s", "contended",
-	"lost_in_flight_of_oracle", "lost_off_best_of_oracle", "decisions_off_best", "decisions_logged"}
+	"lost_in_flight_of_oracle"}
+
+// decisionColumns are the results.csv columns read from kvgate's routed
+// debug log, which it writes with -serve-args "--log-level debug" only:
+// without it they could never be anything but 0.
+var decisionColumns = []string{"lost_off_best_of_oracle", "decisions_off_best", "decisions_logged"}
+
+// loggedDecisions reports whether any run read routing decisions from
+// kvgate's log.
+func (r *Report) loggedDecisions() bool {
+	for _, l := range r.Levels {
+		for _, s := range l.Summaries {
+			if s.Gap.Decisions > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// csvColumns are the columns of r's results.csv.
+func (r *Report) csvColumns() []string {
+	if r.loggedDecisions() {
+		return slices.Concat(csvHeader, decisionColumns)
+	}
+	return csvHeader
+}
 
 // WriteCSV writes results.csv: a row per (level, policy) and an oracle row
 // per level.
 func (r *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write(csvHeader)
+	header := r.csvColumns()
+	_ = cw.Write(header)
+	decisions := len(header) > len(csvHeader)
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 3, 64) }
 	oracle := r.Oracle.TokenRate()
 	for _, l := range r.Levels {
 		common := []string{r.Trace, f(r.Start.Seconds()), f(r.Window.Seconds()), strconv.Itoa(r.Requests), f(l.Compression), f(r.Fleet.Speedup), f(l.Load)}
 		for _, s := range l.Summaries {
-			_ = cw.Write(append(common[:len(common):len(common)], s.Policy,
+			row := append(common[:len(common):len(common)], s.Policy,
 				strconv.Itoa(s.Completed), strconv.Itoa(s.Errors), strconv.FormatInt(s.PromptTokens, 10), strconv.FormatInt(s.CachedTokens, 10),
 				strconv.FormatFloat(s.HitRate, 'f', 5, 64), strconv.FormatFloat(oracle, 'f', 5, 64), strconv.FormatFloat(ratio(s.HitRate, oracle), 'f', 4, 64),
 				ms(s.TTFTMean), ms(s.TTFTP50), ms(s.TTFTP90), ms(s.TTFTP99), ms(s.E2EMean), ms(s.E2EP50), ms(s.E2EP99),
@@ -274,10 +328,20 @@ func (r *Report) WriteCSV(w io.Writer) error {
 				strconv.FormatFloat(s.OfferedRequestsPS, 'f', 3, 64), ms(s.LagP99),
 				routedList(s.Diag.Routed), strconv.FormatInt(s.Diag.Preemptions, 10), sec(s.Diag.KvgateCPU), sec(s.Diag.SimCPU),
 				sec(s.Diag.RunnerCPU), sec(s.Diag.OtherCPU), sec(s.Diag.Wall), contended(s),
-				share(s.Gap.InFlight, s.Gap.Oracle), share(s.Gap.OffBestTokens, s.Gap.Oracle), strconv.Itoa(s.Gap.OffBest), strconv.Itoa(s.Gap.Decisions)))
+				share(s.Gap.InFlight, s.Gap.Oracle))
+			if decisions {
+				// A run without decisions in the log (a baseline policy)
+				// has nothing to be off best of: empty, not 0.
+				offBest, offBestTokens := "", ""
+				if s.Gap.Decisions > 0 {
+					offBest, offBestTokens = strconv.Itoa(s.Gap.OffBest), share(s.Gap.OffBestTokens, s.Gap.Oracle)
+				}
+				row = append(row, offBestTokens, offBest, strconv.Itoa(s.Gap.Decisions))
+			}
+			_ = cw.Write(row)
 		}
 		row := append(common[:len(common):len(common)], "oracle")
-		for range len(csvHeader) - len(row) {
+		for range len(header) - len(row) {
 			row = append(row, "")
 		}
 		row[12], row[13], row[14] = strconv.FormatFloat(oracle, 'f', 5, 64), strconv.FormatFloat(oracle, 'f', 5, 64), "1"

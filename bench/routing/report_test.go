@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -172,5 +173,67 @@ func TestContended(t *testing.T) {
 		if got := contended(tc.s); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestCSVDecisionColumns: the columns read from kvgate's routed debug log
+// are in results.csv only when some run logged decisions; there, a run
+// without decisions (a baseline) has empty cells, not zeros.
+func TestCSVDecisionColumns(t *testing.T) {
+	read := func(r *Report) [][]string {
+		t.Helper()
+		var b bytes.Buffer
+		if err := r.WriteCSV(&b); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(&b).ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows
+	}
+	r, _ := testReport()
+	rows := read(r)
+	if got := strings.Join(rows[0], ","); strings.Contains(got, "decisions") || strings.Contains(got, "off_best") {
+		t.Errorf("no decision logged, header %s", got)
+	}
+	r.Levels[0].Summaries[0].Gap = ReuseGap{Oracle: 1000, Found: 500, InFlight: 100, OffBestTokens: 200, Other: 200, Decisions: 3, OffBest: 1}
+	rows = read(r)
+	if got, want := rows[0][len(rows[0])-3:], decisionColumns; !slices.Equal(got, want) {
+		t.Errorf("header ends %q, want %q", got, want)
+	}
+	n := len(rows[0])
+	if kv := rows[1][n-4:]; !slices.Equal(kv, []string{"0.1000", "0.2000", "1", "3"}) {
+		t.Errorf("kv gap cells %q", kv)
+	}
+	if rr := rows[2][n-3:]; !slices.Equal(rr, []string{"", "", "0"}) {
+		t.Errorf("round-robin decision cells %q, want empty, empty, 0", rr)
+	}
+	for _, row := range rows {
+		if len(row) != n {
+			t.Errorf("row of %d columns, want %d", len(row), n)
+		}
+	}
+}
+
+// TestTTFTCDFLabels: a contended run is named in the TTFT CDF's title
+// and marked in its legend, as in the table.
+func TestTTFTCDFLabels(t *testing.T) {
+	r, l := testReport() // round-robin's runner sent requests late
+	if got, want := r.ttftCDFTitle(l), "TTFT CDF: t.jsonl, 3 requests, load 4.00x\n(!) contended machine, latencies not reliable: round-robin"; got != want {
+		t.Errorf("title %q, want %q", got, want)
+	}
+	if got := policyLabel(l.Summaries[1]); got != "round-robin (!)" {
+		t.Errorf("legend %q", got)
+	}
+	if got := policyLabel(l.Summaries[0]); got != "kv" {
+		t.Errorf("legend %q", got)
+	}
+	quiet := Level{Load: 4, Summaries: l.Summaries[:1]}
+	if got, want := r.ttftCDFTitle(quiet), "TTFT CDF: t.jsonl, 3 requests, load 4.00x"; got != want {
+		t.Errorf("quiet title %q, want %q", got, want)
+	}
+	if err := PlotTTFTCDF(filepath.Join(t.TempDir(), "cdf.png"), r.ttftCDFTitle(l), l); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -13,7 +13,10 @@
 // bench/engine's Publisher (live PUB socket plus replay ROUTER). Prompts
 // are tokenized by kvgate's tokenize package, so token ids agree with
 // the gateway's exactly as they would with a real engine serving the same
-// tokenizer. Fleet (fleet.go) starts workers on consecutive ports and
+// tokenizer. A request with max_tokens gets exactly that many output
+// tokens; without it the simulated model ends its answer after a length
+// drawn per request (output.go), so that a plain chat answers in a
+// fraction of a second rather than running to the context limit. Fleet (fleet.go) starts workers on consecutive ports and
 // injects faults: dropped event batches, engine restarts, delays and
 // failed requests.
 //

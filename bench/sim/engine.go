@@ -102,9 +102,20 @@ func (c *EngineConfig) normalize() error {
 type Request struct {
 	Prompt    []uint32
 	LoRA      string // adapter name; "" for the base model
-	MaxTokens int    // output tokens to generate (at least 1)
+	MaxTokens int    // most output tokens to generate (at least 1)
+	// StopAfter is where the model ends its answer on its own (as a real
+	// one samples its end-of-sequence token): after StopAfter output
+	// tokens the request finishes with FinishReason "stop". 0, or a value
+	// above MaxTokens, means it runs to MaxTokens ("length").
+	StopAfter int
 	Seed      uint64 // seeds the output token ids
 }
+
+// Finish reasons of Progress, as vLLM names them.
+const (
+	FinishStop   = "stop"   // the model ended its answer (Request.StopAfter)
+	FinishLength = "length" // cut at Request.MaxTokens
+)
 
 // Errors of Rank.Submit and Seq.Wait.
 var (
@@ -119,7 +130,7 @@ type Progress struct {
 	Tokens       []uint32 // new output token ids
 	CachedTokens int      // prompt tokens found in the prefix cache
 	Done         bool     // the request finished; Tokens holds its last ids
-	FinishReason string   // "length" when Done
+	FinishReason string   // FinishStop or FinishLength when Done
 }
 
 // Seq is a submitted request; its owner reads its output with Wait.
@@ -165,12 +176,16 @@ func (s *Seq) Wait(ctx context.Context) (Progress, error) {
 			s.read = len(out)
 		}
 		done, err := s.state == finished, s.err
+		reason := FinishLength
+		if s.req.StopAfter > 0 && s.nOut == s.req.StopAfter {
+			reason = FinishStop
+		}
 		s.r.mu.Unlock()
 		if err != nil {
 			return Progress{}, err
 		}
 		if done {
-			p.Done, p.FinishReason = true, "length"
+			p.Done, p.FinishReason = true, reason
 			return p, nil
 		}
 		if len(p.Tokens) > 0 {
@@ -250,11 +265,21 @@ func (r *Rank) Submit(req Request) (*Seq, error) {
 	if len(req.Prompt)+req.MaxTokens > r.cfg.MaxModelLen {
 		return nil, fmt.Errorf("%w: %d prompt tokens + %d output tokens > %d", ErrTooLong, len(req.Prompt), req.MaxTokens, r.cfg.MaxModelLen)
 	}
+	if req.StopAfter < 0 {
+		return nil, fmt.Errorf("stop after %d tokens: must not be negative", req.StopAfter)
+	}
+	if req.StopAfter >= req.MaxTokens {
+		req.StopAfter = 0 // max tokens comes first (or at the same token: vLLM says "length")
+	}
+	out := req.MaxTokens
+	if req.StopAfter > 0 {
+		out = req.StopAfter
+	}
 	s := &Seq{
 		r:      r,
 		req:    req,
 		notify: make(chan struct{}, 1),
-		tokens: append(make([]uint32, 0, len(req.Prompt)+req.MaxTokens), req.Prompt...),
+		tokens: append(make([]uint32, 0, len(req.Prompt)+out), req.Prompt...),
 		rng:    req.Seed ^ 0x9e3779b97f4a7c15,
 	}
 	r.mu.Lock()
@@ -490,7 +515,7 @@ func (r *Rank) finish(plan []work) {
 		s.tokens = append(s.tokens, s.nextToken(r.cfg.VocabSize))
 		s.nOut++
 		r.stats.GenerationTokens++
-		if s.nOut >= s.req.MaxTokens {
+		if s.nOut >= s.req.MaxTokens || s.nOut == s.req.StopAfter {
 			r.end(s, nil)
 		} else {
 			s.wake()

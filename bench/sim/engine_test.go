@@ -94,8 +94,12 @@ func drive(t *testing.T, r *Rank, seqs ...*Seq) (ttft []time.Duration, total tim
 		r.mu.Lock()
 		st, err, n := s.state, s.err, s.nOut
 		r.mu.Unlock()
-		if st != finished || err != nil || n != s.req.MaxTokens {
-			t.Fatalf("seq %d: state %d err %v, %d/%d tokens", i, st, err, n, s.req.MaxTokens)
+		want := s.req.MaxTokens
+		if s.req.StopAfter > 0 {
+			want = s.req.StopAfter
+		}
+		if st != finished || err != nil || n != want {
+			t.Fatalf("seq %d: state %d err %v, %d/%d tokens", i, st, err, n, want)
 		}
 	}
 	return ttft, total

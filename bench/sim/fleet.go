@@ -23,17 +23,20 @@ type Config struct {
 	Workers int    // number of workers (1)
 	DPSize  int    // data-parallel ranks per worker (1)
 	Host    string // address every socket binds ("127.0.0.1")
-	// BasePort is worker i's HTTP port minus i; 0 picks free ports.
+	// BasePort is the HTTP port of the first worker (id FirstID); the
+	// worker with id FirstID+i listens on BasePort+i. 0 picks free ports.
 	BasePort int
-	// EventBasePort is the KV-event PUB port of worker i, rank r, minus
-	// i*DPSize+r (so a worker's ranks follow vLLM's port+rank rule); 0
-	// picks free ports.
+	// EventBasePort is the KV-event PUB port of the first worker's rank 0;
+	// rank r of the worker with id FirstID+i publishes on
+	// EventBasePort+i*DPSize+r (so a worker's ranks follow vLLM's
+	// port+rank rule). 0 picks free ports.
 	EventBasePort int
 	// ReplayBasePort is the same for the replay ROUTER sockets; 0 picks
 	// free ports. NoReplay leaves the replay sockets out.
 	ReplayBasePort int
 	NoReplay       bool
-	// FirstID is worker 0's id; worker i has id FirstID+i (default 1).
+	// FirstID is the first worker's id; the others follow: FirstID+1, ...
+	// (default 1).
 	FirstID uint64
 
 	// Model is the served model name ("sim-model"); LoRA lists adapters
@@ -55,8 +58,15 @@ type Config struct {
 	Topic        string
 	BufferSteps  int
 
+	// MeanOutputTokens is the mean length of the answers the simulated
+	// model ends on its own, for requests without max_tokens (see
+	// output.go: lognormal, median about 0.61 x the mean); 0:
+	// DefaultMeanOutputTokens.
+	MeanOutputTokens float64
+
 	Faults Faults
-	// Seed makes output tokens and injected faults reproducible.
+	// Seed makes output tokens and lengths and injected faults
+	// reproducible.
 	Seed uint64
 
 	Logger *slog.Logger
@@ -96,6 +106,12 @@ func (c *Config) normalize() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.MeanOutputTokens == 0 {
+		c.MeanOutputTokens = DefaultMeanOutputTokens
+	}
+	if !(c.MeanOutputTokens >= 1) || math.IsInf(c.MeanOutputTokens, 0) {
+		return fmt.Errorf("sim: mean output tokens %v: must be at least 1", c.MeanOutputTokens)
 	}
 	if c.Workers < 1 || c.DPSize < 1 {
 		return fmt.Errorf("sim: workers and dp size must be positive (got %d, %d)", c.Workers, c.DPSize)

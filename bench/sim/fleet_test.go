@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"slices"
@@ -347,6 +348,8 @@ func TestConfigValidation(t *testing.T) {
 		{"negative delay", Config{Faults: Faults{Delay: -time.Second}}, "delay"},
 		{"engine", Config{Engine: EngineConfig{Watermark: 2}}, "watermark"},
 		{"tokenizer", Config{Tokenizer: "/nonexistent"}, "nonexistent"},
+		{"mean output tokens", Config{MeanOutputTokens: 0.5}, "mean output tokens"},
+		{"mean output tokens NaN", Config{MeanOutputTokens: math.NaN()}, "mean output tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f, err := Start(context.Background(), tc.cfg)
@@ -361,9 +364,10 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-// TestFixedPorts places a fleet on explicit base ports: worker i's HTTP
-// server on base+i, rank r's publisher on eventBase+i*dp+r (vLLM's
-// port-plus-rank rule) and its replay socket likewise.
+// TestFixedPorts places a fleet on explicit base ports: the i-th worker
+// (0-based; id FirstID+i) has its HTTP server on base+i, rank r's
+// publisher on eventBase+i*dp+r (vLLM's port-plus-rank rule) and its
+// replay socket likewise.
 func TestFixedPorts(t *testing.T) {
 	var f *Fleet
 	var base, events, replay int
@@ -371,7 +375,7 @@ func TestFixedPorts(t *testing.T) {
 		// Free ports from the OS; the ranges after them are very likely free.
 		base, events, replay = freePort(t), freePort(t), freePort(t)
 		var err error
-		f, err = Start(context.Background(), Config{Workers: 2, DPSize: 2, BasePort: base, EventBasePort: events, ReplayBasePort: replay})
+		f, err = Start(context.Background(), Config{Workers: 2, DPSize: 2, FirstID: 5, BasePort: base, EventBasePort: events, ReplayBasePort: replay})
 		if err != nil {
 			if attempt == 5 || !strings.Contains(err.Error(), "in use") {
 				t.Fatal(err)
@@ -393,7 +397,9 @@ func TestFixedPorts(t *testing.T) {
 			}
 		}
 	}
-	if ids := []uint64{f.Workers()[0].ID, f.Workers()[1].ID}; !slices.Equal(ids, []uint64{1, 2}) {
+	// The first worker, id FirstID, has the base ports: ports follow the
+	// worker's place in the fleet, not its id.
+	if ids := []uint64{f.Workers()[0].ID, f.Workers()[1].ID}; !slices.Equal(ids, []uint64{5, 6}) {
 		t.Errorf("ids %v", ids)
 	}
 }

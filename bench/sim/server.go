@@ -32,6 +32,14 @@ import (
 //     or max_tokens (default: the rest of the context, as vLLM), n, seed,
 //     stream and stream_options. Streams start with a {"role":"assistant",
 //     "content":""} delta, sent with the first output as vLLM does.
+//
+// Output length: a request with max_tokens (or max_completion_tokens)
+// gets exactly that many tokens, finish_reason "length", as a load
+// generator's request with ignore_eos does; trace replays rely on it.
+// Without it the simulated model ends its answer on its own after a
+// length drawn per request (output.go; Config.MeanOutputTokens), with
+// finish_reason "stop", unless the default limit above (16 tokens for a
+// completion, the context for a chat) cuts it first ("length").
 //   - POST /tokenize, GET /v1/models, GET /health, POST
 //     /reset_prefix_cache (409 while requests run) and GET /metrics (vLLM's
 //     v1 engine metrics per rank, labelled model_name and engine, plus the
@@ -389,6 +397,7 @@ type gen struct {
 	lora       string
 	prompt     []uint32
 	maxTokens  int
+	stopAfter  int // the model's own end (Request.StopAfter); 0: none
 	seed       *int64
 	stream     bool
 	usage      bool // final usage chunk
@@ -496,6 +505,10 @@ func (w *Worker) fill(g *gen, r *http.Request, c *common, ids []uint32, maxToken
 		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.", maxLen, len(ids)+maxTokens, len(ids), maxTokens)
 	}
 	g.prompt, g.maxTokens, g.seed = ids, maxTokens, c.Seed
+	if !explicit {
+		cfg := w.fleet.cfg
+		g.stopAfter = naturalLength(cfg.MeanOutputTokens, outputKey(cfg.Seed, g.lora, ids, c.Seed))
+	}
 	g.stream = c.Stream
 	if c.StreamOptions != nil {
 		g.usage = c.StreamOptions.IncludeUsage
@@ -586,7 +599,7 @@ func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, g *gen) {
 		writeError(rw, badRequest("%v", err))
 		return
 	}
-	seq, err := rank.Submit(Request{Prompt: g.prompt, LoRA: g.lora, MaxTokens: g.maxTokens, Seed: seed})
+	seq, err := rank.Submit(Request{Prompt: g.prompt, LoRA: g.lora, MaxTokens: g.maxTokens, StopAfter: g.stopAfter, Seed: seed})
 	if err != nil {
 		writeError(rw, engineError(err))
 		return
@@ -600,7 +613,7 @@ func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, g *gen) {
 		return
 	}
 	var out []uint32
-	cached := 0
+	cached, finish := 0, ""
 	for {
 		p, err := seq.Wait(ctx)
 		if err != nil {
@@ -612,11 +625,12 @@ func (w *Worker) generate(rw http.ResponseWriter, r *http.Request, g *gen) {
 		out = append(out, p.Tokens...)
 		cached = p.CachedTokens
 		if p.Done {
+			finish = p.FinishReason
 			break
 		}
 	}
 	u := g.usageInfo(len(out), cached)
-	text, finish := detokenize(out), "length"
+	text := detokenize(out)
 	if g.chat {
 		writeJSON(rw, http.StatusOK, chatResponse{
 			ID: g.id, Object: "chat.completion", Created: created, Model: g.model,

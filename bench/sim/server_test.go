@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,13 +15,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/kvgate/kvgate/internal/fixture"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/tokenize"
 )
-
-// qwenDir is a real tokenizer with a chat template, shared by the
-// repository's tokenizer tests.
-const qwenDir = "../../../shared/tokenizers/qwen2.5"
 
 // byteFleet starts one worker without a tokenizer (text prompts are their
 // bytes) and with one adapter, fast enough for tests; mod adjusts it.
@@ -41,14 +37,13 @@ func byteFleet(t *testing.T, mod func(*Config)) *Fleet {
 	return startFleet(t, cfg)
 }
 
-// qwenFleet is a fleet with the Qwen2.5 tokenizer and chat template.
+// qwenFleet is a fleet with the Qwen2.5 tokenizer and chat template (the
+// copy in the repository).
 func qwenFleet(t *testing.T) *Fleet {
 	t.Helper()
-	if _, err := os.Stat(qwenDir + "/tokenizer.json"); err != nil {
-		t.Skipf("no Qwen2.5 tokenizer: %v", err)
-	}
+	dir := fixture.Family(t, "qwen2.5")
 	return byteFleet(t, func(c *Config) {
-		c.Tokenizer = qwenDir
+		c.Tokenizer = dir
 		c.Engine.NumBlocks, c.Engine.MaxModelLen = 256, 2048
 	})
 }
