@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -241,8 +242,19 @@ func TestE2EAdminAPI(t *testing.T) {
 			t.Errorf("/metrics lacks %q", line)
 		}
 	}
+	// Without the token, every route the route table marks as mutating
+	// (the ones --admin-token's help lists) answers 401, and no other.
+	for _, rt := range adminRouteTable(t) {
+		method, path, _ := strings.Cut(rt.Pattern, " ")
+		path = wildcardRE.ReplaceAllString(path, "1")
+		if status, body := anon.call(method, path, nil); (status == 401) != rt.Mutates {
+			t.Errorf("%s %s without the token = %d %s; mutating: %v", method, path, status, body, rt.Mutates)
+		}
+	}
 	stop(t, p)
 }
+
+var wildcardRE = regexp.MustCompile(`\{[^}]*\}`)
 
 // closedPort returns a loopback address nothing listens on.
 func closedPort(t *testing.T) string {

@@ -34,7 +34,7 @@ type serveConfig struct {
 	ConfigFile      string // path of the YAML file that was read, "" if none
 	AdminAddr       string
 	EventThreads    int
-	IndexShards     int    // 0: as many as event threads, at most GOMAXPROCS
+	IndexShards     int    // shards of each index, >= 1
 	LogLevel        string // debug | info | warn | error
 	LogFormat       string // text | json
 	ShutdownTimeout time.Duration
@@ -162,30 +162,34 @@ func parseWorkers(s string) ([]workerSpec, error) {
 // --config is also a YAML key and a KVGATE_* environment variable.
 func addServeFlags(fs *pflag.FlagSet) {
 	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
-	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server")
+	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server (every admin API, /metrics and /health); the default listens on all interfaces")
 	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker")
-	fs.Int("index-shards", 1, "shards of each KV index, split by worker, each with its own lock: events of workers in different shards apply in parallel, and every match walks all shards")
+	fs.Int("index-shards", 1, "shards of each KV index, split by worker id, each a whole tree with writers of its own: events of workers in different shards apply in parallel (use a divisor of --event-threads, at most the cores); every match walks all shards, and never waits for writers")
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.String("log-format", "text", "log format: text or json")
 	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")
 	fs.String("workers", "", `KV event publishers to register at start: comma-separated id[:dp_rank]=endpoint[|replay_endpoint], e.g. "1=tcp://h:5557,2:1=tcp://h:5558|tcp://h:5559"`)
-	fs.String("model-name", "default", "model name of the workers given with --workers")
-	fs.String("tenant-id", indexer.DefaultTenant, "tenant of the workers given with --workers")
-	fs.Int("block-size", 16, "tokens per KV block of the workers given with --workers")
-	fs.String("kv-topic", "", "ZMQ topic prefix to subscribe to on the --workers publishers")
-	fs.String("admin-token", "", "bearer token required on mutating admin routes (register, unregister, peers); empty: none")
+	fs.String("model-name", "default", "model name of the workers given with --workers and --worker-endpoints, and of discovered pods (unless --pod-model-label); requests without a body are routed among its workers")
+	fs.String("tenant-id", indexer.DefaultTenant, "tenant of the workers given with --workers or discovered, and of every request the gateway (ext_proc, proxy) routes")
+	fs.Int("block-size", 16, "tokens per KV block of the workers given with --workers or discovered, and of --model-name when --models does not list it")
+	fs.String("kv-topic", "", "ZMQ topic prefix to subscribe to on the KV event publishers of --workers and of discovered pods; empty: every topic")
+	fs.String("admin-token", "", "bearer token (Authorization: Bearer <token>) required on every admin route that changes state: "+
+		"workers (POST /register, /unregister, /workers; PATCH and DELETE /workers/{id}), "+
+		"bookings (POST /add, /prefill_complete, /free, /select_and_reserve, /reservations and /reservations/{id}/...; DELETE /reservations/{id}), "+
+		"peer lists (POST /register_peer, /deregister_peer, /replica_sync/register_peer, /replica_sync/deregister_peer) "+
+		"and listeners (POST /test/pause_listener, /test/resume_listener); routes that only read stay open; empty: no token, every route open")
 	fs.String("max-body", "8MiB", "largest admin request body, in bytes or with a unit (KiB, MiB, GiB)")
 	fs.String("peers", "", "comma-separated base URLs of indexers (kvgate or Dynamo) to recover the index from at start, first reachable wins")
 	fs.Duration("peer-timeout", 10*time.Second, "how long to wait for one peer's /dump during recovery")
-	fs.Int("min-initial-workers", 0, "active workers needed before /ready first answers 200; env "+dynMinWorkersEnv+" is honoured too")
+	fs.Int("min-initial-workers", 0, "active workers needed before /ready first answers 200 (and the ext_proc readiness turns SERVING); env "+dynMinWorkersEnv+" is honoured too")
 	fs.Int("replica-sync-port", 0, "port of the ZMQ PUB socket (bound on tcp://*:<port>) sharing active-load events with other kvgate replicas; 0: replica sync off")
-	fs.String("ext-proc-addr", ":9002", "listen address of the Envoy ext_proc (endpoint picker) gRPC server; empty: off")
+	fs.String("ext-proc-addr", ":9002", "listen address of the Envoy ext_proc (endpoint picker) gRPC server, plaintext unless --tls-cert; the default listens on all interfaces; empty: off")
 	fs.String("tls-cert", "", "TLS certificate file for the ext_proc server (with --tls-key)")
 	fs.String("tls-key", "", "TLS private key file for the ext_proc server (with --tls-cert)")
 	fs.String("proxy-addr", "", "listen address of the embedded OpenAI-compatible proxy; empty: off")
-	fs.String("models", "", "YAML file mapping served model names to tokenizers and block sizes (see README); --model-name is added, tokenized remotely, when not listed")
+	fs.String("models", "", "YAML file mapping served model names to tokenizers and block sizes (see README); --model-name is added when not listed, tokenized by its workers (else approximately)")
 	fs.String("worker-endpoints", "", `where the requests of the --workers go: comma-separated id=host:port, e.g. "1=10.0.0.5:8000,2=10.0.0.6:8000"`)
-	fs.Int("fallbacks", 0, "next-best endpoints sent after the chosen one, for the proxy to retry")
+	fs.Int("fallbacks", 0, "next-best endpoints listed after the chosen one (kv routing only), tried in order when a worker cannot be reached: by the embedded proxy, and by Envoy only with a load balancer that reads the list (keep 0 with envoy/envoy.yaml)")
 	fs.Int("max-requests-per-rank", 0, "refuse requests with 429 when every candidate rank has this many active requests; 0: no limit")
 	fs.Float64("overlap-weight", 1, "weight of prefill against decode load in the routing cost (Dynamo's overlap_score_weight): higher favours cached prefixes over balance")
 	fs.Float64("reuse-weight", scheduler.DefaultReuseWeight, "kv routing (ext_proc, proxy) also charges a rank weight x overlap-weight x (its new prefill - the least any candidate needs)/block size: a prompt leaves the rank holding its longest cached prefix only when that rank's extra load outweighs (1 + weight) times the prefix; 0: the spec's (Dynamo's) cost, which /select always uses")

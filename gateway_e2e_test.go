@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +30,7 @@ type gatewayRig struct {
 	api     apiClient
 	extProc string // host:port
 	proxy   string // http://host:port
+	models  string // the models file
 	envoy   *envoytest.Client
 	http    *http.Client
 }
@@ -54,37 +56,47 @@ func startGatewayRig(t *testing.T, extra ...string) *gatewayRig {
 	if err := json.Unmarshal(data, &r.eps); err != nil {
 		t.Fatal(err)
 	}
-	models := filepath.Join(dir, "models.yaml")
-	if err := os.WriteFile(models, fmt.Appendf(nil, "models:\n  - name: qwen\n    tokenizer: %s\n    block_size: 16\n", tok), 0o644); err != nil {
+	r.models = filepath.Join(dir, "models.yaml")
+	if err := os.WriteFile(r.models, fmt.Appendf(nil, "models:\n  - name: qwen\n    tokenizer: %s\n    block_size: 16\n", tok), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"serve", "--admin-addr", "127.0.0.1:0", "--ext-proc-addr", "127.0.0.1:0", "--proxy-addr", "127.0.0.1:0",
-		"--models", models}, r.eps.ServeArgs...)
-	kv := startKvgate(t, ctx, append(args, extra...)...)
-	r.api = apiClient{t: t, ctx: ctx, c: r.http, base: "http://" + kv.adminAddr(t, ctx)}
-	if _, err := kv.waitLine(ctx, func(l string) bool {
-		if m := listenRE.FindStringSubmatch(l); m != nil {
-			if m[1] == "ext_proc" {
-				r.extProc = m[2]
-			} else {
-				r.proxy = "http://" + m[2]
-			}
-		}
-		return r.extProc != "" && r.proxy != ""
-	}); err != nil {
-		t.Fatal(err)
-	}
-	r.api.eventually(func() string {
-		if body := r.api.must(http.StatusOK, "GET", "/workers", nil); strings.Count(body, `"active"`) < 6 {
-			return "listeners not all active: " + body
-		}
-		return ""
-	})
+	r.api, r.extProc, r.proxy = r.serve(extra...)
 	if r.envoy, err = envoytest.Dial(r.extProc); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.envoy.Close() })
 	return r
+}
+
+// serve starts a kvgate serve over the rig's fleet with the extra flags,
+// waits until it follows every rank, and returns its admin client, ext_proc
+// address and proxy URL.
+func (r *gatewayRig) serve(extra ...string) (api apiClient, extProc, proxy string) {
+	t := r.t
+	t.Helper()
+	args := append([]string{"serve", "--admin-addr", "127.0.0.1:0", "--ext-proc-addr", "127.0.0.1:0", "--proxy-addr", "127.0.0.1:0",
+		"--models", r.models}, r.eps.ServeArgs...)
+	kv := startKvgate(t, r.ctx, append(args, extra...)...)
+	api = apiClient{t: t, ctx: r.ctx, c: r.http, base: "http://" + kv.adminAddr(t, r.ctx)}
+	if _, err := kv.waitLine(r.ctx, func(l string) bool {
+		if m := listenRE.FindStringSubmatch(l); m != nil {
+			if m[1] == "ext_proc" {
+				extProc = m[2]
+			} else {
+				proxy = "http://" + m[2]
+			}
+		}
+		return extProc != "" && proxy != ""
+	}); err != nil {
+		t.Fatal(err)
+	}
+	api.eventually(func() string {
+		if body := api.must(http.StatusOK, "GET", "/workers", nil); strings.Count(body, `"active"`) < 6 {
+			return "listeners not all active: " + body
+		}
+		return ""
+	})
+	return api, extProc, proxy
 }
 
 // chat returns a chat body: a long shared system prompt, the turns, and
@@ -145,7 +157,63 @@ func (r *gatewayRig) viaEnvoy(req envoytest.Request) (*envoytest.Exchange, []byt
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	// The client learns the worker and rank the picker chose.
+	id, rank := r.checkServed("via Envoy", func(k string) []string {
+		if v, ok := x.ResponseHeaders[k]; ok {
+			return []string{v}
+		}
+		return nil
+	}, x.ResponseHeaders)
+	if want := r.workerAt(first); id != want || rank != x.Headers["x-data-parallel-rank"] {
+		r.t.Errorf("via Envoy: response names worker %s rank %s; the request went to worker %s (%s) rank %s",
+			id, rank, want, first, x.Headers["x-data-parallel-rank"])
+	}
 	return x, out
+}
+
+// workerAt returns the id of the fleet's worker at host:port ep.
+func (r *gatewayRig) workerAt(ep string) string {
+	for _, w := range r.eps.Workers {
+		if strings.TrimPrefix(w.URL, "http://") == ep {
+			return fmt.Sprint(w.ID)
+		}
+	}
+	return "none at " + ep
+}
+
+// checkServed checks a response's x-kvgate-worker-id and x-kvgate-dp-rank
+// (values reads one header's values): one each, a worker of the fleet and
+// one of its 2 ranks, and no worker address in any response header. It
+// returns them.
+func (r *gatewayRig) checkServed(name string, values func(string) []string, all map[string]string) (id, rank string) {
+	r.t.Helper()
+	ids, ranks := values("x-kvgate-worker-id"), values("x-kvgate-dp-rank")
+	if len(ids) != 1 || len(ranks) != 1 {
+		r.t.Errorf("%s: served headers %q %q, want one value each", name, ids, ranks)
+		return "", ""
+	}
+	id, rank = ids[0], ranks[0]
+	if !slices.ContainsFunc(r.eps.Workers, func(w sim.EndpointWorker) bool { return fmt.Sprint(w.ID) == id }) ||
+		(rank != "0" && rank != "1") {
+		r.t.Errorf("%s: served by worker %q rank %q: not in the fleet", name, id, rank)
+	}
+	for k, v := range all {
+		for _, w := range r.eps.Workers {
+			if ep := strings.TrimPrefix(w.URL, "http://"); strings.Contains(v, ep) {
+				r.t.Errorf("%s: response header %s: %q reveals worker address %s", name, k, v, ep)
+			}
+		}
+	}
+	return id, rank
+}
+
+// proxyHeaders flattens a proxy response's headers for checkServed.
+func proxyHeaders(h http.Header) map[string]string {
+	out := map[string]string{}
+	for k, vs := range h {
+		out[k] = strings.Join(vs, ", ")
+	}
+	return out
 }
 
 // usageOf returns usage's prompt_tokens and
@@ -366,9 +434,9 @@ func TestE2EGatewayExtProc(t *testing.T) {
 // streaming and not.
 func TestE2EGatewayProxy(t *testing.T) {
 	r := startGatewayRig(t, "--metrics-scrape-interval", "50ms", "--metrics-load-weight", "0.5")
-	post := func(body []byte) (int, []byte) {
+	post := func(proxy string, body []byte) (int, []byte, http.Header) {
 		t.Helper()
-		resp, err := r.http.Post(r.proxy+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		resp, err := r.http.Post(proxy+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -377,15 +445,20 @@ func TestE2EGatewayProxy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return resp.StatusCode, out
+		return resp.StatusCode, out, resp.Header
+	}
+	served := func(name string, h http.Header) string {
+		t.Helper()
+		id, rank := r.checkServed(name, h.Values, proxyHeaders(h))
+		return id + "/" + rank
 	}
 	for _, stream := range []bool{false, true} {
 		topic := fmt.Sprint("streaming ", stream)
-		status, first := post(chatBody(stream, "Explain "+topic))
+		status, first, h1 := post(r.proxy, chatBody(stream, "Explain "+topic))
 		if status != 200 {
 			t.Fatalf("first: %d %s", status, first)
 		}
-		status, out := post(chatBody(stream, "Explain "+topic, "Sure.", "More please"))
+		status, out, h2 := post(r.proxy, chatBody(stream, "Explain "+topic, "Sure.", "More please"))
 		if status != 200 {
 			t.Fatalf("follow-up: %d %s", status, out)
 		}
@@ -393,10 +466,18 @@ func TestE2EGatewayProxy(t *testing.T) {
 		if stream && !bytes.HasSuffix(bytes.TrimSpace(out), []byte("data: [DONE]")) {
 			t.Errorf("stream did not end with [DONE]: %s", out)
 		}
+		// The follow-up found its prefix where the first turn ran: both
+		// responses name that worker and rank.
+		if a, b := served(topic+" first", h1), served(topic+" follow-up", h2); a != b {
+			t.Errorf("%s: the first turn names %s, the follow-up %s", topic, a, b)
+		}
 	}
-	status, out := post([]byte(`{"model":"nope","messages":[{"role":"user","content":"x"}]}`))
+	status, out, h := post(r.proxy, []byte(`{"model":"nope","messages":[{"role":"user","content":"x"}]}`))
 	if status != 404 || !bytes.Contains(out, []byte(`"error"`)) {
 		t.Errorf("unknown model through the proxy: %d %s", status, out)
+	}
+	if h.Get("x-kvgate-worker-id") != "" || h.Get("x-kvgate-dp-rank") != "" {
+		t.Errorf("a refused request names a worker: %q %q", h.Get("x-kvgate-worker-id"), h.Get("x-kvgate-dp-rank"))
 	}
 	r.loadsZero()
 	// The workers' vLLM metrics are scraped and shown, per DP rank.
@@ -419,4 +500,32 @@ func TestE2EGatewayProxy(t *testing.T) {
 		}
 		return ""
 	})
+
+	// A baseline policy names the worker too, through both fronts: a
+	// second kvgate over the same fleet routes round-robin.
+	_, extProc, proxy := r.serve("--routing-policy", "round-robin")
+	seen := map[string]bool{}
+	for i := range 6 {
+		status, out, h := post(proxy, chatBody(false, fmt.Sprint("Round ", i)))
+		if status != 200 {
+			t.Fatalf("round-robin request %d: %d %s", i, status, out)
+		}
+		seen[served(fmt.Sprint("round-robin request ", i), h)] = true
+	}
+	if len(seen) != 6 {
+		t.Errorf("6 round-robin requests served by %v, want each of the 6 ranks", seen)
+	}
+	envoy, err := envoytest.Dial(extProc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer envoy.Close()
+	kvEnvoy := r.envoy
+	defer func() { r.envoy = kvEnvoy }() // the rig's cleanup closes it
+	r.envoy = envoy                      // viaEnvoy checks the served headers
+	for _, mode := range []envoytest.Mode{envoytest.FullDuplex, envoytest.Buffered} {
+		if x, body := r.viaEnvoy(envoytest.Request{Path: "/v1/chat/completions", Body: chatBody(true, "Round robin via Envoy"), Mode: mode}); x.Immediate != nil {
+			t.Errorf("round-robin via Envoy, %s: refused: %s", mode, body)
+		}
+	}
 }

@@ -172,7 +172,6 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	srv := admin.New(admin.Options{Token: cfg.AdminToken, MaxBody: cfg.MaxBody, Registerer: reg})
-	srv.Handle(processRoutes(reg, logger)...)
 
 	// Components live for the whole run; deferred Close calls run after the
 	// admin server has shut down, in reverse order. With peers, the index
@@ -186,8 +185,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
 	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
-	srv.Handle(indexer.NewAPI(indexes, peers, reg).Routes()...)
-	srv.Handle(catalog.Routes()...)
+	indexAPI := indexer.NewAPI(indexes, peers, reg)
 
 	// Scheduling: the catalog's loads, the scheduler over them and the
 	// index, the slot tracker and selection service routes, the periodic
@@ -198,7 +196,6 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{
 		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight,
 		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}, randomSeed(), reg)
-	srv.Handle(scheduler.NewService(catalog, sched).Routes()...)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait()
@@ -212,9 +209,8 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 			}
 		})
 	}
-	if cfg.ReplicaSyncPort == 0 {
-		srv.Handle(scheduler.ReplicaSyncOffRoutes()...)
-	} else {
+	replicaRoutes := scheduler.ReplicaSyncOffRoutes()
+	if cfg.ReplicaSyncPort != 0 {
 		replica, err := scheduler.NewReplica(loads, reg, scheduler.ReplicaOptions{
 			Port: cfg.ReplicaSyncPort, Peers: cfg.ReplicaSyncPeers, Logger: logger})
 		if err != nil {
@@ -225,8 +221,9 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 				logger.Warn("replica sync close", "err", err)
 			}
 		}()
-		srv.Handle(replica.Routes()...)
+		replicaRoutes = replica.Routes()
 	}
+	srv.Handle(adminRoutes(reg, logger, indexAPI, catalog, scheduler.NewService(catalog, sched), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
 		err := catalog.RegisterRank(scheduler.RankRegistration{
@@ -285,6 +282,12 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	logger.Info("admin listening", "addr", ln.Addr().String())
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && cfg.AdminToken == "" && !a.IP.IsLoopback() {
+		// The default (:8090, no token): kept for existing deployments,
+		// but said out loud.
+		logger.Warn("the admin API accepts changes from anyone who can reach it: set --admin-token, or bind --admin-addr to 127.0.0.1",
+			"addr", ln.Addr().String(), "open_changes", "workers (register, endpoints, removal), bookings, peer lists")
+	}
 
 	if len(cfg.Peers) > 0 {
 		// Listeners are already subscribed and their events queue on the
@@ -384,6 +387,18 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 		return fmt.Errorf("admin server: %w", err)
 	}
 	return nil
+}
+
+// adminRoutes is the admin listener's route table: the process's own
+// routes, the index's, the catalog's, the slot tracker and selection
+// service's, and replica sync's (replica, or ReplicaSyncOffRoutes). The
+// routes marked Mutates are the ones --admin-token guards.
+func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *indexer.API, catalog *scheduler.Catalog, service *scheduler.Service, replica []admin.Route) []admin.Route {
+	routes := processRoutes(reg, logger)
+	routes = append(routes, index.Routes()...)
+	routes = append(routes, catalog.Routes()...)
+	routes = append(routes, service.Routes()...)
+	return append(routes, replica...)
 }
 
 // processRoutes are the routes of the process itself: liveness (always

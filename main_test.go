@@ -29,6 +29,7 @@ import (
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 )
 
@@ -768,4 +769,64 @@ func FuzzParseWorkers(f *testing.F) {
 			seen[k] = true
 		}
 	})
+}
+
+// adminRouteTable returns the admin listener's route table as runServe
+// builds it (replica sync off: its routes have the same patterns on).
+func adminRouteTable(t *testing.T) []admin.Route {
+	t.Helper()
+	logger := discardLogger()
+	set := indexer.NewSet(indexer.Options{})
+	t.Cleanup(set.Close)
+	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+	t.Cleanup(ingest.Close) // before set.Close
+	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
+	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	peers, err := indexer.NewPeers(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return adminRoutes(prometheus.NewRegistry(), logger, indexer.NewAPI(set, peers, nil), cat, scheduler.NewService(cat, sched), scheduler.ReplicaSyncOffRoutes())
+}
+
+// routeFamily is a route path up to its first wildcard: "/workers/{id}"
+// and "/reservations/{id}/free" are "/workers" and "/reservations".
+func routeFamily(path string) string {
+	path, _, _ = strings.Cut(path, "/{")
+	return path
+}
+
+var helpPathRE = regexp.MustCompile(`/[a-z_]+(/[a-z_]+)*`)
+
+// TestAdminTokenHelp checks --admin-token's help against the route table:
+// it names the family of every route the token guards, with its method,
+// and no path the token does not guard.
+func TestAdminTokenHelp(t *testing.T) {
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	addServeFlags(fs)
+	help := fs.Lookup("admin-token").Usage
+	mentioned := map[string]bool{}
+	for _, p := range helpPathRE.FindAllString(help, -1) {
+		mentioned[p] = true
+	}
+	guarded := map[string]bool{}
+	for _, rt := range adminRouteTable(t) {
+		if !rt.Mutates {
+			continue
+		}
+		method, path, _ := strings.Cut(rt.Pattern, " ")
+		fam := routeFamily(path)
+		guarded[fam] = true
+		if !mentioned[fam] || !strings.Contains(help, method+" ") {
+			t.Errorf("--admin-token guards %s, but its help names no %s %s: %q", rt.Pattern, method, fam, help)
+		}
+	}
+	if len(guarded) < 10 {
+		t.Fatalf("only %d guarded route families in the table: %v", len(guarded), guarded)
+	}
+	for p := range mentioned {
+		if !guarded[p] {
+			t.Errorf("--admin-token's help names %s, which the token does not guard", p)
+		}
+	}
 }

@@ -8,7 +8,8 @@
 // -> tokenize.Registry -> block hashes -> scheduler.Scheduler with booking)
 // and each request's lifecycle from the response stream: the first body
 // chunk marks the prefill done, the end of the stream, an error or a
-// cancel frees the booking, usage feeds the metrics.
+// cancel frees the booking, usage feeds the metrics; and the response
+// headers that tell the client which worker served it (served.go).
 //
 // It must not touch the index or the loads directly: it decides through
 // the scheduler and accounts through scheduler.Loads.

@@ -97,6 +97,8 @@ type Route struct {
 	CachedBlocks int
 	Blocks       int
 
+	fallbackPicks []pick // the worker ranks behind Fallbacks, in order
+
 	g        *Gateway
 	key      indexer.Key
 	booking  string
@@ -192,7 +194,10 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 		return nil, errorf(http.StatusServiceUnavailable, "worker %d of model %q has no endpoint to send requests to", wr.Worker, key.Model)
 	}
 	if g.base == nil {
-		r.Fallbacks = g.fallbacks(key, local, isl, allowed, targets, wr.Worker)
+		r.fallbackPicks = g.fallbacks(key, local, isl, allowed, targets, wr.Worker)
+		for _, p := range r.fallbackPicks {
+			r.Fallbacks = append(r.Fallbacks, p.endpoint)
+		}
 	}
 	g.m.routed.WithLabelValues(key.Model, strconv.FormatUint(r.Worker, 10)).Inc()
 	g.log.Debug("routed", "id", id, "model", key.Model, "worker", r.Worker, "rank", r.Rank, "endpoint", r.Endpoint,
@@ -297,9 +302,9 @@ func (g *Gateway) candidates(key indexer.Key, targets []scheduler.Target, subset
 	return allowed, nil
 }
 
-// fallbacks returns up to Options.Fallbacks next-best endpoints: the
+// fallbacks returns up to Options.Fallbacks next-best worker ranks: the
 // decision repeated without the workers already chosen (no booking).
-func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed []uint64, targets []scheduler.Target, chosen uint64) []string {
+func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed []uint64, targets []scheduler.Target, chosen uint64) []pick {
 	n := g.opts.Fallbacks
 	if n <= 0 {
 		return nil
@@ -311,7 +316,7 @@ func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed 
 		}
 	}
 	pool = slices.DeleteFunc(slices.Clone(pool), func(id uint64) bool { return id == chosen })
-	var out []string
+	var out []pick
 	for len(out) < n && len(pool) > 0 {
 		d, err := g.sched.Select(scheduler.SelectRequest{Key: key, Local: local, ISL: isl, Workers: pool, ChargeReuse: true})
 		if err != nil {
@@ -319,7 +324,13 @@ func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed 
 		}
 		pool = slices.DeleteFunc(pool, func(id uint64) bool { return id == d.Worker.Worker })
 		if ep := HostPort(d.Endpoint); ep != "" {
-			out = append(out, ep)
+			p := pick{endpoint: ep, worker: d.Worker.Worker, rank: d.Worker.Rank}
+			for _, t := range targets {
+				if t.ID == p.worker {
+					p.setRank = t.Ranks > 1
+				}
+			}
+			out = append(out, p)
 		}
 	}
 	return out

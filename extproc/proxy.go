@@ -27,7 +27,8 @@ type ProxyOptions struct {
 // Proxy is the embedded OpenAI-compatible reverse proxy: it makes the
 // ext_proc server's decision in process, forwards the request to the
 // chosen worker (the next best ones if it cannot be reached) and streams
-// the response back, with the same lifecycle accounting.
+// the response back, with the same lifecycle accounting, naming the worker
+// that answered in WorkerIDHeader and DPRankHeader.
 type Proxy struct {
 	g    *Gateway
 	rt   http.RoundTripper
@@ -96,7 +97,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer route.Finish()
 
-	resp, err := p.forward(r, body, route)
+	resp, served, err := p.forward(r, body, route)
 	if err != nil {
 		if r.Context().Err() == nil {
 			end = "error"
@@ -112,6 +113,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[k] = vs
 	}
 	w.Header().Set(RequestIDHeader, route.ID)
+	for _, h := range served.servedHeaders() {
+		w.Header().Set(h[0], h[1])
+	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
@@ -146,17 +150,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // forward sends the request to the route's endpoint, then to each fallback
-// while the previous one could not be reached at all.
-func (p *Proxy) forward(r *http.Request, body []byte, route *Route) (*http.Response, error) {
+// while the previous one could not be reached at all, and returns the
+// response with the worker rank that answered.
+func (p *Proxy) forward(r *http.Request, body []byte, route *Route) (*http.Response, pick, error) {
 	var errs []error
-	for _, ep := range append([]string{route.Endpoint}, route.Fallbacks...) {
-		out, err := p.outgoing(r.Context(), r, body, ep, route)
+	for _, to := range route.picks() {
+		ep := to.endpoint
+		out, err := p.outgoing(r.Context(), r, body, to, route)
 		if err != nil {
-			return nil, err
+			return nil, pick{}, err
 		}
 		resp, err := p.rt.RoundTrip(out)
 		if err == nil {
-			return resp, nil
+			return resp, to, nil
 		}
 		errs = append(errs, err)
 		if r.Context().Err() != nil || !unreachable(err) {
@@ -164,7 +170,7 @@ func (p *Proxy) forward(r *http.Request, body []byte, route *Route) (*http.Respo
 		}
 		p.log.Info("proxy: worker unreachable, trying the next", "id", route.ID, "endpoint", ep, "err", err)
 	}
-	return nil, errors.Join(errs...)
+	return nil, pick{}, errors.Join(errs...)
 }
 
 // unreachable reports whether err means the request never reached the
@@ -174,8 +180,11 @@ func unreachable(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-func (p *Proxy) outgoing(ctx context.Context, r *http.Request, body []byte, endpoint string, route *Route) (*http.Request, error) {
-	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+// outgoing is the request to the worker rank to: the client's, without
+// hop-by-hop headers, with the request id and the rank the worker must
+// serve it on (when it has several).
+func (p *Proxy) outgoing(ctx context.Context, r *http.Request, body []byte, to pick, route *Route) (*http.Request, error) {
+	out, err := http.NewRequestWithContext(ctx, r.Method, "http://"+to.endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -185,8 +194,8 @@ func (p *Proxy) outgoing(ctx context.Context, r *http.Request, body []byte, endp
 	}
 	out.Header.Del(DestinationHeader)
 	out.Header.Set(RequestIDHeader, route.ID)
-	if route.SetRank {
-		out.Header.Set(RankHeader, strconv.FormatUint(uint64(route.Rank), 10))
+	if to.setRank {
+		out.Header.Set(RankHeader, strconv.FormatUint(uint64(to.rank), 10))
 	} else {
 		out.Header.Del(RankHeader)
 	}

@@ -58,7 +58,9 @@ type ServerOptions struct {
 }
 
 // Server is the Envoy ExternalProcessor: one gRPC stream per HTTP request,
-// answered with the endpoint-picker protocol. It also serves grpc.health.v1
+// answered with the endpoint-picker protocol; when Envoy sends the
+// response headers, they gain the served worker's id and rank
+// (WorkerIDHeader, DPRankHeader). It also serves grpc.health.v1
 // for "", "liveness", "readiness" and the ExternalProcessor service.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -259,7 +261,9 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 		if v.ResponseHeaders.GetEndOfStream() {
 			st.complete()
 		}
-		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
+		// The client learns which worker served it (served.go).
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{
+			Response: &extprocv3.CommonResponse{HeaderMutation: servedMutation(st.route, req.GetMetadataContext())}}}})
 	case *extprocv3.ProcessingRequest_ResponseBody:
 		b := v.ResponseBody
 		if len(b.GetBody()) > 0 || b.GetEndOfStream() {

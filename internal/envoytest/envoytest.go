@@ -97,6 +97,10 @@ type Exchange struct {
 	ClearRouteCache bool
 	// Body is the request body as it continues upstream.
 	Body []byte
+	// ResponseHeaders are the response headers as the client receives
+	// them, after the picker's response headers mutation (set by
+	// Respond).
+	ResponseHeaders map[string]string
 	// Decision is the time from sending the request's last phase (the
 	// last body chunk, or the headers of a bodyless request) to receiving
 	// the picker's answer: its decision latency as Envoy sees it.
@@ -233,16 +237,22 @@ func (x *Exchange) immediate(r *extprocv3.ProcessingResponse) bool {
 
 func (x *Exchange) apply(c *extprocv3.CommonResponse) {
 	x.ClearRouteCache = c.GetClearRouteCache()
-	for _, o := range c.GetHeaderMutation().GetSetHeaders() {
+	x.Headers = mutate(x.Headers, c.GetHeaderMutation())
+}
+
+// mutate applies m to h (in place) and returns h.
+func mutate(h map[string]string, m *extprocv3.HeaderMutation) map[string]string {
+	for _, o := range m.GetSetHeaders() {
 		v := o.GetHeader().GetValue()
 		if raw := o.GetHeader().GetRawValue(); len(raw) > 0 {
 			v = string(raw)
 		}
-		x.Headers[strings.ToLower(o.GetHeader().GetKey())] = v
+		h[strings.ToLower(o.GetHeader().GetKey())] = v
 	}
-	for _, k := range c.GetHeaderMutation().GetRemoveHeaders() {
-		delete(x.Headers, strings.ToLower(k))
+	for _, k := range m.GetRemoveHeaders() {
+		delete(h, strings.ToLower(k))
 	}
+	return h
 }
 
 // Response is the upstream response Envoy passes through the filter.
@@ -256,6 +266,11 @@ type Response struct {
 	// Trailers ends the stream with response trailers instead of
 	// end_of_stream on the last body chunk.
 	Trailers bool
+	// Served, when set, is reported with the response headers as the
+	// endpoint that served the request, in the metadata context
+	// (envoy.lb/x-gateway-destination-endpoint-served), as a proxy that
+	// implements it does.
+	Served string
 }
 
 // Respond passes resp through the stream as Envoy does and returns the
@@ -266,13 +281,21 @@ func (x *Exchange) Respond(resp Response) ([]byte, error) {
 	for k, v := range resp.Headers {
 		h[strings.ToLower(k)] = v
 	}
-	if err := x.stream.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+	var md *corev3.Metadata
+	if resp.Served != "" {
+		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			"envoy.lb": {Fields: map[string]*structpb.Value{"x-gateway-destination-endpoint-served": structpb.NewStringValue(resp.Served)}},
+		}}
+	}
+	if err := x.stream.Send(&extprocv3.ProcessingRequest{MetadataContext: md, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerMap(h, false)}}}); err != nil {
 		return nil, err
 	}
-	if r, err := x.stream.Recv(); err != nil || r.GetResponseHeaders() == nil {
+	r, err := x.stream.Recv()
+	if err != nil || r.GetResponseHeaders() == nil {
 		return nil, fmt.Errorf("response headers: %v %v", r.GetResponse(), err)
 	}
+	x.ResponseHeaders = mutate(h, r.GetResponseHeaders().GetResponse().GetHeaderMutation())
 	chunk := resp.Chunk
 	if chunk <= 0 {
 		chunk = 4 << 10
