@@ -3,13 +3,13 @@
 // reference implementation: the npm package `tokenizers` 0.23.2 (Hugging Face's Rust
 // core with Node bindings).
 //
-// Rerun (from anywhere; needs Node >= 18 and the shared tokenizer files):
+// Rerun (from anywhere; needs Node >= 18 and every family's tokenizer files):
 //
 //   mkdir -p /tmp/tokref && (cd /tmp/tokref && npm install tokenizers@0.23.2)
 //   NODE_PATH=/tmp/tokref/node_modules node tokenize/testdata/golden/gen.js
 //
 // Optional first argument: the directory holding <family>/tokenizer.json (default
-// ../shared/tokenizers next to the repository).
+// $KVGATE_TOKENIZERS, the tests' fixture directory described in CONTRIBUTING.md).
 //
 // It writes, next to this script:
 //   texts.json               the input texts (shared by every golden file)
@@ -37,7 +37,8 @@ const path = require('path');
 const { Tokenizer } = require('tokenizers');
 
 const outDir = __dirname;
-const sharedDir = path.resolve(process.argv[2] || path.join(__dirname, '../../../../shared/tokenizers'));
+const sharedDir = path.resolve(process.argv[2] || process.env.KVGATE_TOKENIZERS ||
+  path.join(__dirname, '../../../../shared/tokenizers'));
 const REAL = ['llama3', 'qwen2.5', 'qwen3', 'llama2', 'phi3', 'phi2'];
 
 // ---------------------------------------------------------------------------- texts
