@@ -1,12 +1,9 @@
 package tokenize
 
 import (
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -403,32 +400,14 @@ func BenchmarkEncode(b *testing.B) {
 	}
 }
 
-// realTokenizerJSON reads dir/tokenizer.json, or dir/tokenizer.json.gz
-// uncompressed (the form of the tokenizers that ship in the repository).
-func realTokenizerJSON(t testing.TB, dir string) []byte {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
-	if errors.Is(err, fs.ErrNotExist) {
-		var f *os.File
-		if f, err = os.Open(filepath.Join(dir, "tokenizer.json.gz")); err == nil {
-			defer f.Close()
-			var zr *gzip.Reader
-			if zr, err = gzip.NewReader(f); err == nil {
-				data, err = io.ReadAll(zr)
-			}
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
 // BenchmarkLoad parses each real tokenizer.json (the file read is not timed).
 func BenchmarkLoad(b *testing.B) {
 	for _, name := range realFamilies {
 		b.Run(name, func(b *testing.B) {
-			data := realTokenizerJSON(b, fixture.Family(b, name))
+			data, _, err := ReadTokenizerJSON(fixture.Family(b, name))
+			if err != nil {
+				b.Fatal(err)
+			}
 			b.SetBytes(int64(len(data)))
 			for b.Loop() {
 				if _, err := Parse(data); err != nil {
