@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
 )
 
@@ -131,7 +132,7 @@ func stop(t *testing.T, p *kvgateProc) {
 func TestE2EAdminAPI(t *testing.T) {
 	ctx := e2eContext(t)
 	withReplay := engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}
-	pub1, pub2 := engine.Start(t, withReplay), engine.Start(t, withReplay)
+	pub1, pub2 := enginetest.Start(t, withReplay), enginetest.Start(t, withReplay)
 	p := startKvgateEnv(t, ctx, []string{dynMinWorkersEnv + "=2"},
 		"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--admin-token", "tok", "--max-body", "4KiB")
 	anon := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + p.adminAddr(t, ctx)}
@@ -273,7 +274,7 @@ func closedPort(t *testing.T) string {
 // then both apply live events and answer alike.
 func TestE2EPeerRecovery(t *testing.T) {
 	ctx := e2eContext(t)
-	pub := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	pub := enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	workers := fmt.Sprintf("1=%s|%s", pub.Endpoint(), pub.ReplayEndpoint())
 	args := []string{"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--workers", workers, "--model-name", "m:v1", "--block-size", "4"}
 

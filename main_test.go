@@ -830,3 +830,18 @@ func TestAdminTokenHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestBinaryLinksNoTesting checks that the kvgate binary does not link
+// package testing (test helpers of the packages it uses belong in packages
+// only tests import, such as bench/engine/enginetest).
+func TestBinaryLinksNoTesting(t *testing.T) {
+	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps .: %v", err)
+	}
+	for dep := range strings.Lines(string(out)) {
+		if strings.TrimSpace(dep) == "testing" {
+			t.Fatal("the kvgate binary links package testing; find the importer with: go list -f '{{.ImportPath}}: {{.Imports}}' -deps . | grep -w testing")
+		}
+	}
+}

@@ -29,6 +29,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
@@ -689,7 +690,7 @@ func TestNoEvents(t *testing.T) {
 // TestListenerFollowsPod checks that a discovered pod's KV event listener
 // connects to its (real) publisher, and goes with the pod.
 func TestListenerFollowsPod(t *testing.T) {
-	pub := engine.Start(t, engine.Config{})
+	pub := enginetest.Start(t, engine.Config{})
 	_, port, err := net.SplitHostPort(strings.TrimPrefix(pub.Endpoint(), "tcp://"))
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -67,7 +68,7 @@ func (r *rig) register(worker uint64, rank uint32, p *engine.Publisher, replay b
 // (with its replay endpoint, if it has one) and waits for the subscription.
 func (r *rig) follow(cfg engine.Config, worker uint64) *engine.Publisher {
 	r.t.Helper()
-	p := engine.Start(r.t, cfg)
+	p := enginetest.Start(r.t, cfg)
 	r.register(worker, 0, p, cfg.ReplayEndpoint != "")
 	subscribed(r.t, p)
 	return p
@@ -288,7 +289,7 @@ func TestIngestGapReplay(t *testing.T) {
 		t.Run(style.String(), func(t *testing.T) {
 			r := newRig(t, IngestOptions{})
 			drop := map[uint64]bool{0: true, 2: true, 3: true}
-			p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", ReplyStyle: style, Topic: "kv",
+			p := enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", ReplyStyle: style, Topic: "kv",
 				Drop: func(seq uint64) bool { return drop[seq] }})
 			reg := r.register(1, 0, p, true)
 			_ = reg
@@ -342,7 +343,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	// Batches 0-3 are published before anyone listens. They are kept for
 	// replay but not sent: the PUB socket sends from a queue, and a batch
 	// still queued when the listener subscribes would reach it after all.
-	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3,
+	p := enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3,
 		Drop: func(seq uint64) bool { return seq < 4 }})
 	w := WorkerRank{1, 0}
 	// 0 and 1 fall out of the 3-batch buffer, 2 and 3 are replayed.
@@ -373,7 +374,7 @@ func TestIngestPublisherRestart(t *testing.T) {
 	}
 	// The listener notices the broken connection and keeps redialling.
 	r.waitStatus(1, 0, StatusPending)
-	p2 := engine.Start(t, engine.Config{Endpoint: endpoint})
+	p2 := enginetest.Start(t, engine.Config{Endpoint: endpoint})
 	r.waitStatus(1, 0, StatusActive)
 	subscribed(t, p2)
 	fresh := root(30, 1)
@@ -428,7 +429,7 @@ func TestIngestStatusTransitions(t *testing.T) {
 	if !strings.Contains(l.LastError, "connect") {
 		t.Errorf("last error %q does not say why", l.LastError)
 	}
-	p := engine.Start(t, engine.Config{Endpoint: endpoint})
+	p := enginetest.Start(t, engine.Config{Endpoint: endpoint})
 	if l := r.waitStatus(5, 0, StatusActive); l.LastError != "" {
 		t.Errorf("active with last error %q", l.LastError)
 	}
@@ -452,9 +453,9 @@ func TestIngestStatusTransitions(t *testing.T) {
 func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	three := 3
-	p := engine.Start(t, engine.Config{Rank: &three})
+	p := enginetest.Start(t, engine.Config{Rank: &three})
 	r.register(1, 0, p, false)
-	q := engine.Start(t, engine.Config{})
+	q := enginetest.Start(t, engine.Config{})
 	r.register(1, 1, q, false)
 	subscribed(t, p)
 	subscribed(t, q)
@@ -564,7 +565,7 @@ func TestIngestManyPublishers(t *testing.T) {
 				drops[s] = true
 			}
 		}
-		pubs[i].p = engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Encoding: engine.Encoding(i % 2),
+		pubs[i].p = enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Encoding: engine.Encoding(i % 2),
 			Drop: func(seq uint64) bool { return drops[seq] }})
 		// A simulated cache: chains grow from stored blocks, some removed.
 		var live []uint64
@@ -824,7 +825,7 @@ func TestIngestSilentPeer(t *testing.T) {
 // and none is left behind.
 func TestIngestConcurrentControl(t *testing.T) {
 	r := newRig(t, IngestOptions{})
-	p := engine.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
+	p := enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"})
 	reg := r.register(1, 0, p, true)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/bench/engine"
+	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/poll"
@@ -407,7 +408,7 @@ func (r *rig) run(t *testing.T, steps []step) {
 // waits until the worker's listener has subscribed to it.
 func (r *rig) follow(model, tenant string, id uint64, rank uint32) *engine.Publisher {
 	r.t.Helper()
-	p := engine.Start(r.t, engine.Config{})
+	p := enginetest.Start(r.t, engine.Config{})
 	r.register(rankBody(model, tenant, id, rank, p.Endpoint()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
