@@ -419,10 +419,3 @@ func (t *headTable) del(k uint64) {
 	}
 	t.slots[i] = headSlot{}
 }
-
-func (t *headTable) len() int {
-	if t.zero {
-		return t.n + 1
-	}
-	return t.n
-}

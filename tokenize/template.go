@@ -167,16 +167,6 @@ func jParseChatTemplate(source string, special []jGlobal) (*ChatTemplate, error)
 	return c, nil
 }
 
-// withClock returns a copy whose strftime_now reads now (tests use a fixed time).
-func (c *ChatTemplate) withClock(now func() time.Time) *ChatTemplate {
-	cp := *c
-	cp.now = now
-	if c.toolUse != nil {
-		cp.toolUse = c.toolUse.withClock(now)
-	}
-	return &cp
-}
-
 // LoadChatTemplate reads dir/chat_template.jinja, else chat_template from
 // dir/tokenizer_config.json, and bos_token/eos_token/unk_token/pad_token (and
 // sep/cls/mask_token) from tokenizer_config.json (string or {"content": ...} form).
