@@ -1,10 +1,12 @@
-// Package scheduler owns the worker catalog: which workers serve which
-// (model, tenant), where their requests and KV events go, and whether they
-// are ready; and the catalog's HTTP views (docs/http-api.md, "One
-// worker catalog"). Later: active-load accounting, cost-based selection,
-// reservations and replica sync (docs/scheduling.md), and the load
-// each worker's engine reports on its vLLM /metrics page (scrape.go), an
-// optional correction of the cost.
+// Package scheduler decides where a request goes. It owns the worker
+// catalog (which workers serve which (model, tenant), where their requests
+// and KV events go, whether they are ready; catalog.go, workers.go), the
+// active load booked on each worker rank (load.go), the cost-based
+// selection (select.go), the Dynamo slot tracker and selection service
+// routes with reservations (service.go, http.go), replica sync of active
+// load between kvgate replicas (replica.go), and the load each engine
+// reports on its vLLM /metrics page (scrape.go), an optional correction of
+// the cost. The protocols are in docs/http-api.md and docs/scheduling.md.
 //
 // It drives the indexer (an Ingester per process) to start and stop event
 // listeners and drop a removed worker's blocks, and must not touch the
