@@ -52,11 +52,11 @@
 // the published copy, each counting itself in that copy's readers, and
 // the writer waits until no match reads the other copy, brings it up to
 // date with the spans the operation wrote and the heads it put or
-// deleted, and makes it its own (runTree.catchUp). The blocks' slab and
+// deleted, and makes it its own (spanTree.catchUp). The blocks' slab and
 // the holder sets are one for both copies: writers rewrite only blocks
 // and sets no copy reaches, so a block, set or diff array the tree lets
 // go of is freed only at the next publication, once no match reads the
-// copy that may still reach it (runTree.pend). A match so sees every
+// copy that may still reach it (spanTree.pend). A match so sees every
 // operation whole or not at all, never waits for a writer the system
 // has stopped, and costs writers nothing but the copy. Where the shards
 // are at least as many as the cores Go uses, a writer gives up its core
@@ -67,10 +67,10 @@
 // (shard.cede). Before it changes the tree, a writer builds its rank's table of
 // engine ids grown for a Stored event (or, after removals, shrunk, or a
 // new rank's first), lists the engine ids a Cleared event or a rank's
-// removal takes (runTree.clearOrder), makes larger copies of the arrays
-// an event may outgrow and the slab's next chunks (runTree.prepare), and
+// removal takes (spanTree.clearOrder), makes larger copies of the arrays
+// an event may outgrow and the slab's next chunks (spanTree.prepare), and
 // reads where the event's engine ids and blocks lie, all at once, so
-// that it then finds them in the cache (runTree.warm).
+// that it then finds them in the cache (spanTree.warm).
 //
 // # The event path
 //

@@ -303,14 +303,14 @@ func (ix *Index) Stats() Stats {
 }
 
 // shard is the index of the worker ranks of some workers (see Index): a
-// runTree whose writers take turns, and the view of it that matches read.
+// spanTree whose writers take turns, and the view of it that matches read.
 //
 // Matches never wait for a writer. A shard has two copies of what
 // matches read of the tree (view), in turn the writers' and the
 // published one: after each operation, a writer publishes its copy
 // (front), waits until no match reads the other, brings that one up to
 // date with the changes of the operation, and makes it its own (see
-// publish and runTree.catchUp). A match counts itself in the readers of
+// publish and spanTree.catchUp). A match counts itself in the readers of
 // the copy it reads (enter, leave).
 type shard struct {
 	// What matches read, a cache line from what they write (see
@@ -354,11 +354,11 @@ type shard struct {
 	// removal), and by the calls that read the writers' tree (stats,
 	// dumps): writers take turns on it.
 	write sync.Mutex
-	tree  *runTree
+	tree  *spanTree
 	// held counts the blocks the writer applied since it last gave up
 	// its core (see relax).
 	held int
-	// warmth sums what runTree.warm read, so that its loads are kept.
+	// warmth sums what spanTree.warm read, so that its loads are kept.
 	warmth uint64
 }
 
@@ -371,7 +371,7 @@ func newShard() *shard {
 }
 
 // relax is called by a writer after each step of an operation (see
-// runTree.yield), with n the blocks the step applied. Where the shard
+// spanTree.yield), with n the blocks the step applied. Where the shard
 // has no spare core, it gives up its core (runtime.Gosched) every
 // writeChunk blocks, to any goroutine waiting for one.
 func (ix *shard) relax(n int) {

@@ -423,7 +423,7 @@ func checkInvariants(t fatalHelper, ix *Index) {
 
 // checkViews checks that the writers' view, caught up after an
 // operation, has what the published one has, in arrays of its own where
-// they must be (see runTree.catchUp).
+// they must be (see spanTree.catchUp).
 func checkViews(t fatalHelper, w, pub *view) {
 	t.Helper()
 	if len(w.spans) != len(pub.spans) {

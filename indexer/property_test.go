@@ -358,7 +358,7 @@ func mapsEqual(a, b map[WorkerRank]int) bool {
 }
 
 // TestDeepMatchesReferenceModel drives long spans and their splits, merges
-// and divergences inside them (see runTree.diverge):
+// and divergences inside them (see spanTree.diverge):
 // long device-only paths over a 2-symbol alphabet (so ranks share long
 // prefixes and diverge anywhere), evicted tail-first as engines do, mixed
 // with occasional out-of-order removals and other tiers that split spans

@@ -197,7 +197,7 @@ func (t *blockTable) reserveSize(extra int) int {
 
 // trimmed returns the table shrunk, if removals left it below load
 // trimBelow, to load sizeTo, or nil. It only reads t: a writer builds it
-// once per event (see runTree.trimmed), not on each deletion.
+// once per event (see spanTree.trimmed), not on each deletion.
 func (t *blockTable) trimmed() []blockEntry {
 	if size := t.trimSize(); size > 0 {
 		return t.resized(size)

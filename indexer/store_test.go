@@ -274,7 +274,7 @@ func TestUnmix(t *testing.T) {
 	}
 }
 
-// trim shrinks bt as a writer does after removals (see runTree.trimmed).
+// trim shrinks bt as a writer does after removals (see spanTree.trimmed).
 func trim(bt *blockTable) {
 	if tab := bt.trimmed(); tab != nil {
 		bt.tab = tab
@@ -282,7 +282,7 @@ func trim(bt *blockTable) {
 }
 
 // put sets the word of id, whether or not id has one. The index never
-// overwrites (see runTree.claim); the tests do.
+// overwrites (see spanTree.claim); the tests do.
 func (t *blockTable) put(id uint64, word uint32) {
 	if !t.add(id, word, 1) {
 		i, _ := t.lookup(id)

@@ -7,7 +7,7 @@ import (
 	"unsafe"
 )
 
-// runTree is one shard's prefix tree, path-compressed: a tree of spans,
+// spanTree is one shard's prefix tree, path-compressed: a tree of spans,
 // each a chain of blocks with consecutive ids, every block the only child
 // of the one before, all held by the same worker ranks on the same tiers
 // (an interned holder set). A span is split where a holder changes or a
@@ -22,18 +22,18 @@ import (
 // its length. Blocks live by value in one slab, free ranges of it reused;
 // nothing in the tree holds a Go pointer but the holder sets' slices and
 // the spans' lists, and the spare arrays kept for them (free sets keep
-// theirs; see runTree.diffs).
+// theirs; see spanTree.diffs).
 
 const noBlock = ^uint32(0)
 
-// errTreeFull: a Stored event would take a runTree past 1<<31 block ids.
+// errTreeFull: a Stored event would take a spanTree past 1<<31 block ids.
 var errTreeFull = errors.New("index shard full: 1<<31 block ids")
 
-// blockRec is one block of a runTree.
+// blockRec is one block of a spanTree.
 type blockRec struct {
 	key   uint64 // sequence hash
 	local uint64
-	span  uint32 // freeBlock: free; pendingBlock: released, not yet free (see runTree.release)
+	span  uint32 // freeBlock: free; pendingBlock: released, not yet free (see spanTree.release)
 	// pins counts the engine ids, over all ranks, naming the block: a
 	// block without holders stays while one does (see prune).
 	pins uint32
@@ -43,7 +43,7 @@ type blockRec struct {
 const freeBlock = noBlock - 1
 
 // pendingBlock, as a block's span, marks a block released and not yet
-// free (see runTree.release).
+// free (see spanTree.release).
 const pendingBlock = noBlock - 2
 
 // span is a chain of blocks first..first+n-1.
@@ -52,7 +52,7 @@ type span struct {
 	depth    uint32 // of first
 	parent   uint32 // block id of first's parent, noBlock for a root
 	kids     uint32 // child spans of the last block
-	set      uint32 // holder set (runTree.sets)
+	set      uint32 // holder set (spanTree.sets)
 	end      uint64 // key of the last block
 	// diff lists, as slot<<3|tiers here, the ranks of the parent span's
 	// set whose tiers differ here, when the parent span's set was set
@@ -77,19 +77,19 @@ type holdSet struct {
 	// gen counts the uses of this id, so that a span's diff can tell a
 	// set reused under the id from the one it was made from.
 	gen uint32
-	// same is the next set with the same hash (see runTree.setIDs), 0 at
+	// same is the next set with the same hash (see spanTree.setIDs), 0 at
 	// the end.
 	same uint32
 }
 
-// rankHead is what Match reads of a rank (see runTree.who), apart from
+// rankHead is what Match reads of a rank (see spanTree.who), apart from
 // rankInfo, so that a match reading hundreds of them reads little.
 type rankHead struct {
 	wr     WorkerRank
 	blocks int32 // engine ids the rank holds, for Overlap.Blocks
 }
 
-// rankInfo is one worker rank of a runTree.
+// rankInfo is one worker rank of a spanTree.
 type rankInfo struct {
 	names blockTable // engine id -> block
 }
@@ -100,11 +100,11 @@ type rankInfo struct {
 // that matches or writers write (see shard).
 const cacheLine = 64
 
-// view is what a match reads of a runTree: the shard publishes a copy
+// view is what a match reads of a spanTree: the shard publishes a copy
 // of it (see shard.publish), which writers leave alone while matches
 // read it. The slab's chunks and the sets' array are shared by every
 // copy: writers change only blocks and sets that no copy reaches (see
-// runTree.pend). The spans, heads and who arrays are each copy's own.
+// spanTree.pend). The spans, heads and who arrays are each copy's own.
 // A copy is published after whole operations only, so a match never
 // sees a rank half removed.
 type view struct {
@@ -115,9 +115,9 @@ type view struct {
 	heads  headTable  // key of a span's first block -> span
 }
 
-// runTree is the tree of one shard. Its view is the writers' own copy;
+// spanTree is the tree of one shard. Its view is the writers' own copy;
 // matches read the one the shard published last.
-type runTree struct {
+type spanTree struct {
 	view
 	free []uint32 // free span ids
 	// setIDs maps a hash to the first of the sets with that hash, which
@@ -173,7 +173,7 @@ type headOp struct {
 
 // w returns span s for writing, marking it changed since the last
 // publication.
-func (t *runTree) w(s uint32) *span {
+func (t *spanTree) w(s uint32) *span {
 	if int(s) >= len(t.spanMark) {
 		t.spanMark = append(t.spanMark, make([]uint32, int(s)+1-len(t.spanMark))...)
 	}
@@ -184,12 +184,12 @@ func (t *runTree) w(s uint32) *span {
 	return &t.spans[s]
 }
 
-func (t *runTree) putHead(k uint64, v uint32) {
+func (t *spanTree) putHead(k uint64, v uint32) {
 	t.heads.put(k, v)
 	t.headLog = append(t.headLog, headOp{key: k, val: v})
 }
 
-func (t *runTree) delHead(k uint64) {
+func (t *spanTree) delHead(k uint64) {
 	t.heads.del(k)
 	t.headLog = append(t.headLog, headOp{key: k, del: true})
 }
@@ -197,7 +197,7 @@ func (t *runTree) delHead(k uint64) {
 // catchUp makes old, the view the shard published before pub (its
 // arrays, which no match reads any more), the writers' view, brought up
 // to pub, and frees what writers let go of before pub (freePending).
-func (t *runTree) catchUp(pub, old *view) {
+func (t *spanTree) catchUp(pub, old *view) {
 	t.spans = old.spans
 	if n := len(t.spans); cap(t.spans) < len(pub.spans) {
 		t.spans = append(make([]span, 0, cap(pub.spans)), pub.spans...)
@@ -227,9 +227,9 @@ func (t *runTree) catchUp(pub, old *view) {
 	t.freePending()
 }
 
-// freePending frees what writers let go of (see runTree.pend): called
+// freePending frees what writers let go of (see spanTree.pend): called
 // once no match reads a copy of the view that may reach it.
-func (t *runTree) freePending() {
+func (t *spanTree) freePending() {
 	for _, d := range t.pend.diffs {
 		if cap(d) > t.diffCap() {
 			t.diffs = append(t.diffs, d[:0])
@@ -247,8 +247,8 @@ func (t *runTree) freePending() {
 	t.pend.diffs, t.pend.sets, t.pend.blocks = t.pend.diffs[:0], t.pend.sets[:0], t.pend.blocks[:0]
 }
 
-func newRunTree() *runTree {
-	t := &runTree{setIDs: make(map[uint64]uint32), slotOf: make(map[WorkerRank]uint32)}
+func newRunTree() *spanTree {
+	t := &spanTree{setIDs: make(map[uint64]uint32), slotOf: make(map[WorkerRank]uint32)}
 	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
 	for c := range t.freeHead {
 		t.freeHead[c] = noBlock
@@ -267,7 +267,7 @@ func hashElems(es []uint32) uint64 {
 }
 
 // intern returns the id of the set es (sorted), taking a reference.
-func (t *runTree) intern(es []uint32) uint32 {
+func (t *spanTree) intern(es []uint32) uint32 {
 	if len(es) == 0 {
 		return 0
 	}
@@ -275,7 +275,7 @@ func (t *runTree) intern(es []uint32) uint32 {
 }
 
 // internAs is intern of es, not empty, whose hash is h.
-func (t *runTree) internAs(es []uint32, h uint64) uint32 {
+func (t *spanTree) internAs(es []uint32, h uint64) uint32 {
 	first := t.setIDs[h]
 	for id := first; id != 0; id = t.sets[id].same {
 		if slices.Equal(t.sets[id].elems, es) {
@@ -302,9 +302,9 @@ func (t *runTree) internAs(es []uint32, h uint64) uint32 {
 	return id
 }
 
-func (t *runTree) ref(id uint32) { t.sets[id].refs++ }
+func (t *spanTree) ref(id uint32) { t.sets[id].refs++ }
 
-func (t *runTree) unref(id uint32) {
+func (t *spanTree) unref(id uint32) {
 	if id == 0 {
 		return
 	}
@@ -334,7 +334,7 @@ func slotIndex(es []uint32, slot uint32) (int, bool) {
 }
 
 // tiersIn returns the tiers slot holds in set id.
-func (t *runTree) tiersIn(id uint32, slot uint32) Tier {
+func (t *spanTree) tiersIn(id uint32, slot uint32) Tier {
 	es := t.sets[id].elems
 	i, ok := slotIndex(es, slot)
 	if !ok {
@@ -345,7 +345,7 @@ func (t *runTree) tiersIn(id uint32, slot uint32) Tier {
 
 // with returns the interned set id with slot's tiers set to tiers (0:
 // removed), taking a reference.
-func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
+func (t *spanTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 	es := t.sets[id].elems
 	i, ok := slotIndex(es, slot)
 	t.tmp = append(t.tmp[:0], es[:i]...)
@@ -363,7 +363,7 @@ func (t *runTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 // slot's tiers only, those being tiers in id, and brings the diffs that
 // depend on it up to date: its own, and that of the child span next in
 // the slab (others go stale: see span.diff).
-func (t *runTree) setSpanSet(s, id, slot uint32, tiers Tier) {
+func (t *spanTree) setSpanSet(s, id, slot uint32, tiers Tier) {
 	S := t.w(s)
 	old := S.set
 	child := t.chainedChild(S)
@@ -411,7 +411,7 @@ func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
 
 // refreshDiff computes span s's diff from its parent span's set, or
 // leaves it stale if it would be longer than matches use (see diffCap).
-func (t *runTree) refreshDiff(s uint32) {
+func (t *spanTree) refreshDiff(s uint32) {
 	S := t.w(s)
 	t.dropDiff(S.diff)
 	S.diff = nil
@@ -426,7 +426,7 @@ func (t *runTree) refreshDiff(s uint32) {
 // for diffCap()+1 entries (a diff as long as matches use and one more,
 // which adjustDiff may insert or diffOf append): a diff array is never
 // changed in place, as the published view may share it (see view).
-func (t *runTree) roomyDiff(S *span) []uint32 {
+func (t *spanTree) roomyDiff(S *span) []uint32 {
 	old := S.diff
 	S.diff = append(t.spareDiff(), old...)
 	t.dropDiff(old)
@@ -436,7 +436,7 @@ func (t *runTree) roomyDiff(S *span) []uint32 {
 // spareDiff returns an empty array with room for diffCap()+1 entries: one
 // a span freed, if any is that large (diffCap grows with the ranks), or a
 // new one.
-func (t *runTree) spareDiff() []uint32 {
+func (t *spanTree) spareDiff() []uint32 {
 	for n := len(t.diffs); n > 0; n-- {
 		d := t.diffs[n-1]
 		t.diffs = t.diffs[:n-1]
@@ -449,8 +449,8 @@ func (t *runTree) spareDiff() []uint32 {
 
 // dropDiff keeps d, a diff array no span of the writers' view uses any
 // more, for spareDiff, if it is as large as spareDiff's, once no view
-// reaches it (see runTree.pend).
-func (t *runTree) dropDiff(d []uint32) {
+// reaches it (see spanTree.pend).
+func (t *spanTree) dropDiff(d []uint32) {
 	if cap(d) > t.diffCap() {
 		t.pend.diffs = append(t.pend.diffs, d)
 	}
@@ -458,7 +458,7 @@ func (t *runTree) dropDiff(d []uint32) {
 
 // setDiff makes d span S's diff from set p, or leaves S's diff stale if d
 // is longer than matches use (see diffCap).
-func (t *runTree) setDiff(S *span, d []uint32, p uint32) {
+func (t *spanTree) setDiff(S *span, d []uint32, p uint32) {
 	if len(d) > t.diffCap() {
 		S.diff, S.diffFrom = d[:0], noBlock
 		return
@@ -468,11 +468,11 @@ func (t *runTree) setDiff(S *span, d []uint32, p uint32) {
 
 // diffCap is the longest diff a match crosses a span by (see match): two
 // per bit-set word of the ranks' slots. Longer ones are not kept.
-func (t *runTree) diffCap() int { return 2 * ((len(t.ranks) + 63) / 64) }
+func (t *spanTree) diffCap() int { return 2 * ((len(t.ranks) + 63) / 64) }
 
 // diffOf appends to dst, as slot<<3|tiers in set c, the ranks of set p
 // whose tiers in c differ, up to limit of them, and returns it.
-func (t *runTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
+func (t *spanTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
 	pe, ce := t.sets[p].elems, t.sets[c].elems
 	j := 0
 	for _, e := range pe {
@@ -493,7 +493,7 @@ func (t *runTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
 	return dst
 }
 
-func (t *runTree) newSpan(sp span) uint32 {
+func (t *spanTree) newSpan(sp span) uint32 {
 	id := reuse(&t.spans, &t.free)
 	*t.w(id) = sp
 	return id
@@ -512,7 +512,7 @@ func reuse[T any](s *[]T, free *[]uint32) uint32 {
 	return uint32(len(*s) - 1)
 }
 
-func (t *runTree) relabel(first, n, s uint32) {
+func (t *spanTree) relabel(first, n, s uint32) {
 	for b := first; b < first+n; b++ {
 		t.blocks.at(b).span = s
 	}
@@ -520,7 +520,7 @@ func (t *runTree) relabel(first, n, s uint32) {
 
 // split cuts span s after its first k blocks (0 < k < n); both parts
 // share its set.
-func (t *runTree) split(s, k uint32) {
+func (t *spanTree) split(s, k uint32) {
 	S := t.spans[s]
 	t.ref(S.set)
 	if k <= S.n-k {
@@ -544,7 +544,7 @@ func (t *runTree) split(s, k uint32) {
 
 // merge joins b, the only child span of a, with a consecutive ids and
 // the same set, into one span, and returns its id.
-func (t *runTree) merge(a, b uint32) uint32 {
+func (t *spanTree) merge(a, b uint32) uint32 {
 	A, B := t.spans[a], t.spans[b]
 	t.unref(B.set)
 	if B.n <= A.n {
@@ -569,7 +569,7 @@ func (t *runTree) merge(a, b uint32) uint32 {
 }
 
 // freeSpan frees span s, keeping its diff array for spareDiff.
-func (t *runTree) freeSpan(s uint32) {
+func (t *spanTree) freeSpan(s uint32) {
 	t.dropDiff(t.spans[s].diff)
 	*t.w(s) = span{}
 	t.free = append(t.free, s)
@@ -577,7 +577,7 @@ func (t *runTree) freeSpan(s uint32) {
 
 // chainedChild returns the child span of S whose first block is the one
 // after S's last in the slab, or noBlock.
-func (t *runTree) chainedChild(S *span) uint32 {
+func (t *spanTree) chainedChild(S *span) uint32 {
 	if nb := S.first + S.n; int(nb) < t.blocks.len() {
 		if c := t.blocks.at(nb).span; c < pendingBlock && t.spans[c].parent == nb-1 {
 			return c
@@ -588,7 +588,7 @@ func (t *runTree) chainedChild(S *span) uint32 {
 
 // tidy merges span s with its only child and its parent where they can
 // be one span, or prunes it if it has no holders and no kids.
-func (t *runTree) tidy(s uint32) {
+func (t *spanTree) tidy(s uint32) {
 	S := &t.spans[s]
 	if S.set == 0 && S.kids == 0 {
 		t.prune(s)
@@ -613,7 +613,7 @@ func (t *runTree) tidy(s uint32) {
 // holders), and goes on with the parent span if s goes whole. Where s
 // has holders, every block they hold is named, so only a tail no engine
 // id names any more goes (see detach).
-func (t *runTree) prune(s uint32) {
+func (t *spanTree) prune(s uint32) {
 	for {
 		S := t.spans[s]
 		k := S.n
@@ -648,10 +648,10 @@ func (t *runTree) prune(s uint32) {
 }
 
 // maxStretch bounds the blocks a store applies in one step (see
-// runTree.yield).
+// spanTree.yield).
 const maxStretch = 16
 
-func (t *runTree) step(n int) {
+func (t *spanTree) step(n int) {
 	if t.yield != nil {
 		t.yield(n)
 	}
@@ -659,7 +659,7 @@ func (t *runTree) step(n int) {
 
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
-func (t *runTree) isolate(b, k uint32) uint32 {
+func (t *spanTree) isolate(b, k uint32) uint32 {
 	s := t.blocks.at(b).span
 	S := t.spans[s]
 	o := b - S.first
@@ -674,18 +674,18 @@ func (t *runTree) isolate(b, k uint32) uint32 {
 
 // setTiers makes slot hold blocks b..b+k-1 (in one span) on exactly
 // tiers, which differ from the tiers it holds them on.
-func (t *runTree) setTiers(b, k, slot uint32, tiers Tier) {
+func (t *spanTree) setTiers(b, k, slot uint32, tiers Tier) {
 	s := t.isolate(b, k)
 	t.setSpanSet(s, t.with(t.spans[s].set, slot, tiers), slot, tiers)
 	t.tidy(s)
 }
 
-func (t *runTree) depthOf(b uint32) uint32 {
+func (t *spanTree) depthOf(b uint32) uint32 {
 	S := &t.spans[t.blocks.at(b).span]
 	return S.depth + b - S.first
 }
 
-func (t *runTree) rank(wr WorkerRank) uint32 {
+func (t *spanTree) rank(wr WorkerRank) uint32 {
 	if s, ok := t.slotOf[wr]; ok {
 		return s
 	}
@@ -699,12 +699,12 @@ func (t *runTree) rank(wr WorkerRank) uint32 {
 }
 
 // blockTiers returns the tiers slot holds block b on.
-func (t *runTree) blockTiers(slot, b uint32) Tier {
+func (t *spanTree) blockTiers(slot, b uint32) Tier {
 	return t.tiersIn(t.spans[t.blocks.at(b).span].set, slot)
 }
 
 // unpin drops an engine id's pin of block b.
-func (t *runTree) unpin(b uint32) {
+func (t *spanTree) unpin(b uint32) {
 	if t.blocks.at(b).pins--; t.blocks.at(b).pins == 0 {
 		if s := t.blocks.at(b).span; t.spans[s].set == 0 && t.spans[s].kids == 0 {
 			t.prune(s)
@@ -715,7 +715,7 @@ func (t *runTree) unpin(b uint32) {
 // detach takes tiers off the block that engine id h of slot names, and
 // drops h where the rank then holds that block on no tier (or did not
 // hold it). It returns the (block, tier) entries that removed.
-func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
+func (t *spanTree) detach(slot uint32, h uint64, tiers Tier) int {
 	_, removed := t.detachRun(slot, []uint64{h}, tiers)
 	return removed
 }
@@ -725,7 +725,7 @@ func (t *runTree) detach(slot uint32, h uint64, tiers Tier) int {
 // once, as where an engine evicts a request's blocks from one tier while
 // another tier or rank keeps them; else the first alone. It returns how
 // many ids it took and the (block, tier) entries they removed.
-func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
+func (t *spanTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 	names := &t.ranks[slot].names
 	i, ok := names.lookup(hs[0])
 	if !ok {
@@ -767,7 +767,7 @@ func (t *runTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 // blocks, under engine ids the rank does not use, are stored up to
 // maxStretch at a time; other blocks one by one (see storeOne). A rank
 // the event makes takes tab, resizeFor's, as its engine-id table.
-func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
+func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
@@ -884,7 +884,7 @@ func (t *runTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 
 // own makes engine id h of slot, in names, name block b, if h names
 // nothing yet (see claim), and reports whether h names b.
-func (t *runTree) own(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
+func (t *spanTree) own(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
 	if t.claim(names, slot, h, b, left) {
 		return true
 	}
@@ -895,7 +895,7 @@ func (t *runTree) own(names *blockTable, slot uint32, h uint64, b uint32, left i
 // claim makes engine id h of slot, in names, name block b, if h names
 // nothing yet (else it reports false), growing names for left more ids if
 // it is full.
-func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
+func (t *spanTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left int) bool {
 	if !names.add(h, b, left) {
 		return false
 	}
@@ -906,7 +906,7 @@ func (t *runTree) claim(names *blockTable, slot uint32, h uint64, b uint32, left
 
 // unname drops the engine id at i in names (see blockTable.lookup) of
 // slot, which names block b.
-func (t *runTree) unname(names *blockTable, slot uint32, i int, b uint32) {
+func (t *spanTree) unname(names *blockTable, slot uint32, i int, b uint32) {
 	names.delAt(i)
 	t.who[slot].blocks--
 	t.unpin(b)
@@ -914,7 +914,7 @@ func (t *runTree) unname(names *blockTable, slot uint32, i int, b uint32) {
 
 // next returns the block with key under block cur (noBlock: a root), or
 // noBlock.
-func (t *runTree) next(cur uint32, key uint64) uint32 {
+func (t *spanTree) next(cur uint32, key uint64) uint32 {
 	if cur == noBlock {
 		if s, ok := t.childSpan(noBlock, key); ok {
 			return t.spans[s].first
@@ -946,7 +946,7 @@ func (t *view) childSpan(parent uint32, key uint64) (uint32, bool) {
 // storeOne stores block nxt, which is in a span, for slot, whatever its
 // engine id (bl's) named before, and returns the (block, tier) entries
 // added and removed.
-func (t *runTree) storeOne(slot, nxt uint32, bl Block, tier Tier) (int, int) {
+func (t *spanTree) storeOne(slot, nxt uint32, bl Block, tier Tier) (int, int) {
 	r := &t.ranks[slot]
 	old, had := r.names.get(bl.Hash)
 	removed := 0
@@ -973,14 +973,14 @@ func (t *runTree) storeOne(slot, nxt uint32, bl Block, tier Tier) (int, int) {
 // attach makes blocks first..first+k-1, new and chained, a span under cur
 // (noBlock: a root) held by slot on tier alone, or extends cur's span with
 // them where it can.
-func (t *runTree) attach(cur, first, k, slot uint32, tier Tier) {
+func (t *spanTree) attach(cur, first, k, slot uint32, tier Tier) {
 	t.attachSet(cur, first, k, t.with(0, slot, tier))
 }
 
 // attachSet makes blocks first..first+k-1, new and chained, a span of set
 // (whose reference it takes) under cur (noBlock: a root), or extends
 // cur's span with them where it can.
-func (t *runTree) attachSet(cur, first, k, set uint32) {
+func (t *spanTree) attachSet(cur, first, k, set uint32) {
 	end := t.blocks.at(first + k - 1).key
 	depth := uint32(0)
 	if cur != noBlock {
@@ -1007,7 +1007,7 @@ func (t *runTree) attachSet(cur, first, k, set uint32) {
 }
 
 // remove applies a Removed event.
-func (t *runTree) remove(ev Event) ApplyResult {
+func (t *spanTree) remove(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok {
@@ -1031,7 +1031,7 @@ func (t *runTree) remove(ev Event) ApplyResult {
 // block b, name consecutive blocks of b's span, in either order, up to
 // maxStretch, and the lowest of those blocks. With drop, it drops from
 // names, slot's, each id but the first that it counts (see detachRun).
-func (t *runTree) run(names *blockTable, hs []uint64, b, slot uint32, drop bool) (int, uint32) {
+func (t *spanTree) run(names *blockTable, hs []uint64, b, slot uint32, drop bool) (int, uint32) {
 	S := &t.spans[t.blocks.at(b).span]
 	k, lo, hi := 1, b, b
 	for ; k < len(hs) && k < maxStretch; k++ {
@@ -1057,7 +1057,7 @@ func (t *runTree) run(names *blockTable, hs []uint64, b, slot uint32, drop bool)
 // storeByID applies a Stored event with ByID: Tier is added to the blocks
 // whose engine ids the rank holds on some tier; to a run of them at once
 // (see run), as Mooncake's store publisher names a request's blocks.
-func (t *runTree) storeByID(ev Event) ApplyResult {
+func (t *spanTree) storeByID(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, known := t.slotOf[ev.Worker]
 	for hs := ev.Hashes; len(hs) > 0; {
@@ -1083,7 +1083,7 @@ func (t *runTree) storeByID(ev Event) ApplyResult {
 
 // clear applies a Cleared event of rank wr, whose engine ids are ids: a
 // writer lists them before it changes the tree (see prepare, leaving).
-func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
+func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[wr]
 	if !ok {
@@ -1102,7 +1102,7 @@ func (t *runTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 // them: by the blocks they name, last first, so that a chain's blocks
 // go in runs (see detachRun), and those of a chain only the rank holds
 // from its tail. It only reads the tree.
-func (t *runTree) clearOrder(slot uint32) []uint64 {
+func (t *spanTree) clearOrder(slot uint32) []uint64 {
 	names := &t.ranks[slot].names
 	ids := make([]uint64, 0, names.len())
 	keys := make([]uint64, 0, names.len()) // block<<32 | index in ids
@@ -1119,7 +1119,7 @@ func (t *runTree) clearOrder(slot uint32) []uint64 {
 }
 
 // removeRank forgets wr, whose engine ids are ids (see clear).
-func (t *runTree) removeRank(wr WorkerRank, ids []uint64) {
+func (t *spanTree) removeRank(wr WorkerRank, ids []uint64) {
 	slot, ok := t.slotOf[wr]
 	if !ok {
 		return
@@ -1139,7 +1139,7 @@ type rankIDs struct {
 
 // leaving returns the ranks for which gone is true, with their engine ids
 // (see removeRank). It only reads the tree.
-func (t *runTree) leaving(gone func(WorkerRank) bool) []rankIDs {
+func (t *spanTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 	var out []rankIDs
 	for wr, slot := range t.slotOf {
 		if gone(wr) {
@@ -1151,7 +1151,7 @@ func (t *runTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 
 // apply applies ev, with g, which prepare made for it, put in place
 // first.
-func (t *runTree) apply(ev Event, g growth) (ApplyResult, error) {
+func (t *spanTree) apply(ev Event, g growth) (ApplyResult, error) {
 	t.use(ev.Worker, g)
 	switch {
 	case ev.Kind == Stored && ev.ByID:
@@ -1170,7 +1170,7 @@ func (t *runTree) apply(ev Event, g growth) (ApplyResult, error) {
 // any.
 var classTiers = [nClasses]Tier{TierDevice, TierDevice | TierHost, AllTiers}
 
-// runMatch is the state of one match on a runTree.
+// runMatch is the state of one match on a spanTree.
 type runMatch struct {
 	cands [nClasses][]uint64
 	reach [nClasses][]int32 // per slot, where it dropped out of each class
@@ -1363,7 +1363,7 @@ func (t *view) diverge(seq []uint64, S *span, hi uint32) uint32 {
 }
 
 // blockCounts sets, in out, how many engine ids each rank holds.
-func (t *runTree) blockCounts(out map[WorkerRank]int) {
+func (t *spanTree) blockCounts(out map[WorkerRank]int) {
 	for wr, slot := range t.slotOf {
 		out[wr] = t.ranks[slot].names.len()
 	}
@@ -1374,7 +1374,7 @@ func freeClass(n uint32) int { return bits.Len32(n) - 1 }
 
 // alloc returns the first of k consecutive block ids, not free and not in
 // any span (see taken), reusing a free range where one is long enough.
-func (t *runTree) alloc(k uint32) uint32 {
+func (t *spanTree) alloc(k uint32) uint32 {
 	for c := freeClass(k); c < len(t.freeHead); c++ {
 		a := t.freeHead[c]
 		if a == noBlock {
@@ -1400,7 +1400,7 @@ func (t *runTree) alloc(k uint32) uint32 {
 // marked as neither free nor in a span, as release looks at a freed
 // range's neighbours only; the caller writes each block before it puts
 // it in a span, and marks the first of those it keeps pending (see store).
-func (t *runTree) taken(a, k uint32) {
+func (t *spanTree) taken(a, k uint32) {
 	t.live += int(k)
 	t.blocks.at(a).span = noBlock
 	t.blocks.at(a + k - 1).span = noBlock
@@ -1408,8 +1408,8 @@ func (t *runTree) taken(a, k uint32) {
 
 // release lets go of blocks a..a+n-1, which left their span: it marks
 // them pending, and frees them (freeRange) once no view that may reach
-// them is read (see runTree.pend), as freeing rewrites their keys.
-func (t *runTree) release(a, n uint32) {
+// them is read (see spanTree.pend), as freeing rewrites their keys.
+func (t *spanTree) release(a, n uint32) {
 	t.live -= int(n)
 	for b := a; b < a+n; b++ {
 		t.blocks.at(b).span = pendingBlock
@@ -1421,7 +1421,7 @@ func (t *runTree) release(a, n uint32) {
 // last publication, joining them with free neighbours, and gives a range
 // at the end back by shortening blocks. No two free ranges touch, so
 // every free range is whole in one list.
-func (t *runTree) freeRange(a, n uint32) {
+func (t *spanTree) freeRange(a, n uint32) {
 	for b := a; b < a+n; b++ {
 		*t.blocks.at(b) = blockRec{span: freeBlock}
 	}
@@ -1445,7 +1445,7 @@ func (t *runTree) freeRange(a, n uint32) {
 // linkFree lists the free range a..a+n-1: its first block keeps its
 // length (key) and its list links (local: previous<<32 | next), its last
 // block its length too.
-func (t *runTree) linkFree(a, n uint32) {
+func (t *spanTree) linkFree(a, n uint32) {
 	c := freeClass(n)
 	next := t.freeHead[c]
 	*t.blocks.at(a) = blockRec{key: uint64(n), local: uint64(noBlock)<<32 | uint64(next), span: freeBlock}
@@ -1456,15 +1456,15 @@ func (t *runTree) linkFree(a, n uint32) {
 	t.freeHead[c] = a
 }
 
-func (t *runTree) freePrev(a uint32) uint32 { return uint32(t.blocks.at(a).local >> 32) }
-func (t *runTree) freeNext(a uint32) uint32 { return uint32(t.blocks.at(a).local) }
+func (t *spanTree) freePrev(a uint32) uint32 { return uint32(t.blocks.at(a).local >> 32) }
+func (t *spanTree) freeNext(a uint32) uint32 { return uint32(t.blocks.at(a).local) }
 
-func (t *runTree) setFreeLinks(a, prev, next uint32) {
+func (t *spanTree) setFreeLinks(a, prev, next uint32) {
 	t.blocks.at(a).local = uint64(prev)<<32 | uint64(next)
 }
 
 // unlinkFree takes the free range a..a+n-1 off its list.
-func (t *runTree) unlinkFree(a, n uint32) {
+func (t *spanTree) unlinkFree(a, n uint32) {
 	prev, next := t.freePrev(a), t.freeNext(a)
 	if prev != noBlock {
 		t.setFreeLinks(prev, t.freePrev(prev), next)
@@ -1477,8 +1477,8 @@ func (t *runTree) unlinkFree(a, n uint32) {
 }
 
 // growth is what a writer builds for an event before it changes the
-// tree (see runTree.prepare) and puts in place as it starts to
-// (runTree.use): the arrays the event may outgrow, copied into larger
+// tree (see spanTree.prepare) and puts in place as it starts to
+// (spanTree.use): the arrays the event may outgrow, copied into larger
 // ones at once rather than one append at a time.
 type growth struct {
 	names []blockEntry // the rank's engine-id table, or a new rank's first (see resizeFor, trimmed)
@@ -1495,7 +1495,7 @@ type growth struct {
 // append): a Cleared event gets room for two spans only, as each of its
 // runs splits off at most two, and most merge back with the next run
 // (room for two a block would grow the arrays for nothing).
-func (t *runTree) prepare(ev Event) growth {
+func (t *spanTree) prepare(ev Event) growth {
 	var g growth
 	k := len(ev.Blocks) + len(ev.Hashes)
 	if ev.Kind == Stored && !ev.ByID {
@@ -1531,7 +1531,7 @@ func roomFor[T any](s []T, free, n int) []T {
 // use puts g, prepared for the event about to be applied to rank wr, in
 // place; but a new rank's table, which the event makes the rank with (see
 // store).
-func (t *runTree) use(wr WorkerRank, g growth) {
+func (t *spanTree) use(wr WorkerRank, g growth) {
 	if g.names != nil {
 		if slot, ok := t.slotOf[wr]; ok {
 			t.ranks[slot].names.tab = g.names
@@ -1554,7 +1554,7 @@ func (t *runTree) use(wr WorkerRank, g growth) {
 // tier; or, for a rank ev makes, its first table, sized for all of ev's
 // ids. It only reads the tree: a writer puts it in place with use, or
 // store.
-func (t *runTree) resizeFor(ev Event) []blockEntry {
+func (t *spanTree) resizeFor(ev Event) []blockEntry {
 	if len(ev.Blocks) == 0 {
 		return nil
 	}
@@ -1593,7 +1593,7 @@ func (t *runTree) resizeFor(ev Event) []blockEntry {
 // use instead. It only reads the tree (see resizeFor), and the loads of
 // one pass are independent of each other, so the processor makes them at
 // once rather than one miss after the other.
-func (t *runTree) warm(ev Event, grown []blockEntry) uint64 {
+func (t *spanTree) warm(ev Event, grown []blockEntry) uint64 {
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok || ev.ByID || ev.Kind != Stored && ev.Kind != Removed {
 		return 0
@@ -1627,7 +1627,7 @@ func (t *runTree) warm(ev Event, grown []blockEntry) uint64 {
 
 // trimmed returns the engine id table of wr shrunk, if removals left it
 // below trimBelow, or nil. It only reads the tree (see resizeFor).
-func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
+func (t *spanTree) trimmed(wr WorkerRank) []blockEntry {
 	slot, ok := t.slotOf[wr]
 	if !ok {
 		return nil
@@ -1636,7 +1636,7 @@ func (t *runTree) trimmed(wr WorkerRank) []blockEntry {
 }
 
 // rankList appends the tree's worker ranks to dst.
-func (t *runTree) rankList(dst []WorkerRank) []WorkerRank {
+func (t *spanTree) rankList(dst []WorkerRank) []WorkerRank {
 	for wr := range t.slotOf {
 		dst = append(dst, wr)
 	}
@@ -1644,7 +1644,7 @@ func (t *runTree) rankList(dst []WorkerRank) []WorkerRank {
 }
 
 // copyRank appends the entries of one worker rank to dst.
-func (t *runTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
+func (t *spanTree) copyRank(wr WorkerRank, dst []dumpRec) []dumpRec {
 	slot, ok := t.slotOf[wr]
 	if !ok {
 		return dst

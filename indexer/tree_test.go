@@ -22,7 +22,7 @@ type fatalHelper interface {
 // checkSetIDs checks that the sets in use, and only they, are each
 // chained once from their hash in setIDs, and that the others are empty
 // and listed free once each.
-func checkSetIDs(t fatalHelper, tr *runTree) {
+func checkSetIDs(t fatalHelper, tr *spanTree) {
 	t.Helper()
 	free := make(map[uint32]bool)
 	for _, id := range tr.freeS {
@@ -64,7 +64,7 @@ func checkSetIDs(t fatalHelper, tr *runTree) {
 // Match reads of each rank agrees with the rank; no two spans, nor a
 // span and the spare diff arrays, share a diff array, and free spans
 // have none; and free blocks are listed (see checkFreeBlocks).
-func checkRunTree(t fatalHelper, tr *runTree) {
+func checkRunTree(t fatalHelper, tr *spanTree) {
 	t.Helper()
 	refs := make(map[uint32]int32)
 	freeSpan := make(map[uint32]bool)
@@ -215,7 +215,7 @@ func TestHeadTableMatchesMap(t *testing.T) {
 // checkFreeBlocks checks that every block not in a span is in exactly one
 // listed free range, that free ranges do not touch, and that the last
 // block is not free.
-func checkFreeBlocks(t fatalHelper, tr *runTree) {
+func checkFreeBlocks(t fatalHelper, tr *spanTree) {
 	t.Helper()
 	listed := make(map[uint32]uint32) // range start -> length
 	for c, a := range tr.freeHead {
@@ -400,7 +400,7 @@ func TestClearGrowsOffTheLock(t *testing.T) {
 // tree (spans, sets, heads), the slab's chunks, or a rank's engine-id
 // table; or if prepare listed for a Cleared event other ids than the
 // rank's, last block first.
-func applyPrepared(t *testing.T, tr *runTree, name string, ev Event) {
+func applyPrepared(t *testing.T, tr *spanTree, name string, ev Event) {
 	t.Helper()
 	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
 	g := tr.prepare(ev)
@@ -459,7 +459,7 @@ func TestClearTakesTheIDsGiven(t *testing.T) {
 
 // inClearOrder reports whether ids are the engine ids of slot, each once,
 // by the blocks they name, last first (see clearOrder).
-func inClearOrder(tr *runTree, slot uint32, ids []uint64) bool {
+func inClearOrder(tr *spanTree, slot uint32, ids []uint64) bool {
 	names := &tr.ranks[slot].names
 	var all []uint64
 	names.each(func(id uint64, _ uint32) { all = append(all, id) })
