@@ -1,7 +1,7 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its path-compressed tree
-// (tree.go) and pointer-free tables (store.go), the two copies of what
+// (tree.go) and pointer-free tables (hashtables.go), the two copies of what
 // matches read, which writers publish in turn (index.go), its dump and
 // recovery format (dump.go), the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go), and the event
@@ -36,7 +36,7 @@
 // pointers; free ranges reused), spans name their holders by an interned
 // set with a bit set per tier class, and the key of a span's first block
 // -> span and, per worker rank, engine id -> block are open-addressing
-// tables of plain words (store.go). Engine ids only name blocks; a rank's
+// tables of plain words (hashtables.go). Engine ids only name blocks; a rank's
 // tiers are recorded per block, and a block the rank no longer holds
 // stays while one of its engine ids still names it (see blockRec.pins).
 //
