@@ -364,7 +364,7 @@ type shard struct {
 
 // newShard returns an empty shard.
 func newShard() *shard {
-	ix := &shard{tree: newRunTree()}
+	ix := &shard{tree: newSpanTree()}
 	ix.tree.yield = ix.relax
 	ix.views[0] = ix.tree.view // its arrays are empty, but the sets'
 	return ix

@@ -410,12 +410,12 @@ func TestLongEventsSpanWriteChunks(t *testing.T) {
 }
 
 // checkInvariants verifies the internal consistency of every shard's tree
-// (see checkRunTree).
+// (see checkSpanTree).
 func checkInvariants(t fatalHelper, ix *Index) {
 	t.Helper()
 	for _, s := range ix.shards {
 		s.write.Lock()
-		checkRunTree(t, s.tree)
+		checkSpanTree(t, s.tree)
 		checkViews(t, &s.tree.view, &s.views[s.front.Load()])
 		s.write.Unlock()
 	}

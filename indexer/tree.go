@@ -247,7 +247,7 @@ func (t *spanTree) freePending() {
 	t.pend.diffs, t.pend.sets, t.pend.blocks = t.pend.diffs[:0], t.pend.sets[:0], t.pend.blocks[:0]
 }
 
-func newRunTree() *spanTree {
+func newSpanTree() *spanTree {
 	t := &spanTree{setIDs: make(map[uint64]uint32), slotOf: make(map[WorkerRank]uint32)}
 	t.sets = append(t.sets, holdSet{refs: 1}) // 0: the empty set, never freed
 	for c := range t.freeHead {

@@ -56,7 +56,7 @@ func checkSetIDs(t fatalHelper, tr *spanTree) {
 	}
 }
 
-// checkRunTree checks the tree's invariants: every block in a span names
+// checkSpanTree checks the tree's invariants: every block in a span names
 // it, every span's head names it in the head table, its end key is its
 // last block's, its depth follows its parent's, which ends its span; kids
 // counts are exact; a span without holders or kids ends in a block an
@@ -64,7 +64,7 @@ func checkSetIDs(t fatalHelper, tr *spanTree) {
 // Match reads of each rank agrees with the rank; no two spans, nor a
 // span and the spare diff arrays, share a diff array, and free spans
 // have none; and free blocks are listed (see checkFreeBlocks).
-func checkRunTree(t fatalHelper, tr *spanTree) {
+func checkSpanTree(t fatalHelper, tr *spanTree) {
 	t.Helper()
 	refs := make(map[uint32]int32)
 	freeSpan := make(map[uint32]bool)
@@ -320,15 +320,15 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 	check("a removed", ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
 }
 
-// TestPrepareGrowsOffTheLock checks that what prepare builds for an event
-// without the lock is all the event needs: applying it grows no array of
+// TestPrepareGrowsBeforeApply checks that what prepare builds for an event
+// before it is applied is all the event needs: applying it grows no array of
 // the tree (spans, sets, heads), makes no slab chunk, resizes no rank's
 // engine-id table and makes none for a new rank but prepare's; and that
 // prepare, for a Cleared event, and leaving, for a rank's removal, list
 // the rank's engine ids, last block first, which applying them takes (see
 // TestClearTakesTheIDsGiven), where a copy, a chunk's first writes or a
-// list would hold matches up under the lock.
-func TestPrepareGrowsOffTheLock(t *testing.T) {
+// list would lengthen the writers' turn while the event applies.
+func TestPrepareGrowsBeforeApply(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	every3 := func(w uint64, from, to int) []uint64 {
 		var hs []uint64
@@ -351,7 +351,7 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		{"a's host tier cleared", Event{Kind: Cleared, Worker: a, Tier: TierHost}},
 		{"b cleared", Event{Kind: Cleared, Worker: b, Tier: AllTiers}},
 	}
-	tr := newRunTree()
+	tr := newSpanTree()
 	for _, e := range events {
 		applyPrepared(t, tr, e.name, e.ev)
 	}
@@ -360,19 +360,19 @@ func TestPrepareGrowsOffTheLock(t *testing.T) {
 		t.Fatalf("leaving listed %v, want %s with its %d engine ids, last block first", gone, c, tr.ranks[tr.slotOf[c]].names.len())
 	}
 	tr.removeRank(c, gone[0].ids)
-	checkRunTree(t, tr)
+	checkSpanTree(t, tr)
 	if _, ok := tr.slotOf[c]; ok || tr.live != n+6000 {
 		t.Errorf("after removing %s: it is still known (%t), or the tree has %d blocks, not a's %d", c, ok, tr.live, n+6000)
 	}
 }
 
-// TestClearGrowsOffTheLock checks that prepare gives a Cleared event the
+// TestClearGrowsBeforeApply checks that prepare gives a Cleared event the
 // room its runs need: on a tight tree (no free span ids, no spare
 // capacity), the first run of a's clear splits a span longer than a run,
 // so applying it would grow the spans if prepare had not.
-func TestClearGrowsOffTheLock(t *testing.T) {
+func TestClearGrowsBeforeApply(t *testing.T) {
 	a, b, c, d := wr(1, 0), wr(2, 0), wr(3, 0), wr(4, 0)
-	tr := newRunTree()
+	tr := newSpanTree()
 	for _, ev := range []Event{
 		stored(a, TierDevice, nil, longChain(1, 0, 40)),
 		stored(b, TierDevice, nil, longChain(2, 0, 40)), // frees spans as it goes
@@ -420,7 +420,7 @@ func applyPrepared(t *testing.T, tr *spanTree, name string, ev Event) {
 	if _, err := tr.apply(ev, g); err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	checkRunTree(t, tr)
+	checkSpanTree(t, tr)
 	if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
 		t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
 	}
@@ -437,7 +437,7 @@ func applyPrepared(t *testing.T, tr *spanTree, name string, ev Event) {
 // lock.
 func TestClearTakesTheIDsGiven(t *testing.T) {
 	a := wr(1, 0)
-	tr := newRunTree()
+	tr := newSpanTree()
 	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4)), growth{}); err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +451,7 @@ func TestClearTakesTheIDsGiven(t *testing.T) {
 	if err != nil || res != (ApplyResult{Removed: 2}) {
 		t.Fatalf("clear with two of the ids: %+v, %v; want 2 removed", res, err)
 	}
-	checkRunTree(t, tr)
+	checkSpanTree(t, tr)
 	if got := tr.who[tr.slotOf[a]].blocks; got != 2 {
 		t.Errorf("a holds %d blocks after, want 2 (blocks 0 and 1)", got)
 	}
@@ -581,7 +581,7 @@ func TestTierRuns(t *testing.T) {
 // come from one range and make one span.
 func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
 	a := wr(1, 0)
-	tr := newRunTree()
+	tr := newSpanTree()
 	for _, ev := range []Event{
 		stored(a, TierDevice, nil, chain(100, 1, 2, 3, 4, 5, 6, 7, 8)),
 		stored(a, TierDevice, nil, append(chain(101, 9, 9, 9, 9)[:1], chain(201, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7)[1:]...)),
@@ -589,7 +589,7 @@ func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
 		if _, err := tr.apply(ev, tr.prepare(ev)); err != nil {
 			t.Fatal(err)
 		}
-		checkRunTree(t, tr)
+		checkSpanTree(t, tr)
 	}
 	// Block 101 is gone; 100 and the new chain remain, a span each.
 	if spans := len(tr.spans) - len(tr.free); spans != 2 || tr.live != 4 || tr.blocks.len() != 5 {
@@ -604,7 +604,7 @@ func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
 func TestSetsSharingAHash(t *testing.T) {
 	sets := [][]uint32{{1<<3 | 1}, {2<<3 | 1}, {3<<3 | 1}, {2<<3 | 1, 3<<3 | 2}}
 	for _, order := range [][]int{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 2, 0, 3}, {2, 0, 3, 1}} {
-		tr := newRunTree()
+		tr := newSpanTree()
 		ids := make([]uint32, len(sets))
 		for i, es := range sets {
 			ids[i] = tr.internAs(es, 7)
@@ -628,7 +628,7 @@ func TestSetsSharingAHash(t *testing.T) {
 			t.Fatalf("order %v: hashes left %v", order, tr.setIDs)
 		}
 	}
-	tr := newRunTree()
+	tr := newSpanTree()
 	es := [][]uint32{{5<<3 | 1, 70<<3 | 3}, {6<<3 | 2, 100<<3 | 1}} // 2 elements, 2 words each
 	i := 0
 	if n := testing.AllocsPerRun(100, func() { tr.unref(tr.internAs(es[i%2], 7)); tr.freePending(); i++ }); n != 0 {
@@ -663,5 +663,5 @@ func TestSpanDiffsReuseArrays(t *testing.T) {
 	if n := testing.AllocsPerRun(100, cycle); n != 0 {
 		t.Errorf("a split and merge again allocated %v times", n)
 	}
-	checkRunTree(t, ix.shards[0].tree)
+	checkSpanTree(t, ix.shards[0].tree)
 }
