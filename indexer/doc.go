@@ -8,7 +8,7 @@
 // path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
 // KV event batches (wire.go, on a small allocation-free msgpack reader in
 // msgpack.go) and the ZMQ listeners with gap detection and replay
-// (ingest.go, metrics.go); and the index's HTTP views: Dynamo's and
+// (ingest.go, listener*.go, metrics.go); and the index's HTTP views: Dynamo's and
 // Mooncake's overlap queries, the dump, and the peer list with startup
 // recovery from a peer's dump (http.go).
 //
