@@ -39,7 +39,6 @@ package main
 
 import (
 	"bufio"
-	"compress/gzip"
 	"container/list"
 	"context"
 	"encoding/json"
@@ -62,6 +61,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/gzfile"
 )
 
 // defaultTrace is -trace's default, relative to the repository root.
@@ -409,17 +409,11 @@ type traceRequest struct {
 // readTrace reads a Mooncake trace, gzipped or not (by its magic bytes, or
 // a name ending in .gz).
 func readTrace(path string) ([]traceRequest, error) {
-	f, err := os.Open(path)
+	r, err := gzfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open trace: %w", err)
 	}
-	defer f.Close()
-	var r io.Reader = bufio.NewReader(f)
-	if magic, _ := r.(*bufio.Reader).Peek(2); strings.HasSuffix(path, ".gz") || (len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
-		if r, err = gzip.NewReader(r); err != nil {
-			return nil, fmt.Errorf("trace %s: %w", path, err)
-		}
-	}
+	defer r.Close()
 	var reqs []traceRequest
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 64<<20)

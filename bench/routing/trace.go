@@ -2,17 +2,15 @@ package main
 
 import (
 	"bufio"
-	"bytes"
-	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/kvgate/kvgate/internal/gzfile"
 )
 
 // vocab bounds the prompt token ids made from trace hash ids.
@@ -41,33 +39,16 @@ type traceLine struct {
 // ReadTraceFile reads a Mooncake trace file, gzipped or not (a name ending
 // in .gz must be gzip); see ReadTrace.
 func ReadTraceFile(path string, tokensPerHash int) ([]Request, error) {
-	f, err := os.Open(path)
+	r, err := gzfile.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
-	defer f.Close()
-	r, err := decompress(f, strings.HasSuffix(path, ".gz"))
-	if err != nil {
-		return nil, fmt.Errorf("trace %s: %w", path, err)
-	}
+	defer r.Close()
 	reqs, err := ReadTrace(r, tokensPerHash)
 	if err != nil {
 		return nil, fmt.Errorf("trace %s: %w", path, err)
 	}
 	return reqs, nil
-}
-
-// gzipMagic starts every gzip stream.
-var gzipMagic = []byte{0x1f, 0x8b}
-
-// decompress returns r decompressed when it starts as gzip does, or when gz
-// is set; else r itself (buffered).
-func decompress(r io.Reader, gz bool) (io.Reader, error) {
-	br := bufio.NewReader(r)
-	if magic, _ := br.Peek(len(gzipMagic)); !gz && !bytes.Equal(magic, gzipMagic) {
-		return br, nil
-	}
-	return gzip.NewReader(br)
 }
 
 // ReadTrace reads a Mooncake trace, gzipped or not: one JSON object per
@@ -79,7 +60,7 @@ func ReadTrace(r io.Reader, tokensPerHash int) ([]Request, error) {
 	if tokensPerHash < 1 {
 		return nil, fmt.Errorf("tokens per hash id %d: must be >= 1", tokensPerHash)
 	}
-	r, err := decompress(r, false)
+	r, err := gzfile.Decompress(r, false)
 	if err != nil {
 		return nil, err
 	}
