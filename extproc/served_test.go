@@ -202,19 +202,14 @@ func TestExtProcServedHeaders(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			served := make(chan error, 1)
-			go func() { served <- srv.Serve(ln) }()
+			addr, served := serveOnLoopback(t, srv)
 			defer func() {
 				srv.Shutdown(t.Context())
 				if err := <-served; err != nil {
 					t.Error(err)
 				}
 			}()
-			envoy, err := envoytest.Dial(ln.Addr().String())
+			envoy, err := envoytest.Dial(addr)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -88,6 +88,19 @@ func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *schedule
 // TestServerTLSHealthAndDrain serves ext_proc over TLS in process: health
 // follows readiness, a refusal is an ImmediateResponse, and a shutdown
 // with a stream in flight cancels it and frees its booking.
+// serveOnLoopback starts srv on a free loopback port and returns its
+// address and a channel that yields Serve's result once it returns.
+func serveOnLoopback(t *testing.T, srv *Server) (addr string, served <-chan error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	return ln.Addr().String(), done
+}
+
 func TestServerTLSHealthAndDrain(t *testing.T) {
 	logger, cat, sched, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", Fallbacks: []tokenize.Path{tokenize.PathApproximate}})
 	g := New(reg, cat, sched, Options{Logger: logger, Registerer: prometheus.NewRegistry()})
@@ -98,13 +111,8 @@ func TestServerTLSHealthAndDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	envoy, err := envoytest.Dial(ln.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
+	addr, served := serveOnLoopback(t, srv)
+	envoy, err := envoytest.Dial(addr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool})))
 	if err != nil {
 		t.Fatal(err)
 	}
