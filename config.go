@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -140,11 +141,11 @@ func parseWorkers(s string) ([]workerSpec, error) {
 			w.Rank = uint32(r)
 		}
 		w.Endpoint, w.ReplayEndpoint, _ = strings.Cut(strings.TrimSpace(ep), "|")
-		if err := indexer.ValidateEndpoint(w.Endpoint); err != nil {
+		if err := kvevents.ValidateEndpoint(w.Endpoint); err != nil {
 			return nil, fmt.Errorf("worker %q: %w", entry, err)
 		}
 		if w.ReplayEndpoint != "" {
-			if err := indexer.ValidateEndpoint(w.ReplayEndpoint); err != nil {
+			if err := kvevents.ValidateEndpoint(w.ReplayEndpoint); err != nil {
 				return nil, fmt.Errorf("worker %q: replay %w", entry, err)
 			}
 		}

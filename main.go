@@ -29,6 +29,7 @@ import (
 
 	"github.com/kvgate/kvgate/discovery"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -182,7 +183,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	}
 	indexes := indexer.NewSet(indexer.Options{EventThreads: cfg.EventThreads, IndexShards: cfg.IndexShards, Hold: len(cfg.Peers) > 0})
 	defer indexes.Close()
-	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
+	ingest := kvevents.NewIngester(indexes, kvevents.IngestOptions{Logger: logger, Metrics: kvevents.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
 	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
 	indexAPI := indexer.NewAPI(indexes, peers, reg)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -759,7 +760,7 @@ func FuzzParseWorkers(f *testing.F) {
 		}
 		seen := map[[2]uint64]bool{}
 		for _, w := range ws {
-			if indexer.ValidateEndpoint(w.Endpoint) != nil || (w.ReplayEndpoint != "" && indexer.ValidateEndpoint(w.ReplayEndpoint) != nil) {
+			if kvevents.ValidateEndpoint(w.Endpoint) != nil || (w.ReplayEndpoint != "" && kvevents.ValidateEndpoint(w.ReplayEndpoint) != nil) {
 				t.Fatalf("accepted invalid endpoint in %+v", w)
 			}
 			k := [2]uint64{w.ID, uint64(w.Rank)}
@@ -778,7 +779,7 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	logger := discardLogger()
 	set := indexer.NewSet(indexer.Options{})
 	t.Cleanup(set.Close)
-	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close
 	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
 	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)

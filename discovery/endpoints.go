@@ -8,7 +8,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
-	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
 // This file turns a pod and one of its ranks into endpoints: the worker
@@ -164,10 +164,10 @@ func (t template) expandEndpoint(v vars) (string, error) {
 	return ep, nil
 }
 
-// checkEndpoint is indexer.ValidateEndpoint plus a check of a tcp
+// checkEndpoint is kvevents.ValidateEndpoint plus a check of a tcp
 // endpoint's port number.
 func checkEndpoint(ep string) error {
-	if err := indexer.ValidateEndpoint(ep); err != nil {
+	if err := kvevents.ValidateEndpoint(ep); err != nil {
 		return err
 	}
 	if addr, ok := strings.CutPrefix(ep, "tcp://"); ok {

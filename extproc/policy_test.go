@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -277,7 +278,7 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			logger, _, _, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", BlockSize: 16}) // its registry
 			set := indexer.NewSet(indexer.Options{})
 			t.Cleanup(set.Close)
-			ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+			ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 			t.Cleanup(ingest.Close)
 			cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
 			sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)

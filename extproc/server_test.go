@@ -25,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/envoytest"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
@@ -74,7 +75,7 @@ func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *schedule
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	set := indexer.NewSet(indexer.Options{})
 	t.Cleanup(set.Close)
-	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
+	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close: cleanups run last-in first-out
 	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
 	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)

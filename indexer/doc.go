@@ -3,14 +3,11 @@
 // prefix index per (model, tenant) (index.go), its path-compressed tree
 // (tree.go) and pointer-free tables (hashtables.go), the two copies of what
 // matches read, which writers publish in turn (index.go), its dump and
-// recovery format (dump.go), the set of indexes with the goroutines
-// that apply events to them in per-worker order (set.go), and the event
-// path that feeds it from engines: decoding of vLLM, SGLang and Mooncake
-// KV event batches (wire.go, on a small allocation-free msgpack reader in
-// msgpack.go) and the ZMQ listeners with gap detection and replay
-// (ingest.go, listener*.go, metrics.go); and the index's HTTP views: Dynamo's and
-// Mooncake's overlap queries, the dump, and the peer list with startup
-// recovery from a peer's dump (http.go).
+// recovery format (dump.go), and the set of indexes with the goroutines
+// that apply events to them in per-worker order (set.go). Engines' events
+// reach it through package indexer/kvevents; the index's HTTP views
+// (Dynamo's and Mooncake's overlap queries, the dump, the peer list with
+// startup recovery from a peer's dump) are in http.go.
 //
 // # The index
 //
@@ -71,15 +68,6 @@
 // an event may outgrow and the slab's next chunks (spanTree.prepare), and
 // reads where the event's engine ids and blocks lie, all at once, so
 // that it then finds them in the cache (spanTree.warm).
-//
-// # The event path
-//
-// An Ingester runs one listener per registered publisher of a worker rank:
-// a ZMQ SUB socket that reconnects with backoff, a sequence cursor per
-// publisher that survives unregistering, replay over a DEALER socket when a
-// gap shows, and a restart check that clears a restarted engine's blocks.
-// Every batch, event and block that is not applied is counted in a metric
-// with its reason.
 //
 // The index itself (index.go, set.go) knows nothing of wire formats or
 // HTTP; http.go adapts it to the APIs through internal/admin. The package

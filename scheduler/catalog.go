@@ -29,6 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
 // Errors of the catalog. The HTTP layer maps them to status codes.
@@ -73,7 +74,7 @@ type Worker struct {
 }
 
 // Status is a worker's aggregated listener state.
-type Status = indexer.ListenerStatus
+type Status = kvevents.ListenerStatus
 
 // RankRegistration registers one DP rank of a worker by its KV event
 // publisher (the standalone indexer's /register).
@@ -114,7 +115,7 @@ type CatalogOptions struct {
 // use; registrations and removals are serialized.
 type Catalog struct {
 	set    *indexer.Set
-	ingest *indexer.Ingester
+	ingest *kvevents.Ingester
 	opts   CatalogOptions
 	log    *slog.Logger
 
@@ -145,7 +146,7 @@ type schedCache struct {
 // NewCatalog returns an empty catalog whose workers' events feed set
 // through ingest. reg, if not nil, receives the kvgate_workers gauges and
 // the count of expired requests of its Loads.
-func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
+func NewCatalog(set *indexer.Set, ingest *kvevents.Ingester, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -157,7 +158,7 @@ func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Regis
 	}
 	c := &Catalog{set: set, ingest: ingest, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker), loads: opts.Loads}
 	if reg != nil {
-		for _, s := range []Status{indexer.StatusActive, indexer.StatusPending, indexer.StatusFailed, indexer.StatusPaused} {
+		for _, s := range []Status{kvevents.StatusActive, kvevents.StatusPending, kvevents.StatusFailed, kvevents.StatusPaused} {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "kvgate_workers",
 				Help:        "Workers in the catalog, by aggregated status.",
@@ -283,11 +284,11 @@ func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Wo
 // first). On error nothing changes.
 func (c *Catalog) RegisterRank(r RankRegistration) error {
 	r.WorkerKey = normKey(r.WorkerKey)
-	if err := indexer.ValidateEndpoint(r.Endpoint); err != nil {
+	if err := kvevents.ValidateEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("%w: endpoint: %w", ErrInvalid, err)
 	}
 	if r.Replay != "" {
-		if err := indexer.ValidateEndpoint(r.Replay); err != nil {
+		if err := kvevents.ValidateEndpoint(r.Replay); err != nil {
 			return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 		}
 	}
@@ -301,12 +302,12 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 			return fmt.Errorf("%w: %s rank %d already publishes on %s; unregister the rank first", ErrConflict, r.WorkerKey, r.Rank, p.Endpoint)
 		}
 	}
-	err = c.ingest.Register(indexer.Registration{
+	err = c.ingest.Register(kvevents.Registration{
 		Key: r.Key, BlockSize: r.BlockSize, Worker: r.ID, Rank: r.Rank,
 		Endpoint: r.Endpoint, ReplayEndpoint: r.Replay, Topic: r.Topic,
 	})
 	switch {
-	case errors.Is(err, indexer.ErrBlockSizeConflict), errors.Is(err, indexer.ErrRegistration):
+	case errors.Is(err, indexer.ErrBlockSizeConflict), errors.Is(err, kvevents.ErrRegistration):
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	case errors.Is(err, indexer.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
@@ -475,7 +476,7 @@ func (c *Catalog) SetListeners(id uint64, rank *uint32, pause bool) (int, error)
 type WorkerState struct {
 	Worker
 	Status    Status
-	Listeners map[uint32]indexer.ListenerInfo // by rank
+	Listeners map[uint32]kvevents.ListenerInfo // by rank
 	// Scrape is what the Scraper read of its engine; nil if never scraped.
 	Scrape *WorkerScrape
 }
@@ -485,7 +486,7 @@ type WorkerState struct {
 // aggregates the listeners: failed > pending > active > paused; a worker
 // without listeners is active.
 func (c *Catalog) Workers(model, tenant string) []WorkerState {
-	byWorker := make(map[WorkerKey][]indexer.ListenerInfo)
+	byWorker := make(map[WorkerKey][]kvevents.ListenerInfo)
 	for _, l := range c.ingest.Listeners() {
 		k := WorkerKey{l.Key, l.Worker}
 		byWorker[k] = append(byWorker[k], l)
@@ -497,7 +498,7 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 		if (model != "" && k.Model != model) || (tenant != "" && k.Tenant != tenant) {
 			continue
 		}
-		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]indexer.ListenerInfo)}
+		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]kvevents.ListenerInfo)}
 		ws.Ranks = slices.Clone(w.Ranks)
 		ws.Events = maps.Clone(w.Events)
 		for _, l := range byWorker[k] {
@@ -507,10 +508,10 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 		}
 		ws.Scrape = c.scrape.view(w, now)
 		ws.Status = aggregate(ws.Listeners)
-		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[indexer.StatusPending] {
+		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[kvevents.StatusPending] {
 			// A rank whose listener is gone (being unregistered) or not
 			// yet visible is not active.
-			ws.Status = indexer.StatusPending
+			ws.Status = kvevents.StatusPending
 		}
 		out = append(out, ws)
 	}
@@ -522,12 +523,12 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 }
 
 // statusRank orders listener states for aggregation: the highest wins.
-var statusRank = map[Status]int{indexer.StatusPaused: 1, indexer.StatusActive: 2, indexer.StatusPending: 3, indexer.StatusFailed: 4}
+var statusRank = map[Status]int{kvevents.StatusPaused: 1, kvevents.StatusActive: 2, kvevents.StatusPending: 3, kvevents.StatusFailed: 4}
 
-func aggregate(ls map[uint32]indexer.ListenerInfo) Status {
-	s := indexer.StatusActive
+func aggregate(ls map[uint32]kvevents.ListenerInfo) Status {
+	s := kvevents.StatusActive
 	if len(ls) > 0 {
-		s = indexer.StatusPaused
+		s = kvevents.StatusPaused
 	}
 	for _, l := range ls {
 		if statusRank[l.Status] > statusRank[s] {
@@ -559,7 +560,7 @@ type Readiness struct {
 
 // Schedulable reports whether requests may be sent to a worker in status
 // s: its events flow (active), or were deliberately paused.
-func Schedulable(s Status) bool { return s == indexer.StatusActive || s == indexer.StatusPaused }
+func Schedulable(s Status) bool { return s == kvevents.StatusActive || s == kvevents.StatusPaused }
 
 // HoldReady keeps Ready false with reason until HoldReady("") (used while
 // recovering the index from a peer).
@@ -577,7 +578,7 @@ func (c *Catalog) Ready() Readiness {
 	ws := c.Workers("", "")
 	r := Readiness{Workers: len(ws), MinInitialWorkers: c.opts.MinInitialWorkers}
 	for _, w := range ws {
-		if w.Status == indexer.StatusActive {
+		if w.Status == kvevents.StatusActive {
 			r.ActiveWorkers++
 		}
 		if Schedulable(w.Status) {

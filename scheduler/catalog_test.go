@@ -24,6 +24,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/poll"
 )
@@ -36,17 +37,17 @@ const testBS = 4 // tokens per block of the indexes the tests publish to
 
 var (
 	quiet  = slog.New(slog.DiscardHandler)
-	active = indexer.StatusActive
-	paused = indexer.StatusPaused
-	failed = indexer.StatusFailed
+	active = kvevents.StatusActive
+	paused = kvevents.StatusPaused
+	failed = kvevents.StatusFailed
 	// pending is the initial state of a listener.
-	pending = indexer.StatusPending
+	pending = kvevents.StatusPending
 )
 
 type rigOptions struct {
 	set     indexer.Options
 	catalog CatalogOptions
-	ingest  indexer.IngestOptions
+	ingest  kvevents.IngestOptions
 	token   string
 	// inProcess serves requests by calling the admin handler, without a
 	// TCP listener (for fuzzing, where every input gets a fresh rig).
@@ -57,7 +58,7 @@ type rigOptions struct {
 type rig struct {
 	t       testing.TB
 	set     *indexer.Set
-	ing     *indexer.Ingester
+	ing     *kvevents.Ingester
 	cat     *Catalog
 	reg     *prometheus.Registry
 	handler http.Handler
@@ -80,7 +81,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.ingest.FailAfter == 0 {
 		o.ingest.FailAfter = 2
 	}
-	r.ing = indexer.NewIngester(r.set, o.ingest)
+	r.ing = kvevents.NewIngester(r.set, o.ingest)
 	if o.catalog.Logger == nil {
 		o.catalog.Logger = quiet
 	}
@@ -488,10 +489,10 @@ func TestAggregate(t *testing.T) {
 	} {
 		// The order of the listeners must not matter.
 		for shift := range max(len(tc.states), 1) {
-			ls := map[uint32]indexer.ListenerInfo{}
+			ls := map[uint32]kvevents.ListenerInfo{}
 			for i, s := range tc.states {
 				rank := uint32((i + shift) % len(tc.states))
-				ls[rank] = indexer.ListenerInfo{Registration: indexer.Registration{Rank: rank}, Status: s}
+				ls[rank] = kvevents.ListenerInfo{Registration: kvevents.Registration{Rank: rank}, Status: s}
 			}
 			if got := aggregate(ls); got != tc.want {
 				t.Errorf("aggregate(%v by rank, shifted %d) = %s, want %s", tc.states, shift, got, tc.want)
@@ -592,7 +593,7 @@ func TestWorkerStatusWithAClosedPort(t *testing.T) {
 		{"given up", 2, failed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t, rigOptions{ingest: indexer.IngestOptions{FailAfter: tc.failAfter}})
+			r := newRig(t, rigOptions{ingest: kvevents.IngestOptions{FailAfter: tc.failAfter}})
 			r.follow("m", "", 1, 0)
 			r.register(rankBody("m", "", 1, 1, closedPort(t)))
 			w := r.waitWorker("m", "default", 1, "rank 0 active, rank 1 failing", func(w workerView) bool {
@@ -703,7 +704,7 @@ func TestWorkerGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRig(t, rigOptions{ingest: indexer.IngestOptions{DialTimeout: time.Hour}})
+	r := newRig(t, rigOptions{ingest: kvevents.IngestOptions{DialTimeout: time.Hour}})
 	t.Cleanup(func() { _ = silent.Close() }) // before the rig's cleanup
 	r.waitGauges(0, 0, 0, 0)
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 )
 
@@ -501,7 +502,7 @@ func fuzzSkip(body []byte) string {
 		return ""
 	}
 	for _, ep := range []*string{req.Endpoint, req.ReplayEndpoint} {
-		if ep != nil && indexer.ValidateEndpoint(*ep) == nil && !loopback.MatchString(*ep) {
+		if ep != nil && kvevents.ValidateEndpoint(*ep) == nil && !loopback.MatchString(*ep) {
 			return "an endpoint off the loopback interface"
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 )
 
@@ -529,7 +530,7 @@ func svcFuzzSkip(body []byte) string {
 		eps = append(eps, &ep)
 	}
 	for _, ep := range eps {
-		if ep != nil && indexer.ValidateEndpoint(*ep) == nil && !loopback.MatchString(*ep) {
+		if ep != nil && kvevents.ValidateEndpoint(*ep) == nil && !loopback.MatchString(*ep) {
 			return "an endpoint off the loopback interface"
 		}
 	}

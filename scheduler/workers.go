@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
 // This file registers workers in the selection service's shape (seed 003,
@@ -88,7 +89,7 @@ func checkReplay(ep string) error {
 	if ep == "" {
 		return nil
 	}
-	if err := indexer.ValidateEndpoint(ep); err != nil {
+	if err := kvevents.ValidateEndpoint(ep); err != nil {
 		return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 	}
 	return nil
@@ -108,7 +109,7 @@ func (l layout) validate() error {
 			return fmt.Errorf("%w: kv_events_endpoints rank %d is not one of the worker's dp ranks (%d..%d)",
 				ErrInvalid, rank, l.ranks[0], l.ranks[len(l.ranks)-1])
 		}
-		if err := indexer.ValidateEndpoint(p.Endpoint); err != nil {
+		if err := kvevents.ValidateEndpoint(p.Endpoint); err != nil {
 			return fmt.Errorf("%w: kv_events_endpoints rank %d: %w", ErrInvalid, rank, err)
 		}
 		if err := checkReplay(p.Replay); err != nil {
@@ -267,7 +268,7 @@ func (c *Catalog) apply(w *Worker, wk WorkerKey, blockSize int, source string, l
 	}
 	for _, rank := range ranks {
 		p := l.events[rank]
-		err := c.ingest.Register(indexer.Registration{
+		err := c.ingest.Register(kvevents.Registration{
 			Key: wk.Key, BlockSize: blockSize, Worker: wk.ID, Rank: rank,
 			Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Topic: p.Topic,
 		})

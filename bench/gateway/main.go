@@ -71,6 +71,7 @@ import (
 
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/envoytest"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/tokenize"
@@ -175,7 +176,7 @@ type bench struct {
 	cfg    config
 	log    *slog.Logger
 	set    *indexer.Set
-	ingest *indexer.Ingester
+	ingest *kvevents.Ingester
 	cat    *scheduler.Catalog
 	ix     *indexer.Index
 	srv    *extproc.Server
@@ -206,7 +207,7 @@ func newBench(cfg config) (*bench, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	b.set = indexer.NewSet(indexer.Options{})
-	b.ingest = indexer.NewIngester(b.set, indexer.IngestOptions{Logger: b.log})
+	b.ingest = kvevents.NewIngester(b.set, kvevents.IngestOptions{Logger: b.log})
 	b.cat = scheduler.NewCatalog(b.set, b.ingest, nil, scheduler.CatalogOptions{Logger: b.log})
 	key := indexer.Key{Model: model, Tenant: indexer.DefaultTenant}
 	b.ids = map[string]uint64{}

@@ -1,6 +1,6 @@
 // Command ingest measures kvgate's end-to-end KV event ingestion over
 // loopback ZMQ: engine publishers (package bench/engine, speaking vLLM's
-// protocol) stream pre-encoded event batches to an indexer.Ingester, which
+// protocol) stream pre-encoded event batches to an kvevents.Ingester, which
 // decodes, hashes and applies them to the index. The clock runs from the
 // first batch sent until every batch of every publisher has been applied.
 //
@@ -24,6 +24,7 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
 type config struct {
@@ -86,7 +87,7 @@ func run(cfg config, out io.Writer) error {
 func measure(cfg config, enc engine.Encoding) (result, error) {
 	set := indexer.NewSet(indexer.Options{EventThreads: cfg.eventThreads})
 	defer set.Close()
-	g := indexer.NewIngester(set, indexer.IngestOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	g := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	defer g.Close()
 	key := indexer.Key{Model: "bench", Tenant: indexer.DefaultTenant}
 
@@ -102,7 +103,7 @@ func measure(cfg config, enc engine.Encoding) (result, error) {
 		}
 		defer p.Close()
 		pubs[i] = p
-		if err := g.Register(indexer.Registration{Key: key, BlockSize: cfg.blockSize, Worker: uint64(i + 1),
+		if err := g.Register(kvevents.Registration{Key: key, BlockSize: cfg.blockSize, Worker: uint64(i + 1),
 			Endpoint: p.Endpoint(), ReplayEndpoint: p.ReplayEndpoint()}); err != nil {
 			return res, err
 		}
@@ -157,7 +158,7 @@ func measure(cfg config, enc engine.Encoding) (result, error) {
 	return res, nil
 }
 
-func caughtUp(g *indexer.Ingester, last uint64) bool {
+func caughtUp(g *kvevents.Ingester, last uint64) bool {
 	for _, l := range g.Listeners() {
 		if !l.HasSeq || l.Seq < last {
 			return false

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -42,7 +43,7 @@ func startFleet(t *testing.T, cfg Config) *Fleet {
 // every rank of a fleet.
 type follower struct {
 	set *indexer.Set
-	g   *indexer.Ingester
+	g   *kvevents.Ingester
 	reg *prometheus.Registry
 	ix  *indexer.Index
 }
@@ -51,9 +52,9 @@ func follow(t *testing.T, f *Fleet) *follower {
 	t.Helper()
 	cfg := f.Config()
 	fl := &follower{set: indexer.NewSet(indexer.Options{EventThreads: 2}), reg: prometheus.NewRegistry()}
-	fl.g = indexer.NewIngester(fl.set, indexer.IngestOptions{
+	fl.g = kvevents.NewIngester(fl.set, kvevents.IngestOptions{
 		Logger:     slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Metrics:    indexer.NewMetrics(fl.reg),
+		Metrics:    kvevents.NewMetrics(fl.reg),
 		MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond,
 	})
 	t.Cleanup(func() {
@@ -63,7 +64,7 @@ func follow(t *testing.T, f *Fleet) *follower {
 	key := indexer.Key{Model: cfg.Model, Tenant: indexer.DefaultTenant}
 	for _, w := range f.Workers() {
 		for r := range w.Ranks() {
-			err := fl.g.Register(indexer.Registration{
+			err := fl.g.Register(kvevents.Registration{
 				Key: key, BlockSize: cfg.Engine.BlockSize, Worker: w.ID, Rank: uint32(r),
 				Endpoint: w.EventEndpoints()[r], ReplayEndpoint: w.ReplayEndpoints()[r], Topic: cfg.Topic,
 			})

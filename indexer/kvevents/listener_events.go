@@ -1,4 +1,4 @@
-package indexer
+package kvevents
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvgate/kvgate/indexer"
 )
 
 // This file handles a listener's batches: gap and restart detection,
@@ -133,7 +134,7 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 func (l *listener) clearRanks(ctx context.Context) bool {
 	l.mark.addRank(l.reg.Rank)
 	for _, r := range l.mark.rankList() {
-		ev := Event{Kind: Cleared, Worker: WorkerRank{l.reg.Worker, r}, Tier: AllTiers}
+		ev := indexer.Event{Kind: indexer.Cleared, Worker: indexer.WorkerRank{Worker: l.reg.Worker, Rank: r}, Tier: indexer.AllTiers}
 		if !l.submit(ctx, ev, 0) {
 			return false
 		}
@@ -272,7 +273,7 @@ func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) bool {
 		rank = b.Rank
 	}
 	mk.addRank(rank)
-	wr := WorkerRank{l.reg.Worker, rank}
+	wr := indexer.WorkerRank{Worker: l.reg.Worker, Rank: rank}
 	for i := range b.Events {
 		we := &b.Events[i]
 		m.eventsReceived.WithLabelValues(we.Kind.String()).Inc()
@@ -291,17 +292,17 @@ func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) bool {
 
 // submit queues ev; seq is its batch, for unknown-parent tracking. It
 // reports false when ctx ended first (the event is counted dropped).
-func (l *listener) submit(ctx context.Context, ev Event, seq uint64) bool {
+func (l *listener) submit(ctx context.Context, ev indexer.Event, seq uint64) bool {
 	m, mk := l.g.m, l.mark
 	kind := ev.Kind.String()
-	err := l.g.set.Submit(ctx, l.ix, ev, func(res ApplyResult, err error) {
+	err := l.g.set.Submit(ctx, l.ix, ev, func(res indexer.ApplyResult, err error) {
 		m.blocksStored.Add(float64(res.Stored))
 		m.blocksRemoved.Add(float64(res.Removed))
 		m.blocksUnknown.Add(float64(res.Unknown))
 		switch {
 		case err == nil:
 			m.eventsApplied.WithLabelValues(kind).Inc()
-		case errors.Is(err, ErrUnknownParent):
+		case errors.Is(err, indexer.ErrUnknownParent):
 			m.eventsDropped.WithLabelValues(DropUnknownParent).Inc()
 			for {
 				old := mk.unknown.Load()
@@ -322,14 +323,14 @@ func (l *listener) submit(ctx context.Context, ev Event, seq uint64) bool {
 
 // convert turns a decoded event into index events: blocks hashed with the
 // index's block size, Mooncake objects resolved.
-func (l *listener) convert(wr WorkerRank, we *WireEvent) []Event {
+func (l *listener) convert(wr indexer.WorkerRank, we *WireEvent) []indexer.Event {
 	m := l.g.m
 	switch we.Kind {
 	case WireCleared:
-		if we.Tier&TierDevice == 0 {
+		if we.Tier&indexer.TierDevice == 0 {
 			clear(l.objects)
 		}
-		return []Event{{Kind: Cleared, Worker: wr, Tier: we.Tier}}
+		return []indexer.Event{{Kind: indexer.Cleared, Worker: wr, Tier: we.Tier}}
 	case WireRemoved:
 		hashes := slices.Clone(we.Hashes)
 		if len(hashes) == 0 && we.HasObject {
@@ -342,7 +343,7 @@ func (l *listener) convert(wr WorkerRank, we *WireEvent) []Event {
 			m.eventsDropped.WithLabelValues(DropEmpty).Inc()
 			return nil
 		}
-		return []Event{{Kind: Removed, Worker: wr, Tier: we.Tier, Hashes: hashes}}
+		return []indexer.Event{{Kind: indexer.Removed, Worker: wr, Tier: we.Tier, Hashes: hashes}}
 	case WireMoved:
 		return l.move(wr, we)
 	}
@@ -353,7 +354,7 @@ func (l *listener) convert(wr WorkerRank, we *WireEvent) []Event {
 	}
 	if len(we.Tokens) == 0 {
 		// Ids only (Mooncake's store publisher): a tier for known blocks.
-		return []Event{{Kind: Stored, Worker: wr, Tier: we.Tier, Hashes: slices.Clone(we.Hashes), ByID: true}}
+		return []indexer.Event{{Kind: indexer.Stored, Worker: wr, Tier: we.Tier, Hashes: slices.Clone(we.Hashes), ByID: true}}
 	}
 	bs := l.ix.BlockSize()
 	if we.BlockSize != 0 && we.BlockSize != bs {
@@ -370,14 +371,14 @@ func (l *listener) convert(wr WorkerRank, we *WireEvent) []Event {
 		m.eventsDropped.WithLabelValues(DropPartialBlock).Inc()
 		return nil
 	}
-	seed := LoRASeed(we.LoRA)
-	blocks := make([]Block, n)
+	seed := indexer.LoRASeed(we.LoRA)
+	blocks := make([]indexer.Block, n)
 	for i := range blocks {
 		var extra []uint64
 		if i < len(we.Extra) {
 			extra = we.Extra[i]
 		}
-		blocks[i] = Block{Hash: we.Hashes[i], Local: LocalHash(we.Tokens[i*bs:(i+1)*bs], seed, extra)}
+		blocks[i] = indexer.Block{Hash: we.Hashes[i], Local: indexer.LocalHash(we.Tokens[i*bs:(i+1)*bs], seed, extra)}
 	}
 	if we.HasObject && n == 1 {
 		if l.objects == nil {
@@ -385,30 +386,30 @@ func (l *listener) convert(wr WorkerRank, we *WireEvent) []Event {
 		}
 		l.objects[we.Object] = object{block: blocks[0], parent: we.Parent, hasParent: we.HasParent, tiers: we.Tier}
 	}
-	return []Event{{Kind: Stored, Worker: wr, Tier: we.Tier, Parent: we.Parent, HasParent: we.HasParent, Blocks: blocks}}
+	return []indexer.Event{{Kind: indexer.Stored, Worker: wr, Tier: we.Tier, Parent: we.Parent, HasParent: we.HasParent, Blocks: blocks}}
 }
 
 // move applies a Mooncake BlockUpdateEvent: the object now occupies
 // exactly the tiers of its replicas.
-func (l *listener) move(wr WorkerRank, we *WireEvent) []Event {
+func (l *listener) move(wr indexer.WorkerRank, we *WireEvent) []indexer.Event {
 	o, ok := l.objects[we.Object]
 	if !ok {
 		l.g.m.eventsDropped.WithLabelValues(DropUnknownObject).Inc()
 		return nil
 	}
-	var evs []Event
-	for _, t := range []Tier{TierHost, TierDisk} {
+	var evs []indexer.Event
+	for _, t := range []indexer.Tier{indexer.TierHost, indexer.TierDisk} {
 		switch {
 		case o.tiers&t != 0 && we.Tier&t == 0:
-			evs = append(evs, Event{Kind: Removed, Worker: wr, Tier: t, Hashes: []uint64{o.block.Hash}})
+			evs = append(evs, indexer.Event{Kind: indexer.Removed, Worker: wr, Tier: t, Hashes: []uint64{o.block.Hash}})
 		case o.tiers&t == 0 && we.Tier&t != 0:
-			evs = append(evs, Event{Kind: Stored, Worker: wr, Tier: t, Parent: o.parent, HasParent: o.hasParent, Blocks: []Block{o.block}})
+			evs = append(evs, indexer.Event{Kind: indexer.Stored, Worker: wr, Tier: t, Parent: o.parent, HasParent: o.hasParent, Blocks: []indexer.Block{o.block}})
 		}
 	}
-	if we.Tier&(TierHost|TierDisk) == 0 {
+	if we.Tier&(indexer.TierHost|indexer.TierDisk) == 0 {
 		delete(l.objects, we.Object)
 	} else {
-		o.tiers = we.Tier & (TierHost | TierDisk)
+		o.tiers = we.Tier & (indexer.TierHost | indexer.TierDisk)
 		l.objects[we.Object] = o
 	}
 	return evs

@@ -1,4 +1,4 @@
-package indexer
+package kvevents
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/bench/engine/enginetest"
+	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -22,12 +23,12 @@ import (
 
 const testBS = 4 // tokens per block in these tests
 
-var testKey = Key{Model: "m", Tenant: DefaultTenant}
+var testKey = indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 
 // rig is an Ingester on a fresh Set with fast backoff, for tests.
 type rig struct {
 	t   testing.TB
-	set *Set
+	set *indexer.Set
 	g   *Ingester
 	m   *Metrics
 	reg *prometheus.Registry
@@ -35,7 +36,7 @@ type rig struct {
 
 func newRig(t testing.TB, opts IngestOptions) *rig {
 	t.Helper()
-	r := &rig{t: t, set: NewSet(Options{EventThreads: 2}), reg: prometheus.NewRegistry()}
+	r := &rig{t: t, set: indexer.NewSet(indexer.Options{EventThreads: 2}), reg: prometheus.NewRegistry()}
 	r.m = NewMetrics(r.reg)
 	opts.Metrics = r.m
 	if opts.Logger == nil {
@@ -181,31 +182,41 @@ func tokensOf(id0 uint64, n int) []uint32 {
 	return out
 }
 
-// snapshot is an index's exact content: per worker rank, engine id ->
-// (sequence hash, tiers).
-type snapshot map[WorkerRank]map[uint64]string
+// snapshot is an index's content as its dump shows it: per worker rank,
+// engine id -> (sequence hash, tiers), and how many blocks each rank holds
+// (blocks whose parent was evicted are not in the dump but are counted).
+type snapshot map[indexer.WorkerRank]map[uint64]string
 
-func snap(x *Index) snapshot {
+func snap(x *indexer.Index) snapshot {
 	out := snapshot{}
-	for _, ix := range x.shards {
-		ix.write.Lock()
-		snapShard(ix, out)
-		ix.write.Unlock()
+	keys := map[indexer.WorkerRank]map[uint64]uint64{} // engine id -> sequence hash
+	for _, ev := range x.Dump() {
+		b := ev.Blocks[0]
+		if keys[ev.Worker] == nil {
+			keys[ev.Worker], out[ev.Worker] = map[uint64]uint64{}, map[uint64]string{}
+		}
+		key := b.Local
+		if ev.HasParent {
+			key = indexer.NextSequenceHash(keys[ev.Worker][ev.Parent], b.Local)
+		}
+		keys[ev.Worker][b.Hash] = key
+		tiers := ev.Tier
+		if prev, ok := out[ev.Worker][b.Hash]; ok {
+			var t indexer.Tier
+			fmt.Sscanf(prev[strings.IndexByte(prev, '/')+1:], "%d", &t)
+			tiers |= t
+		}
+		out[ev.Worker][b.Hash] = fmt.Sprintf("%x/%d", key, tiers)
+	}
+	for wr, n := range x.BlockCounts() {
+		if n > 0 {
+			if out[wr] == nil {
+				out[wr] = map[uint64]string{}
+			}
+			out[wr][^uint64(0)] = fmt.Sprintf("%d blocks", n)
+		}
 	}
 	return out
-}
-
-// snapShard adds the content of one shard to out, in the writers' turn.
-func snapShard(ix *shard, out snapshot) {
-	for _, wr := range ix.tree.rankList(nil) {
-		m := map[uint64]string{}
-		for _, r := range ix.tree.copyRank(wr, nil) {
-			m[r.hash] = fmt.Sprintf("%x/%s", r.key, r.tiers)
-		}
-		if len(m) > 0 {
-			out[wr] = m
-		}
-	}
 }
 
 func (s snapshot) String() string {
@@ -220,9 +231,9 @@ func (s snapshot) String() string {
 }
 
 // expect applies events directly to a fresh index, as the listener should.
-func expect(t testing.TB, evs ...Event) snapshot {
+func expect(t testing.TB, evs ...indexer.Event) snapshot {
 	t.Helper()
-	ix := NewIndex(testBS)
+	ix := indexer.NewIndex(testBS)
 	for _, ev := range evs {
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatal(err)
@@ -231,12 +242,12 @@ func expect(t testing.TB, evs ...Event) snapshot {
 	return snap(ix)
 }
 
-func indexEvent(w WorkerRank, tier Tier, ev engine.BlockStored) Event {
-	blocks := make([]Block, len(ev.BlockHashes))
+func indexEvent(w indexer.WorkerRank, tier indexer.Tier, ev engine.BlockStored) indexer.Event {
+	blocks := make([]indexer.Block, len(ev.BlockHashes))
 	for i, h := range ev.BlockHashes {
-		blocks[i] = Block{Hash: h, Local: LocalHash(ev.TokenIDs[i*testBS:(i+1)*testBS], LoRASeed(ev.LoRAName), nil)}
+		blocks[i] = indexer.Block{Hash: h, Local: indexer.LocalHash(ev.TokenIDs[i*testBS:(i+1)*testBS], indexer.LoRASeed(ev.LoRAName), nil)}
 	}
-	out := Event{Kind: Stored, Worker: w, Tier: tier, Blocks: blocks}
+	out := indexer.Event{Kind: indexer.Stored, Worker: w, Tier: tier, Blocks: blocks}
 	if ev.Parent != nil {
 		out.Parent, out.HasParent = *ev.Parent, true
 	}
@@ -271,8 +282,8 @@ func TestIngestLive(t *testing.T) {
 				publish(t, p, c, engine.BlockRemoved{BlockHashes: []uint64{51}})
 				last := publish(t, p, engine.BlockRemoved{BlockHashes: []uint64{90}, Medium: "CPU_PINNED"})
 				r.waitApplied(1, 0, last)
-				w := WorkerRank{1, 0}
-				r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, b), removed(w, TierDevice, 51)))
+				w := indexer.WorkerRank{Worker: 1, Rank: 0}
+				r.check(expect(t, indexEvent(w, indexer.TierDevice, a), indexEvent(w, indexer.TierDevice, b), removed(w, indexer.TierDevice, 51)))
 				if got := counter(t, r.m.eventsApplied.WithLabelValues("stored")); got != 3 {
 					t.Errorf("stored events applied = %v, want 3", got)
 				}
@@ -294,8 +305,8 @@ func TestIngestGapReplay(t *testing.T) {
 			reg := r.register(1, 0, p, true)
 			_ = reg
 			subscribed(t, p)
-			w := WorkerRank{1, 0}
-			var want []Event
+			w := indexer.WorkerRank{Worker: 1, Rank: 0}
+			var want []indexer.Event
 			var prev uint64
 			for i := range 6 {
 				ev := root(uint64(100*(i+1)), 2)
@@ -304,7 +315,7 @@ func TestIngestGapReplay(t *testing.T) {
 				}
 				prev = ev.BlockHashes[1]
 				publish(t, p, ev)
-				want = append(want, indexEvent(w, TierDevice, ev))
+				want = append(want, indexEvent(w, indexer.TierDevice, ev))
 			}
 			r.waitApplied(1, 0, 5)
 			r.check(expect(t, want...))
@@ -326,13 +337,13 @@ func TestIngestGapReplay(t *testing.T) {
 func TestIngestGapWithoutReplay(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	p := r.follow(engine.Config{Drop: func(seq uint64) bool { return seq == 1 }}, 1)
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	a, b, c := root(10, 1), root(20, 1), root(30, 1)
 	publish(t, p, a)
 	publish(t, p, b)
 	publish(t, p, c)
 	r.waitApplied(1, 0, 2)
-	r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, c)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, a), indexEvent(w, indexer.TierDevice, c)))
 	if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)); got != 1 {
 		t.Errorf("lost = %v, want 1", got)
 	}
@@ -345,7 +356,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	// still queued when the listener subscribes would reach it after all.
 	p := enginetest.Start(t, engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 3,
 		Drop: func(seq uint64) bool { return seq < 4 }})
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	// 0 and 1 fall out of the 3-batch buffer, 2 and 3 are replayed.
 	evs := []engine.BlockStored{root(10, 1), root(20, 1), root(30, 1), root(40, 1), root(50, 1)}
 	for _, ev := range evs[:4] {
@@ -355,7 +366,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	subscribed(t, p)
 	publish(t, p, evs[4])
 	r.waitApplied(1, 0, 4)
-	r.check(expect(t, indexEvent(w, TierDevice, evs[2]), indexEvent(w, TierDevice, evs[3]), indexEvent(w, TierDevice, evs[4])))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, evs[2]), indexEvent(w, indexer.TierDevice, evs[3]), indexEvent(w, indexer.TierDevice, evs[4])))
 	if got := counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 2 {
 		t.Errorf("lost before join = %v, want 2", got)
 	}
@@ -364,7 +375,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 func TestIngestPublisherRestart(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	p := r.follow(engine.Config{}, 1)
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	publish(t, p, root(10, 2))
 	publish(t, p, root(20, 2))
 	r.waitApplied(1, 0, 1)
@@ -383,7 +394,7 @@ func TestIngestPublisherRestart(t *testing.T) {
 	}
 	poll.Until(t, "restart detected", func() bool { return counter(t, r.m.restarts) == 1 })
 	r.waitApplied(1, 0, 0)
-	r.check(expect(t, indexEvent(w, TierDevice, fresh)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, fresh)))
 }
 
 func TestIngestWatermarkSurvivesReregister(t *testing.T) {
@@ -392,7 +403,7 @@ func TestIngestWatermarkSurvivesReregister(t *testing.T) {
 	// sent (a queued send could reach the next listener; see
 	// TestIngestLateJoinReplaysFromZero).
 	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0", Drop: func(seq uint64) bool { return seq == 1 || seq == 2 }}, 1)
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	publish(t, p, root(10, 1))
 	r.waitApplied(1, 0, 0)
 	if ok, err := r.g.Unregister(context.Background(), testKey, 1, nil); err != nil || !ok {
@@ -407,7 +418,7 @@ func TestIngestWatermarkSurvivesReregister(t *testing.T) {
 	r.sync(p, 1, 0) // its first batch is at seq 3: 1 and 2 are replayed
 	last := publish(t, p, d)
 	r.waitApplied(1, 0, last)
-	r.check(expect(t, indexEvent(w, TierDevice, b), indexEvent(w, TierDevice, c), indexEvent(w, TierDevice, d)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, b), indexEvent(w, indexer.TierDevice, c), indexEvent(w, indexer.TierDevice, d)))
 	if got := counter(t, r.m.batchesReplayed); got < 2 {
 		t.Errorf("replayed = %v, want >= 2", got)
 	}
@@ -464,13 +475,13 @@ func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
 	publish(t, q, b)
 	r.waitApplied(1, 0, 0)
 	r.waitApplied(1, 1, 0)
-	r.check(expect(t, indexEvent(WorkerRank{1, 3}, TierDevice, a), indexEvent(WorkerRank{1, 1}, TierDevice, b)))
+	r.check(expect(t, indexEvent(indexer.WorkerRank{Worker: 1, Rank: 3}, indexer.TierDevice, a), indexEvent(indexer.WorkerRank{Worker: 1, Rank: 1}, indexer.TierDevice, b)))
 	// Unregistering rank 0 also drops the rank its batches named.
 	rank0 := uint32(0)
 	if ok, err := r.g.Unregister(context.Background(), testKey, 1, &rank0); err != nil || !ok {
 		t.Fatalf("unregister rank 0: %v %v", ok, err)
 	}
-	r.check(expect(t, indexEvent(WorkerRank{1, 1}, TierDevice, b)))
+	r.check(expect(t, indexEvent(indexer.WorkerRank{Worker: 1, Rank: 1}, indexer.TierDevice, b)))
 	if got := len(r.g.Listeners()); got != 1 {
 		t.Errorf("%d listeners left, want 1", got)
 	}
@@ -479,7 +490,7 @@ func TestIngestRankOverrideAndUnregisterRank(t *testing.T) {
 func TestIngestMalformedAndMismatched(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	p := r.follow(engine.Config{}, 1)
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	if _, err := p.PublishRaw([]byte{0xc1, 0x00}); err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +505,7 @@ func TestIngestMalformedAndMismatched(t *testing.T) {
 	r.waitApplied(1, 0, last)
 	shortFixed := short
 	shortFixed.BlockHashes = short.BlockHashes[:2]
-	r.check(expect(t, indexEvent(w, TierDevice, shortFixed), indexEvent(w, TierDevice, lora)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, shortFixed), indexEvent(w, indexer.TierDevice, lora)))
 	for reason, want := range map[string]float64{DropBlockSize: 1, DropUnknownParent: 1} {
 		if got := counter(t, r.m.eventsDropped.WithLabelValues(reason)); got != want {
 			t.Errorf("dropped %s = %v, want %v", reason, got, want)
@@ -556,9 +567,9 @@ func TestIngestManyPublishers(t *testing.T) {
 		events [][]engine.Event
 	}
 	pubs := make([]pubState, publishers)
-	var want []Event
+	var want []indexer.Event
 	for i := range pubs {
-		w := WorkerRank{uint64(i + 1), 0}
+		w := indexer.WorkerRank{Worker: uint64(i + 1), Rank: 0}
 		drops := map[uint64]bool{}
 		for s := range uint64(batches - 1) { // never the last: a gap shows at the next batch
 			if rng.IntN(4) == 0 {
@@ -579,7 +590,7 @@ func TestIngestManyPublishers(t *testing.T) {
 					id := live[k]
 					live = slices.Delete(live, k, k+1)
 					evs = append(evs, engine.BlockRemoved{BlockHashes: []uint64{id}})
-					want = append(want, removed(w, TierDevice, id))
+					want = append(want, removed(w, indexer.TierDevice, id))
 				default:
 					n := 1 + rng.IntN(3)
 					ev := root(next, n)
@@ -589,7 +600,7 @@ func TestIngestManyPublishers(t *testing.T) {
 					next += uint64(n)
 					live = append(live, ev.BlockHashes...)
 					evs = append(evs, ev)
-					want = append(want, indexEvent(w, TierDevice, ev))
+					want = append(want, indexEvent(w, indexer.TierDevice, ev))
 				}
 			}
 			pubs[i].events = append(pubs[i].events, evs)
@@ -631,7 +642,7 @@ func TestMooncakeObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := &listener{g: r.g, reg: Registration{Key: testKey, BlockSize: testBS, Worker: 1}, ix: ix, mark: &mark{ranks: map[uint32]bool{}}}
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	toks := tokensOf(7, 1)
 	apply := func(msg mp) {
 		t.Helper()
@@ -647,16 +658,14 @@ func TestMooncakeObjects(t *testing.T) {
 			}
 		}
 	}
-	tiers := func() Tier { // of block 0x70
-		sh := ix.shardFor(w.Worker)
-		sh.write.Lock()
-		defer sh.write.Unlock()
-		for _, r := range sh.tree.copyRank(w, nil) {
-			if r.hash == 0x70 {
-				return r.tiers
+	tiers := func() indexer.Tier { // of block 0x70
+		var t indexer.Tier
+		for _, ev := range ix.Dump() {
+			if ev.Worker == w && ev.Blocks[0].Hash == 0x70 {
+				t |= ev.Tier
 			}
 		}
-		return 0
+		return t
 	}
 	replica := func(b mp, kinds ...string) mp {
 		b = b.arr(len(kinds))
@@ -671,15 +680,15 @@ func TestMooncakeObjects(t *testing.T) {
 		return replica(mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockUpdateEvent").str("obj"), kinds...)
 	}
 	apply(store)
-	if got := tiers(); got != TierHost {
+	if got := tiers(); got != indexer.TierHost {
 		t.Fatalf("after store: %s", got)
 	}
 	apply(update("memory", "disk"))
-	if got := tiers(); got != TierHost|TierDisk {
+	if got := tiers(); got != indexer.TierHost|indexer.TierDisk {
 		t.Fatalf("after offload: %s", got)
 	}
 	apply(update("disk"))
-	if got := tiers(); got != TierDisk {
+	if got := tiers(); got != indexer.TierDisk {
 		t.Fatalf("after eviction from memory: %s", got)
 	}
 	apply(update())
@@ -693,7 +702,7 @@ func TestMooncakeObjects(t *testing.T) {
 
 	// The newer store publisher names blocks the engine already reported.
 	dev := engine.BlockStored{BlockHashes: []uint64{0x70}, TokenIDs: toks, BlockSize: testBS}
-	if _, err := ix.Apply(indexEvent(w, TierDevice, dev)); err != nil {
+	if _, err := ix.Apply(indexEvent(w, indexer.TierDevice, dev)); err != nil {
 		t.Fatal(err)
 	}
 	ids := func(typ, medium string, id uint64) mp {
@@ -701,15 +710,15 @@ func TestMooncakeObjects(t *testing.T) {
 	}
 	apply(ids("stored", "cpu", 0x70))
 	apply(ids("stored", "disk", 0x99)) // not held: Unknown
-	if got := tiers(); got != TierDevice|TierHost {
+	if got := tiers(); got != indexer.TierDevice|indexer.TierHost {
 		t.Fatalf("after store-publisher stored: %s", got)
 	}
 	apply(ids("removed", "cpu", 0x70))
-	if got := tiers(); got != TierDevice {
+	if got := tiers(); got != indexer.TierDevice {
 		t.Fatalf("after store-publisher removed: %s", got)
 	}
 	apply(mp{}.arr(2).uint(1).arr(1).mapN(1).str("event_type").str("cleared")) // host and disk only
-	if got := tiers(); got != TierDevice {
+	if got := tiers(); got != indexer.TierDevice {
 		t.Fatalf("store clear dropped device blocks: %s", got)
 	}
 }
@@ -720,7 +729,7 @@ func TestMooncakeObjects(t *testing.T) {
 func TestIngestUnknownParentResync(t *testing.T) {
 	r := newRig(t, IngestOptions{})
 	p := r.follow(engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}, 1)
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	a := root(10, 2)
 	publish(t, p, a)
 	r.waitApplied(1, 0, 0)
@@ -738,7 +747,7 @@ func TestIngestUnknownParentResync(t *testing.T) {
 	})
 	last := r.sync(p, 1, 0)
 	r.waitApplied(1, 0, last)
-	r.check(expect(t, indexEvent(w, TierDevice, a), indexEvent(w, TierDevice, b)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, a), indexEvent(w, indexer.TierDevice, b)))
 	if got := counter(t, r.m.resyncs); got != 1 {
 		t.Errorf("resyncs = %v, want exactly 1", got)
 	}
@@ -753,7 +762,7 @@ func TestSGLangEpochRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := &listener{g: r.g, reg: Registration{Key: testKey, BlockSize: testBS, Worker: 1}, ix: ix, mark: &mark{ranks: map[uint32]bool{}}}
-	w := WorkerRank{1, 0}
+	w := indexer.WorkerRank{Worker: 1, Rank: 0}
 	batch := func(ev engine.BlockStored) []byte {
 		payload, err := engine.EncodeBatch(1, []engine.Event{ev}, engine.Config{})
 		if err != nil {
@@ -767,7 +776,7 @@ func TestSGLangEpochRestart(t *testing.T) {
 	l.handle(ctx, []byte("kv\x00sgl-kv-epoch=1"), 1, batch(root(30, 1)), false)
 	l.handle(ctx, []byte("kv\x00sgl-kv-epoch=2"), 5, batch(b), false)
 	r.flush(1)
-	r.check(expect(t, indexEvent(w, TierDevice, b)))
+	r.check(expect(t, indexEvent(w, indexer.TierDevice, b)))
 	if got := counter(t, r.m.restarts); got != 1 {
 		t.Errorf("restarts = %v, want 1", got)
 	}
@@ -874,4 +883,8 @@ func TestIngestConcurrentControl(t *testing.T) {
 	if n := len(r.g.Listeners()); n != 1 {
 		t.Errorf("%d listeners, want 1", n)
 	}
+}
+
+func removed(w indexer.WorkerRank, t indexer.Tier, hashes ...uint64) indexer.Event {
+	return indexer.Event{Kind: indexer.Removed, Worker: w, Tier: t, Hashes: hashes}
 }

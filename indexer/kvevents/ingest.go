@@ -1,10 +1,11 @@
-package indexer
+package kvevents
 
 import (
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/kvgate/kvgate/indexer"
 	"log/slog"
 	"maps"
 	"slices"
@@ -20,10 +21,10 @@ import (
 
 // Registration names one KV event publisher of a worker rank.
 type Registration struct {
-	Key       Key    // the index (model, tenant) the worker serves
-	BlockSize int    // tokens per block of that index
-	Worker    uint64 // instance id
-	Rank      uint32 // data-parallel rank (a batch's own rank overrides it)
+	Key       indexer.Key // the index (model, tenant) the worker serves
+	BlockSize int         // tokens per block of that index
+	Worker    uint64      // instance id
+	Rank      uint32      // data-parallel rank (a batch's own rank overrides it)
 	// Endpoint is the engine's PUB socket, e.g. "tcp://10.0.0.5:5557".
 	Endpoint string
 	// ReplayEndpoint is the engine's replay ROUTER socket; "" when it has
@@ -83,7 +84,7 @@ var ErrRegistration = errors.New("invalid registration")
 // Ingester owns the listeners that feed a Set from engines' KV events. It is
 // safe for concurrent use.
 type Ingester struct {
-	set  *Set
+	set  *indexer.Set
 	opts IngestOptions
 	m    *Metrics
 	log  *slog.Logger
@@ -114,7 +115,7 @@ type listenerKey struct {
 }
 
 // NewIngester returns an Ingester feeding set. Close stops its listeners.
-func NewIngester(set *Set, opts IngestOptions) *Ingester {
+func NewIngester(set *indexer.Set, opts IngestOptions) *Ingester {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -194,13 +195,13 @@ func (g *Ingester) Register(r Registration) error {
 		return fmt.Errorf("%w: worker %d: model name is empty", ErrRegistration, r.Worker)
 	}
 	if r.Key.Tenant == "" {
-		r.Key.Tenant = DefaultTenant
+		r.Key.Tenant = indexer.DefaultTenant
 	}
 	k := listenerKey{r.Worker, r.Rank, r.Endpoint}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return ErrClosed
+		return indexer.ErrClosed
 	}
 	old := g.listeners[k]
 	if old != nil {
@@ -236,7 +237,7 @@ func (g *Ingester) Register(r Registration) error {
 // not nil, else of all its ranks) and removes the worker's blocks of those
 // ranks from the index, after every event already queued. It reports
 // whether anything was registered.
-func (g *Ingester) Unregister(ctx context.Context, key Key, worker uint64, rank *uint32) (bool, error) {
+func (g *Ingester) Unregister(ctx context.Context, key indexer.Key, worker uint64, rank *uint32) (bool, error) {
 	stopped := g.stopMatching(func(l *listener) bool {
 		return l.reg.Key == key && l.reg.Worker == worker && (rank == nil || l.reg.Rank == *rank)
 	}, true)
@@ -254,9 +255,9 @@ func (g *Ingester) Unregister(ctx context.Context, key Key, worker uint64, rank 
 			ix.RemoveWorker(worker)
 			return
 		}
-		ix.RemoveWorkerRank(WorkerRank{worker, *rank})
+		ix.RemoveWorkerRank(indexer.WorkerRank{Worker: worker, Rank: *rank})
 		for _, r := range ranks {
-			ix.RemoveWorkerRank(WorkerRank{worker, r})
+			ix.RemoveWorkerRank(indexer.WorkerRank{Worker: worker, Rank: r})
 		}
 	})
 	if err != nil {
@@ -269,14 +270,14 @@ func (g *Ingester) Unregister(ctx context.Context, key Key, worker uint64, rank 
 // nil) without forgetting them or their blocks; Resume reconnects them, and
 // the gap left while paused is replayed. Both report how many listeners
 // they changed.
-func (g *Ingester) Pause(key Key, worker uint64, rank *uint32) int {
+func (g *Ingester) Pause(key indexer.Key, worker uint64, rank *uint32) int {
 	return len(g.stopMatching(func(l *listener) bool {
 		return l.reg.Key == key && l.reg.Worker == worker && (rank == nil || l.reg.Rank == *rank) && l.running()
 	}, false))
 }
 
 // Resume restarts paused listeners; see Pause.
-func (g *Ingester) Resume(key Key, worker uint64, rank *uint32) int {
+func (g *Ingester) Resume(key indexer.Key, worker uint64, rank *uint32) int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	n := 0
@@ -354,4 +355,12 @@ func (g *Ingester) Close() {
 	for _, l := range ls {
 		l.stop()
 	}
+}
+
+// truncate shortens outside input quoted in an error message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
 }

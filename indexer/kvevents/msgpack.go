@@ -1,4 +1,4 @@
-package indexer
+package kvevents
 
 import (
 	"encoding/binary"

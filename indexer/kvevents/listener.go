@@ -1,7 +1,8 @@
-package indexer
+package kvevents
 
 import (
 	"context"
+	"github.com/kvgate/kvgate/indexer"
 	"maps"
 	"slices"
 	"sync"
@@ -52,7 +53,7 @@ func (m *mark) last() (seq uint64, ok bool) {
 type listener struct {
 	g    *Ingester
 	reg  Registration
-	ix   *Index
+	ix   *indexer.Index
 	mark *mark
 
 	mu        sync.Mutex
@@ -70,10 +71,10 @@ type listener struct {
 // object is what a listener remembers of a Mooncake store object, to apply
 // its BlockUpdateEvents, which name it by key only.
 type object struct {
-	block     Block
+	block     indexer.Block
 	parent    uint64
 	hasParent bool
-	tiers     Tier
+	tiers     indexer.Tier
 }
 
 func (l *listener) start() {

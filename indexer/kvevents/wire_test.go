@@ -1,4 +1,4 @@
-package indexer
+package kvevents
 
 import (
 	"encoding/binary"
@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvgate/kvgate/indexer"
 	"github.com/zeebo/xxh3"
 )
 
@@ -121,9 +122,9 @@ func TestDecodeVariants(t *testing.T) {
 		hasRank bool
 		events  []WireEvent
 	}
-	storedArrayEv := WireEvent{Kind: WireStored, Tier: TierHost, Hashes: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
+	storedArrayEv := WireEvent{Kind: WireStored, Tier: indexer.TierHost, Hashes: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
 		LoRA: "adapter", Extra: [][]uint64{nil, {99, xxh3.HashString("salt")}}}
-	storedMapEv := WireEvent{Kind: WireStored, Tier: TierDisk, Hashes: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
+	storedMapEv := WireEvent{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
 	tests := []struct {
 		name    string
 		payload mp
@@ -132,18 +133,18 @@ func TestDecodeVariants(t *testing.T) {
 		{"three-element array batch, mixed event forms",
 			mp{}.arr(3).f64(1.5).arr(6).raw(storedArray).raw(storedMap).raw(removedArray).raw(removedMap).raw(cleared).raw(clearedMap).uint(2),
 			want{2, true, []WireEvent{storedArrayEv, storedMapEv,
-				{Kind: WireRemoved, Tier: TierDevice, Hashes: []uint64{7}},
-				{Kind: WireRemoved, Tier: TierHost, Hashes: []uint64{big1}},
-				{Kind: WireCleared, Tier: AllTiers}, {Kind: WireCleared, Tier: AllTiers}}}},
+				{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}},
+				{Kind: WireRemoved, Tier: indexer.TierHost, Hashes: []uint64{big1}},
+				{Kind: WireCleared, Tier: indexer.AllTiers}, {Kind: WireCleared, Tier: indexer.AllTiers}}}},
 		{"two-element batch (older engines)",
 			mp{}.arr(2).f64(1).arr(1).raw(removedArray),
-			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: TierDevice, Hashes: []uint64{7}}}}},
+			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}}}}},
 		{"nil rank",
 			mp{}.arr(3).f64(1).arr(0).nil(),
 			want{0, false, nil}},
 		{"map batch with data_parallel_rank",
 			mp{}.mapN(3).str("ts").f64(2).str("events").arr(1).raw(cleared).str("data_parallel_rank").uint(3),
-			want{3, true, []WireEvent{{Kind: WireCleared, Tier: AllTiers}}}},
+			want{3, true, []WireEvent{{Kind: WireCleared, Tier: indexer.AllTiers}}}},
 		{"map batch with SGLang's attn_dp_rank and an unknown key",
 			mp{}.mapN(4).str("attn_dp_rank").uint(1).str("new").arr(1).nil().str("events").arr(0).str("ts").uint(5),
 			want{1, true, nil}},
@@ -152,14 +153,14 @@ func TestDecodeVariants(t *testing.T) {
 			want{0, true, nil}},
 		{"SGLang negative int64 hashes",
 			mp{}.arr(3).f64(1).arr(1).arr(6).str("BlockStored").arr(2).int(-5).int(-1 << 62).int(-7).tokens(toks).uint(4).nil().uint(0),
-			want{0, true, []WireEvent{{Kind: WireStored, Tier: TierDevice, Hashes: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
+			want{0, true, []WireEvent{{Kind: WireStored, Tier: indexer.TierDevice, Hashes: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
 				Parent: uint64(1<<64 - 7), HasParent: true, Tokens: toks, BlockSize: 4}}}},
 		{"bytes hashes: last 8 bytes big-endian",
 			mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockRemoved").arr(2).bin(append(make([]byte, 24), 0, 0, 0, 0, 0, 0, 1, 2)).bin([]byte{3}).nil(),
-			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: TierDevice, Hashes: []uint64{0x0102, 3}}}}},
+			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{0x0102, 3}}}}},
 		{"trimmed array event: defaults for missing fields",
 			mp{}.arr(2).f64(1).arr(1).arr(4).str("BlockStored").uints(5).nil().tokens(toks[:4]),
-			want{0, false, []WireEvent{{Kind: WireStored, Tier: TierDevice, Hashes: []uint64{5}, Tokens: toks[:4]}}}},
+			want{0, false, []WireEvent{{Kind: WireStored, Tier: indexer.TierDevice, Hashes: []uint64{5}, Tokens: toks[:4]}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -260,15 +261,15 @@ func TestDecodeMooncake(t *testing.T) {
 		{"conductor array form, memory replica, hex and empty hash strings",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k1").arr(1).arr(2).str("memory").str("10.0.0.1:1234").
 				str("model").uint(4).str("0x41").str("").tokens(toks),
-			[]WireEvent{{Kind: WireStored, Tier: TierHost, Hashes: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
+			[]WireEvent{{Kind: WireStored, Tier: indexer.TierHost, Hashes: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
 		{"disk replica, decimal parent, opaque hash string",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k2").arr(1).arr(2).str("disk").str("/mnt/x").
 				nil().uint(4).str("blk-a").str("12345").tokens(toks),
-			[]WireEvent{{Kind: WireStored, Tier: TierDisk, Hashes: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
+			[]WireEvent{{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
 		{"update and remove all",
 			mp{}.arr(2).f64(1).arr(2).arr(3).str("BlockUpdateEvent").str("k1").arr(2).arr(2).str("memory").str("a").arr(2).str("local_disk").str("b").
 				arr(1).str("RemoveAllEvent"),
-			[]WireEvent{{Kind: WireMoved, Tier: TierHost | TierDisk, Object: key("k1"), HasObject: true}, {Kind: WireCleared, Tier: TierHost | TierDisk}}},
+			[]WireEvent{{Kind: WireMoved, Tier: indexer.TierHost | indexer.TierDisk, Object: key("k1"), HasObject: true}, {Kind: WireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
 		{"update to no replicas",
 			mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockUpdateEvent").str("k1").arr(0),
 			[]WireEvent{{Kind: WireMoved, Tier: 0, Object: key("k1"), HasObject: true}}},
@@ -279,8 +280,8 @@ func TestDecodeMooncake(t *testing.T) {
 				mapN(4).str("event_type").str("removed").str("medium").str("cpu").str("seq_hashes").uints(9).str("block_hashes").uints(9).
 				mapN(2).str("event_type").str("cleared").str("medium").nil().
 				uint(0),
-			[]WireEvent{{Kind: WireStored, Tier: TierDisk, Hashes: []uint64{big1}}, {Kind: WireRemoved, Tier: TierHost, Hashes: []uint64{9}},
-				{Kind: WireCleared, Tier: TierHost | TierDisk}}},
+			[]WireEvent{{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{big1}}, {Kind: WireRemoved, Tier: indexer.TierHost, Hashes: []uint64{9}},
+				{Kind: WireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -337,11 +338,11 @@ func deepNest(depth int) mp {
 }
 
 func TestTierOfMedium(t *testing.T) {
-	for medium, want := range map[string]Tier{
-		"": TierDevice, "GPU": TierDevice, "NPU": TierDevice, "DEVICE": TierDevice, "TPU": TierDevice,
-		"CPU": TierHost, "CPU_PINNED": TierHost, "cpu_tier1": TierHost,
-		"DISK": TierDisk, "CPU_TIER2": TierDisk, "NVME": TierDisk, "STORAGE": TierDisk,
-		"EXTERNAL": TierDisk, "NETWORK": TierDisk, "REMOTE": TierDisk, "SHARED": TierDisk,
+	for medium, want := range map[string]indexer.Tier{
+		"": indexer.TierDevice, "GPU": indexer.TierDevice, "NPU": indexer.TierDevice, "DEVICE": indexer.TierDevice, "TPU": indexer.TierDevice,
+		"CPU": indexer.TierHost, "CPU_PINNED": indexer.TierHost, "cpu_tier1": indexer.TierHost,
+		"DISK": indexer.TierDisk, "CPU_TIER2": indexer.TierDisk, "NVME": indexer.TierDisk, "STORAGE": indexer.TierDisk,
+		"EXTERNAL": indexer.TierDisk, "NETWORK": indexer.TierDisk, "REMOTE": indexer.TierDisk, "SHARED": indexer.TierDisk,
 	} {
 		if got := TierOfMedium(medium); got != want {
 			t.Errorf("TierOfMedium(%q) = %s, want %s", medium, got, want)
@@ -440,7 +441,7 @@ func FuzzDecode(f *testing.F) {
 			if ev.Kind < WireStored || ev.Kind > WireMoved {
 				t.Fatalf("bad kind %d", ev.Kind)
 			}
-			if ev.Kind == WireStored && ev.Tier != TierDevice && ev.Tier != TierHost && ev.Tier != TierDisk && !ev.HasObject {
+			if ev.Kind == WireStored && ev.Tier != indexer.TierDevice && ev.Tier != indexer.TierHost && ev.Tier != indexer.TierDisk && !ev.HasObject {
 				t.Fatalf("stored event with tier %s", ev.Tier)
 			}
 		}

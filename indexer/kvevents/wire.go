@@ -1,4 +1,4 @@
-package indexer
+package kvevents
 
 import (
 	"encoding/binary"
@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/kvgate/kvgate/indexer"
 	"github.com/zeebo/xxh3"
 )
 
@@ -59,7 +60,7 @@ type WireEvent struct {
 	// Tier is the storage tier of a Stored or Removed event (from its
 	// medium or replica locations), the tiers a Cleared event empties, or
 	// the tiers a Moved object now occupies (0: none, it is gone).
-	Tier Tier
+	Tier indexer.Tier
 	// Hashes are the engine's block ids: the stored blocks in order, or the
 	// removed ones.
 	Hashes    []uint64
@@ -344,11 +345,11 @@ func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) er
 	if !ok {
 		return fmt.Errorf("unknown event type %q", truncate(tag, 40))
 	}
-	ev.Kind, ev.Tier = kind, TierDevice
+	ev.Kind, ev.Tier = kind, indexer.TierDevice
 	var fields []func() error
 	switch {
 	case mooncake:
-		ev.Tier = TierHost
+		ev.Tier = indexer.TierHost
 		fields = []func() error{
 			func() error { return d.objectKey(ev) },
 			func() error { return d.replicas(ev) },
@@ -399,7 +400,7 @@ func (d *Decoder) eventMap(ev *WireEvent, sp *eventSpans, spans *[]keySpan) erro
 	if err != nil {
 		return err
 	}
-	ev.Tier = TierDevice
+	ev.Tier = indexer.TierDevice
 	var tag, eventType string
 	mediumSet := false
 	for range n {
@@ -472,22 +473,22 @@ func (d *Decoder) eventMap(ev *WireEvent, sp *eventSpans, spans *[]keySpan) erro
 
 // finish applies the defaults that depend on the whole event.
 func (d *Decoder) finish(ev *WireEvent, sp *eventSpans, spans *[]keySpan, mooncake, mediumSet bool) error {
-	if mooncake && !mediumSet && ev.Tier == TierDevice {
+	if mooncake && !mediumSet && ev.Tier == indexer.TierDevice {
 		// Mooncake store objects live in host memory unless their medium
 		// or a replica location says disk.
-		ev.Tier = TierHost
+		ev.Tier = indexer.TierHost
 	}
-	if (ev.Kind == WireStored || ev.Kind == WireRemoved) && (ev.Tier == 0 || ev.Tier == TierHost|TierDisk) {
+	if (ev.Kind == WireStored || ev.Kind == WireRemoved) && (ev.Tier == 0 || ev.Tier == indexer.TierHost|indexer.TierDisk) {
 		// No replica yet (or both kinds): account the object to host memory,
 		// where Mooncake puts it first.
-		ev.Tier = TierHost
+		ev.Tier = indexer.TierHost
 	}
 	switch ev.Kind {
 	case WireCleared:
 		if mooncake {
-			ev.Tier = TierHost | TierDisk // the store never holds device blocks
+			ev.Tier = indexer.TierHost | indexer.TierDisk // the store never holds device blocks
 		} else {
-			ev.Tier = AllTiers
+			ev.Tier = indexer.AllTiers
 		}
 	case WireMoved:
 		if !ev.HasObject {
@@ -656,15 +657,15 @@ func (d *Decoder) medium(ev *WireEvent) error {
 // Mooncake's MEMORY) to host; DISK, CPU_TIER2, NVME, SSD, STORAGE and
 // external storage (EXTERNAL, NETWORK, REMOTE, SHARED) to disk. Case is
 // ignored.
-func TierOfMedium(medium string) Tier {
+func TierOfMedium(medium string) indexer.Tier {
 	switch strings.ToUpper(medium) {
 	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED", "MEMORY":
-		return TierHost
+		return indexer.TierHost
 	case "DISK", "CPU_TIER2", "NVME", "SSD", "STORAGE", "LOCAL_DISK",
 		"EXTERNAL", "NETWORK", "REMOTE", "SHARED":
-		return TierDisk
+		return indexer.TierDisk
 	}
-	return TierDevice
+	return indexer.TierDevice
 }
 
 // extraKeys reads per-block extra keys: a list with, per block, nil or a
@@ -839,12 +840,12 @@ func (d *Decoder) replicas(ev *WireEvent) error {
 }
 
 // replicaTier reads one replica and returns its tier.
-func (d *Decoder) replicaTier() (Tier, error) {
+func (d *Decoder) replicaTier() (indexer.Tier, error) {
 	switch d.r.peek() {
 	case mpArray:
 		n, err := d.r.arrayLen()
 		if err != nil || n == 0 {
-			return TierHost, err
+			return indexer.TierHost, err
 		}
 		var kind string
 		if t := d.r.peek(); t == mpStr || t == mpBin {
@@ -858,7 +859,7 @@ func (d *Decoder) replicaTier() (Tier, error) {
 		return replicaKindTier(kind), err
 	case mpMap:
 		n, err := d.r.mapLen()
-		tier := TierHost
+		tier := indexer.TierHost
 		for i := 0; i < n && err == nil; i++ {
 			var k string
 			if k, err = d.key(); err != nil {
@@ -878,13 +879,13 @@ func (d *Decoder) replicaTier() (Tier, error) {
 		s, err := d.str()
 		return replicaKindTier(s), err
 	}
-	return TierHost, d.r.skip()
+	return indexer.TierHost, d.r.skip()
 }
 
-func replicaKindTier(kind string) Tier {
+func replicaKindTier(kind string) indexer.Tier {
 	switch strings.ToLower(kind) {
 	case "disk", "local_disk", "ssd", "nvme", "file":
-		return TierDisk
+		return indexer.TierDisk
 	}
-	return TierHost
+	return indexer.TierHost
 }

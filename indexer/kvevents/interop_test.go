@@ -1,8 +1,9 @@
-package indexer
+package kvevents
 
 import (
 	"bufio"
 	"encoding/json"
+	"github.com/kvgate/kvgate/indexer"
 	"os"
 	"os/exec"
 	"testing"
@@ -115,24 +116,24 @@ func TestInteropLibzmq(t *testing.T) {
 			var ok struct{ OK bool }
 			py.call(map[string]any{"cmd": "wait_sub"}, &ok)
 
-			w0, w2 := WorkerRank{9, 0}, WorkerRank{9, 2}
+			w0, w2 := indexer.WorkerRank{Worker: 9, Rank: 0}, indexer.WorkerRank{Worker: 9, Rank: 2}
 			big := uint64(1<<63 + 77)
 			a := root(big, 2)
 			b := child(big+1, 20, 2) // arrives only through replay
 			c := root(30, 1)
 			d := root(40, 2)
-			var want []Event
+			var want []indexer.Event
 			py.publish("map", false, nil, false, pyStored(a.BlockHashes, nil, a.TokenIDs, "GPU"))
-			want = append(want, indexEvent(w0, TierDevice, a))
+			want = append(want, indexEvent(w0, indexer.TierDevice, a))
 			py.publish("array", true, nil, false, pyStored(b.BlockHashes, b.Parent, b.TokenIDs, nil))
-			want = append(want, indexEvent(w0, TierDevice, b))
+			want = append(want, indexEvent(w0, indexer.TierDevice, b))
 			py.publish("array", false, nil, true, pyStored(c.BlockHashes, nil, c.TokenIDs, "CPU"),
 				pyEvent{"type": "BlockRemoved", "block_hashes": []uint64{21}, "medium": nil})
-			want = append(want, indexEvent(w0, TierHost, c), removed(w0, TierDevice, 21))
+			want = append(want, indexEvent(w0, indexer.TierHost, c), removed(w0, indexer.TierDevice, 21))
 			py.publish("map", false, 2, false, pyStored(d.BlockHashes, nil, d.TokenIDs, nil))
-			want = append(want, indexEvent(w2, TierDevice, d))
+			want = append(want, indexEvent(w2, indexer.TierDevice, d))
 			last := py.publish("array", false, 2, false, pyEvent{"type": "AllBlocksCleared"})
-			want = append(want, Event{Kind: Cleared, Worker: w2, Tier: AllTiers})
+			want = append(want, indexer.Event{Kind: indexer.Cleared, Worker: w2, Tier: indexer.AllTiers})
 
 			r.waitApplied(9, 0, last)
 			r.check(expect(t, want...))
