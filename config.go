@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
+	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -382,7 +383,7 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		u, err := indexer.NormalizePeerURL(p)
+		u, err := httpapi.NormalizePeerURL(p)
 		if err != nil {
 			return cfg, bad("peers", peers, err.Error())
 		}

@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -177,7 +178,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// Components live for the whole run; deferred Close calls run after the
 	// admin server has shut down, in reverse order. With peers, the index
 	// holds live events until the peer's dump is loaded.
-	peers, err := indexer.NewPeers(cfg.Peers)
+	peers, err := httpapi.NewPeers(cfg.Peers)
 	if err != nil {
 		return fmt.Errorf("--peers: %w", err)
 	}
@@ -186,7 +187,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	ingest := kvevents.NewIngester(indexes, kvevents.IngestOptions{Logger: logger, Metrics: kvevents.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
 	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
-	indexAPI := indexer.NewAPI(indexes, peers, reg)
+	indexAPI := httpapi.NewIndex(indexes, peers, reg)
 
 	// Scheduling: the catalog's loads, the scheduler over them and the
 	// index, the slot tracker and selection service routes, the periodic
@@ -297,7 +298,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		var wg sync.WaitGroup
 		defer wg.Wait() // runs before ingest.Close and indexes.Close
 		wg.Go(func() {
-			indexer.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
+			httpapi.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
 			indexes.Release()
 			catalog.HoldReady("")
 		})
@@ -394,7 +395,7 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 // routes, the index's, the catalog's, the slot tracker and selection
 // service's, and replica sync's (replica, or ReplicaSyncOffRoutes). The
 // routes marked Mutates are the ones --admin-token guards.
-func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *indexer.API, catalog *scheduler.Catalog, service *scheduler.Service, replica []admin.Route) []admin.Route {
+func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *httpapi.Index, catalog *scheduler.Catalog, service *scheduler.Service, replica []admin.Route) []admin.Route {
 	routes := processRoutes(reg, logger)
 	routes = append(routes, index.Routes()...)
 	routes = append(routes, catalog.Routes()...)

@@ -28,6 +28,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -783,11 +784,11 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	t.Cleanup(ingest.Close) // before set.Close
 	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
 	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
-	peers, err := indexer.NewPeers(nil)
+	peers, err := httpapi.NewPeers(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return adminRoutes(prometheus.NewRegistry(), logger, indexer.NewAPI(set, peers, nil), cat, scheduler.NewService(cat, sched), scheduler.ReplicaSyncOffRoutes())
+	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.NewIndex(set, peers, nil), cat, scheduler.NewService(cat, sched), scheduler.ReplicaSyncOffRoutes())
 }
 
 // routeFamily is a route path up to its first wildcard: "/workers/{id}"

@@ -5,9 +5,8 @@
 // matches read, which writers publish in turn (index.go), its dump and
 // recovery format (dump.go), and the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go). Engines' events
-// reach it through package indexer/kvevents; the index's HTTP views
-// (Dynamo's and Mooncake's overlap queries, the dump, the peer list with
-// startup recovery from a peer's dump) are in http.go.
+// reach it through package indexer/kvevents; its HTTP views are in
+// internal/httpapi.
 //
 // # The index
 //
@@ -69,7 +68,6 @@
 // reads where the event's engine ids and blocks lie, all at once, so
 // that it then finds them in the cache (spanTree.warm).
 //
-// The index itself (index.go, set.go) knows nothing of wire formats or
-// HTTP; http.go adapts it to the APIs through internal/admin. The package
-// must not know the worker catalog or scheduling (package scheduler).
+// The package is a leaf: it imports nothing of kvgate, and must not know
+// wire formats, HTTP, the worker catalog or scheduling.
 package indexer

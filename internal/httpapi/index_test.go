@@ -1,12 +1,10 @@
-package indexer
+package httpapi
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -14,20 +12,19 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 )
 
 // hold is a run of blocks one worker rank holds on one tier: blocks
 // [from, to) of the chain of tokens, hashed for adapter lora.
 type hold struct {
-	w        WorkerRank
-	tier     Tier
+	w        indexer.WorkerRank
+	tier     indexer.Tier
 	tokens   []uint32
 	from, to int
 	lora     string
@@ -35,17 +32,17 @@ type hold struct {
 
 // place stores holds in ix, in order. A block's engine id is its sequence
 // hash, so a rank's copies of one block on several tiers share one id.
-func place(t testing.TB, ix *Index, holds ...hold) {
+func place(t testing.TB, ix *indexer.Index, holds ...hold) {
 	t.Helper()
 	for _, h := range holds {
-		local := LocalHashes(nil, h.tokens, ix.BlockSize(), LoRASeed(h.lora), nil)
-		seq := SequenceHashes(nil, local)
-		ev := Event{Kind: Stored, Worker: h.w, Tier: h.tier}
+		local := indexer.LocalHashes(nil, h.tokens, ix.BlockSize(), indexer.LoRASeed(h.lora), nil)
+		seq := indexer.SequenceHashes(nil, local)
+		ev := indexer.Event{Kind: indexer.Stored, Worker: h.w, Tier: h.tier}
 		if h.from > 0 {
 			ev.Parent, ev.HasParent = seq[h.from-1], true
 		}
 		for i := h.from; i < h.to; i++ {
-			ev.Blocks = append(ev.Blocks, Block{Hash: seq[i], Local: local[i]})
+			ev.Blocks = append(ev.Blocks, indexer.Block{Hash: seq[i], Local: local[i]})
 		}
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatalf("place %+v: %v", h, err)
@@ -65,23 +62,23 @@ var (
 	// and dp1, on CPU and on DISK; H2 on GPU of dp0 and on CPU; H3 on DISK.
 	// kvgate keeps tiers per rank: the CPU and DISK copies are dp0's.
 	mooncakeHolds = []hold{
-		{w: wr(1, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 2},
-		{w: wr(1, 0), tier: TierHost, tokens: fxTokens, from: 0, to: 2},
-		{w: wr(1, 0), tier: TierDisk, tokens: fxTokens, from: 0, to: 1},
-		{w: wr(1, 0), tier: TierDisk, tokens: fxTokens, from: 2, to: 3},
-		{w: wr(1, 1), tier: TierDevice, tokens: fxTokens, from: 0, to: 1},
+		{w: wr(1, 0), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 2},
+		{w: wr(1, 0), tier: indexer.TierHost, tokens: fxTokens, from: 0, to: 2},
+		{w: wr(1, 0), tier: indexer.TierDisk, tokens: fxTokens, from: 0, to: 1},
+		{w: wr(1, 0), tier: indexer.TierDisk, tokens: fxTokens, from: 2, to: 3},
+		{w: wr(1, 1), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 1},
 	}
 	// fixtureHolds adds, at block size 2: worker 2 with B1..B4 on device;
 	// worker 3 with B1 B2 on host only; worker 4 with an unrelated prefix;
 	// worker 5 rank 2 with B1 on device, B2 on disk, and the unrelated
 	// prefix (3 blocks) on device.
 	fixtureHolds = slices.Concat(mooncakeHolds, []hold{
-		{w: wr(2, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 4},
-		{w: wr(3, 0), tier: TierHost, tokens: fxTokens, from: 0, to: 2},
-		{w: wr(4, 0), tier: TierDevice, tokens: otherTokens, from: 0, to: 3},
-		{w: wr(5, 2), tier: TierDevice, tokens: fxTokens, from: 0, to: 1},
-		{w: wr(5, 2), tier: TierDisk, tokens: fxTokens, from: 1, to: 2},
-		{w: wr(5, 2), tier: TierDevice, tokens: otherTokens, from: 0, to: 3},
+		{w: wr(2, 0), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 4},
+		{w: wr(3, 0), tier: indexer.TierHost, tokens: fxTokens, from: 0, to: 2},
+		{w: wr(4, 0), tier: indexer.TierDevice, tokens: otherTokens, from: 0, to: 3},
+		{w: wr(5, 2), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 1},
+		{w: wr(5, 2), tier: indexer.TierDisk, tokens: fxTokens, from: 1, to: 2},
+		{w: wr(5, 2), tier: indexer.TierDevice, tokens: otherTokens, from: 0, to: 3},
 	})
 )
 
@@ -91,19 +88,19 @@ var (
 //   - deepseek-v3:default (2): the Mooncake example alone;
 //   - org/m:v1:default (4): worker 1 with fxTokens' 2 blocks for the base
 //     model, worker 2 with the same tokens for adapter "sql".
-func fixture(t testing.TB, set *Set) {
+func fixture(t testing.TB, set *indexer.Set) {
 	t.Helper()
 	for _, x := range []struct {
-		key   Key
+		key   indexer.Key
 		bs    int
 		holds []hold
 	}{
-		{Key{"m", DefaultTenant}, 2, fixtureHolds},
-		{Key{"m", "acme"}, 2, []hold{{w: wr(9, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 1}}},
-		{Key{"deepseek-v3", DefaultTenant}, 2, mooncakeHolds},
-		{Key{"org/m:v1", DefaultTenant}, 4, []hold{
-			{w: wr(1, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 2},
-			{w: wr(2, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 2, lora: "sql"},
+		{indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, 2, fixtureHolds},
+		{indexer.Key{Model: "m", Tenant: "acme"}, 2, []hold{{w: wr(9, 0), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 1}}},
+		{indexer.Key{Model: "deepseek-v3", Tenant: indexer.DefaultTenant}, 2, mooncakeHolds},
+		{indexer.Key{Model: "org/m:v1", Tenant: indexer.DefaultTenant}, 4, []hold{
+			{w: wr(1, 0), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 2},
+			{w: wr(2, 0), tier: indexer.TierDevice, tokens: fxTokens, from: 0, to: 2, lora: "sql"},
 		}},
 	} {
 		ix, err := set.Index(x.key, x.bs)
@@ -116,7 +113,7 @@ func fixture(t testing.TB, set *Set) {
 
 // apiRig is an admin HTTP server with the index routes over a Set.
 type apiRig struct {
-	set    *Set
+	set    *indexer.Set
 	peers  *Peers
 	reg    *prometheus.Registry
 	url    string
@@ -125,10 +122,10 @@ type apiRig struct {
 
 // serveAPI serves set (a new empty Set if nil) with a body limit of maxBody
 // (0: the default) until the test ends.
-func serveAPI(t testing.TB, set *Set, maxBody int64) *apiRig {
+func serveAPI(t testing.TB, set *indexer.Set, maxBody int64) *apiRig {
 	t.Helper()
 	if set == nil {
-		set = NewSet(Options{IndexShards: 2})
+		set = indexer.NewSet(indexer.Options{IndexShards: 2})
 		t.Cleanup(set.Close)
 	}
 	peers, err := NewPeers(nil)
@@ -137,7 +134,7 @@ func serveAPI(t testing.TB, set *Set, maxBody int64) *apiRig {
 	}
 	r := &apiRig{set: set, peers: peers, reg: prometheus.NewRegistry()}
 	srv := admin.New(admin.Options{MaxBody: maxBody})
-	srv.Handle(NewAPI(set, peers, r.reg).Routes()...)
+	srv.Handle(NewIndex(set, peers, r.reg).Routes()...)
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
 	r.url, r.client = ts.URL, ts.Client()
@@ -366,7 +363,7 @@ func TestQueryDynamoContract(t *testing.T) {
 	}, {
 		name: "by hash",
 		path: "/query_by_hash",
-		body: obj("model_name", "deepseek-v3", "block_hashes", LocalHashes(nil, mcTokens, 2, BaseSeed, nil)),
+		body: obj("model_name", "deepseek-v3", "block_hashes", indexer.LocalHashes(nil, mcTokens, 2, indexer.BaseSeed, nil)),
 		want: mooncakeExampleDynamo,
 	}}
 	for _, tt := range tests {
@@ -374,7 +371,7 @@ func TestQueryDynamoContract(t *testing.T) {
 			r.expect(t, tt.path, tt.body, http.StatusOK, tt.want)
 		})
 	}
-	for _, key := range []Key{{"nope", DefaultTenant}, {"m", "other"}, {"deepseek-v3", "acme"}} {
+	for _, key := range []indexer.Key{{Model: "nope", Tenant: indexer.DefaultTenant}, {Model: "m", Tenant: "other"}, {Model: "deepseek-v3", Tenant: "acme"}} {
 		body := obj("model_name", key.Model, "tenant_id", key.Tenant, "token_ids", fxTokens, "block_hashes", []uint64{1})
 		for _, path := range []string{"/query", "/query_by_hash"} {
 			code, h, got := r.call(t, http.MethodPost, path, body)
@@ -400,8 +397,8 @@ func TestQueryLoRA(t *testing.T) {
 		{"/query", obj("model_name", "org/m:v1", "lora_name", "other", "token_ids", fxTokens), emptyDynamo},
 		{"/conductor/query", obj("model", "org/m:v1", "lora_name", "sql", "lora_id", -1, "token_ids", fxTokens), sqlMooncake},
 		// Local hashes carry the adapter: by hash, the seed decides.
-		{"/query_by_hash", obj("model_name", "org/m:v1", "block_hashes", LocalHashes(nil, fxTokens, 4, LoRASeed("sql"), nil)), sql},
-		{"/query_by_hash", obj("model_name", "org/m:v1", "block_hashes", LocalHashes(nil, fxTokens, 4, BaseSeed, nil)), base},
+		{"/query_by_hash", obj("model_name", "org/m:v1", "block_hashes", indexer.LocalHashes(nil, fxTokens, 4, indexer.LoRASeed("sql"), nil)), sql},
+		{"/query_by_hash", obj("model_name", "org/m:v1", "block_hashes", indexer.LocalHashes(nil, fxTokens, 4, indexer.BaseSeed, nil)), base},
 	} {
 		r.expect(t, tt.path, tt.body, http.StatusOK, tt.want)
 	}
@@ -412,7 +409,7 @@ func TestQueryByHashEncodings(t *testing.T) {
 	fixture(t, r.set)
 	// Local hashes of the prompt in three spellings all answer as /query.
 	want := r.expect(t, "/query", obj("model_name", "m", "token_ids", fxTokens), http.StatusOK, "")
-	local := LocalHashes(nil, fxTokens, 2, BaseSeed, nil)
+	local := indexer.LocalHashes(nil, fxTokens, 2, indexer.BaseSeed, nil)
 	for _, form := range []string{"unsigned", "signed", "string"} {
 		r.expect(t, "/query_by_hash", obj("model_name", "m", "block_hashes", hashArray(local, form)), http.StatusOK, string(want))
 	}
@@ -421,13 +418,13 @@ func TestQueryByHashEncodings(t *testing.T) {
 	// local hash 2^64-1 and under it one with 2^53+1; worker 2 a root block
 	// with 2^53. Through float64, 2^53+1 would become 2^53.
 	const max64, p53 = uint64(1<<64 - 1), uint64(1 << 53)
-	ix, err := r.set.Index(Key{"edge", DefaultTenant}, 2)
+	ix, err := r.set.Index(indexer.Key{Model: "edge", Tenant: indexer.DefaultTenant}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ev := range []Event{
-		{Kind: Stored, Worker: wr(1, 0), Tier: TierDevice, Blocks: []Block{{Hash: 1, Local: max64}, {Hash: 2, Local: p53 + 1}}},
-		{Kind: Stored, Worker: wr(2, 0), Tier: TierDevice, Blocks: []Block{{Hash: 1, Local: p53}}},
+	for _, ev := range []indexer.Event{
+		{Kind: indexer.Stored, Worker: wr(1, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{Hash: 1, Local: max64}, {Hash: 2, Local: p53 + 1}}},
+		{Kind: indexer.Stored, Worker: wr(2, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{Hash: 1, Local: p53}}},
 	} {
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatal(err)
@@ -465,7 +462,7 @@ func TestQueryByHashEncodings(t *testing.T) {
 func TestQueryMooncakeShapes(t *testing.T) {
 	r := serveAPI(t, nil, 0)
 	fixture(t, r.set)
-	local := LocalHashes(nil, mcTokens, 2, BaseSeed, nil)
+	local := indexer.LocalHashes(nil, mcTokens, 2, indexer.BaseSeed, nil)
 	for _, tt := range []struct {
 		name, path, body, want string
 	}{
@@ -578,293 +575,6 @@ func TestAPIErrors(t *testing.T) {
 	}
 }
 
-func TestDumpOverHTTP(t *testing.T) {
-	r := serveAPI(t, nil, 0)
-	fixture(t, r.set)
-	tiny, err := r.set.Index(Key{"tiny", "t"}, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	place(t, tiny, hold{w: wr(7, 1), tier: TierHost, tokens: mcTokens, from: 0, to: 2})
-	code, h, body := r.call(t, http.MethodGet, "/dump", "")
-	if code != http.StatusOK || h.Get("Content-Type") != "application/json" {
-		t.Fatalf("GET /dump: %d %q: %s", code, h.Get("Content-Type"), body)
-	}
-
-	// The shape, on the one-rank index: one event per block, breadth first.
-	var doc map[string]struct {
-		BlockSize int               `json:"block_size"`
-		Events    []json.RawMessage `json:"events"`
-	}
-	if err := json.Unmarshal(body, &doc); err != nil {
-		t.Fatal(err)
-	}
-	var keys []string
-	for k := range doc {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	if want := []string{"deepseek-v3:default", "m:acme", "m:default", "org/m:v1:default", "tiny:t"}; !slices.Equal(keys, want) {
-		t.Fatalf("dump keys %v, want %v", keys, want)
-	}
-	for k, bs := range map[string]int{"m:default": 2, "org/m:v1:default": 4, "tiny:t": 2} {
-		if doc[k].BlockSize != bs {
-			t.Errorf("%s: block_size %d, want %d", k, doc[k].BlockSize, bs)
-		}
-	}
-	local := LocalHashes(nil, mcTokens, 2, BaseSeed, nil)
-	seq := SequenceHashes(nil, local)
-	if ev := doc["tiny:t"].Events; len(ev) != 2 {
-		t.Fatalf("tiny:t: %d events", len(ev))
-	} else {
-		jsonEq(t, ev[0], fmt.Sprintf(`{"worker_id": 7, "storage_tier": "host_pinned", "event": {"event_id": 0, "dp_rank": 1,
-			"data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": %d, "tokens_hash": %d}]}}}}`, seq[0], local[0]))
-		jsonEq(t, ev[1], fmt.Sprintf(`{"worker_id": 7, "storage_tier": "host_pinned", "event": {"event_id": 1, "dp_rank": 1,
-			"data": {"stored": {"parent_hash": %d, "blocks": [{"block_hash": %d, "tokens_hash": %d}]}}}}`, seq[0], seq[1], local[1]))
-	}
-
-	// Replayed into an empty Set, the dump answers every query the same.
-	dumps, err := UnmarshalDump(body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if i := slices.IndexFunc(dumps, func(d IndexDump) bool { return d.Key.Model == "org/m:v1" }); i < 0 || dumps[i].Key.Tenant != DefaultTenant {
-		t.Fatalf("org/m:v1 not split at the last ':': %v", dumps)
-	}
-	loaded := serveAPI(t, nil, 0)
-	if skipped, err := loaded.set.Load(dumps); err != nil || skipped != 0 {
-		t.Fatalf("load: %d skipped, %v", skipped, err)
-	}
-	sameAnswers(t, r, loaded)
-}
-
-// sameAnswers checks that a and b answer a set of queries over the fixture
-// alike.
-func sameAnswers(t *testing.T, a, b *apiRig) {
-	t.Helper()
-	for _, q := range []struct{ path, body string }{
-		{"/query", obj("model_name", "m", "token_ids", fxTokens)},
-		{"/query", obj("model_name", "m", "token_ids", otherTokens)},
-		{"/query", obj("model_name", "m", "tenant_id", "acme", "token_ids", fxTokens)},
-		{"/query", obj("model_name", "org/m:v1", "lora_name", "sql", "token_ids", fxTokens)},
-		{"/conductor/query", obj("model", "deepseek-v3", "token_ids", mcTokens)},
-		{"/query_by_hash", obj("model_name", "m", "block_hashes", LocalHashes(nil, fxTokens[:6], 2, BaseSeed, nil))},
-	} {
-		want := a.expect(t, q.path, q.body, http.StatusOK, "")
-		t.Run(q.path, func(t *testing.T) {
-			b.expect(t, q.path, q.body, http.StatusOK, string(want))
-		})
-	}
-}
-
-func TestPeersAPI(t *testing.T) {
-	r := serveAPI(t, nil, 0)
-	peers := func(want string) {
-		t.Helper()
-		code, _, got := r.call(t, http.MethodGet, "/peers", "")
-		if code != http.StatusOK {
-			t.Fatalf("GET /peers: %d %s", code, got)
-		}
-		jsonEq(t, got, want)
-	}
-	peers(`[]`)
-	const ok = `{"status": "ok"}`
-	for _, u := range []string{"http://b.example:8080/", "http://b.example:8080", "  https://a.example:9000//  ", "http://a.example:1", "http://a.example:1/#", "HTTP://A.Example:1"} {
-		r.expect(t, "/register_peer", obj("url", u), http.StatusCreated, ok)
-	}
-	peers(`["http://a.example:1", "http://b.example:8080", "https://a.example:9000"]`)
-
-	for _, tt := range []struct{ body, want string }{
-		{`{}`, "url"},
-		{`{"url": null}`, "url"},
-		{`{"url": 5}`, "url"},
-		{`{"url": ""}`, ""},
-		{`{"url": "not a url"}`, ""},
-		{`{"url": "ftp://a.example:1"}`, ""},
-		{`{"url": "a.example:1"}`, ""},
-		{`{"url": "http://"}`, ""},
-		{`{"url": "http://a.example:1/?x=1"}`, ""},
-		{`{"url": "http://user:pw@a.example:1"}`, ""},
-		{`{"url": "http://:80"}`, ""}, // no host name
-		{`[]`, ""},
-		{``, ""},
-	} {
-		for _, path := range []string{"/register_peer", "/deregister_peer"} {
-			t.Run(path+" "+tt.body, func(t *testing.T) {
-				code, h, got := r.call(t, http.MethodPost, path, tt.body)
-				checkError(t, code, h, got, http.StatusBadRequest, tt.want)
-			})
-		}
-	}
-	peers(`["http://a.example:1", "http://b.example:8080", "https://a.example:9000"]`)
-
-	// "http://c.example:1/?" has an empty query: it must be refused or
-	// normalized without the '?', or Recover would fetch "/?/dump" (GET /
-	// with query "/dump").
-	code, h, got := r.call(t, http.MethodPost, "/register_peer", `{"url": "http://c.example:1/?"}`)
-	if code == http.StatusCreated {
-		if !r.peers.Remove("http://c.example:1") {
-			t.Errorf(`"http://c.example:1/?" registered as %q`, r.peers.List())
-			r.peers.Remove("http://c.example:1/?")
-		}
-	} else {
-		checkError(t, code, h, got, http.StatusBadRequest)
-	}
-
-	r.expect(t, "/deregister_peer", obj("url", "http://b.example:8080/"), http.StatusOK, ok)
-	code, h, got = r.call(t, http.MethodPost, "/deregister_peer", obj("url", "http://b.example:8080"))
-	checkError(t, code, h, got, http.StatusNotFound, "http://b.example:8080")
-	peers(`["http://a.example:1", "https://a.example:9000"]`)
-
-	if p, err := NewPeers([]string{"http://x.example/", "http://x.example"}); err != nil || !slices.Equal(p.List(), []string{"http://x.example"}) {
-		t.Errorf("NewPeers: %v, %v", p, err)
-	}
-	if _, err := NewPeers([]string{"http://x.example", "x.example"}); err == nil {
-		t.Error("NewPeers accepted a URL without scheme")
-	}
-}
-
-// onlyDeadline lets Recover's per-peer deadline reach requests to one host
-// only, so that the other peers answer however slow the machine.
-type onlyDeadline struct {
-	rt   http.RoundTripper
-	host string
-}
-
-func (o onlyDeadline) RoundTrip(req *http.Request) (*http.Response, error) {
-	if req.URL.Host != o.host {
-		req = req.WithContext(context.WithoutCancel(req.Context()))
-	}
-	return o.rt.RoundTrip(req)
-}
-
-// unusablePeers starts peers Recover must skip: a closed port, a 500, a
-// body that is not JSON, a JSON document that is not a dump, and one that
-// never answers (the last, whose host the returned client's deadline
-// applies to).
-func unusablePeers(t *testing.T) ([]string, *http.Client) {
-	t.Helper()
-	var urls []string
-	serve := func(h http.HandlerFunc) *httptest.Server {
-		s := httptest.NewServer(h)
-		t.Cleanup(s.Close)
-		urls = append(urls, s.URL)
-		return s
-	}
-	serve(nil).Close()
-	serve(func(w http.ResponseWriter, _ *http.Request) { http.Error(w, "boom", http.StatusInternalServerError) })
-	for _, doc := range []string{`{"m:default": {"block_size": 2, "events": [`, `{"no-colon": {"block_size": 2, "events": []}}`} {
-		serve(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, doc) })
-	}
-	release := make(chan struct{})
-	hang := serve(func(_ http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	})
-	t.Cleanup(func() { close(release) }) // runs before hang.Close
-	tr := &http.Transport{}
-	t.Cleanup(tr.CloseIdleConnections)
-	return urls, &http.Client{Transport: onlyDeadline{rt: tr, host: hang.Listener.Addr().String()}}
-}
-
-var discardLog = slog.New(slog.DiscardHandler)
-
-func TestRecover(t *testing.T) {
-	src := serveAPI(t, nil, 0)
-	fixture(t, src.set)
-	conflict := Key{"conflict", DefaultTenant}
-	cix, _ := src.set.Index(conflict, 2)
-	place(t, cix, hold{w: wr(1, 0), tier: TierDevice, tokens: fxTokens, from: 0, to: 1})
-
-	// The recovering Set holds live events until the dump is loaded; it
-	// already has the conflicting index with another block size.
-	dst := serveAPI(t, NewSet(Options{Hold: true}), 0)
-	t.Cleanup(dst.set.Close)
-	local, _ := dst.set.Index(conflict, 4)
-	// A live event queued before recovery extends worker 2's B1..B4 (from
-	// the dump) by a fifth block: it only applies on top of the dump.
-	five := append(slices.Clone(fxTokens), 1, 2)
-	fl := LocalHashes(nil, five, 2, BaseSeed, nil)
-	fs := SequenceHashes(nil, fl)
-	live := Event{Kind: Stored, Worker: wr(2, 0), Tier: TierDevice, Parent: fs[3], HasParent: true, Blocks: []Block{{Hash: fs[4], Local: fl[4]}}}
-	var liveErr atomic.Value
-	m, _ := dst.set.Index(Key{"m", DefaultTenant}, 2)
-	if err := dst.set.Submit(context.Background(), m, live, func(_ ApplyResult, err error) { liveErr.Store(fmt.Sprint(err)) }); err != nil {
-		t.Fatal(err)
-	}
-
-	urls, client := unusablePeers(t)
-	rec := Recover(context.Background(), dst.set, append(urls, src.url), client, 20*time.Millisecond, discardLog)
-	events := 0
-	for _, d := range src.set.Dump() {
-		if d.Key != conflict {
-			events += len(d.Events)
-		}
-	}
-	if want := (Recovery{Peer: src.url, Indexes: 5, Events: events, Conflicts: []string{"conflict:default"}}); !reflect.DeepEqual(rec, want) {
-		t.Fatalf("recovery %+v, want %+v", rec, want)
-	}
-	if dst.set.Lookup(conflict) != local || local.BlockSize() != 4 || local.Stats() != (Stats{}) {
-		t.Errorf("conflicting local index changed: %+v", local.Stats())
-	}
-	sameAnswers(t, src, dst)
-
-	dst.set.Release()
-	if err := dst.set.Do(context.Background(), live.Worker.Worker, func() {}); err != nil {
-		t.Fatal(err)
-	}
-	if got := liveErr.Load(); got != "<nil>" {
-		t.Fatalf("live event queued during recovery: %v", got)
-	}
-	if o := trees(t, m, m.MatchTokens(five, "", nil)); !slices.Contains(o, ov(wr(2, 0), 5, 5, 5)) {
-		t.Errorf("after release: %v", o)
-	}
-}
-
-func TestRecoverNoPeer(t *testing.T) {
-	set := NewSet(Options{})
-	t.Cleanup(set.Close)
-	fixture(t, set)
-	before, err := MarshalDump(set.Dump())
-	if err != nil {
-		t.Fatal(err)
-	}
-	urls, client := unusablePeers(t)
-	for _, peers := range [][]string{nil, urls} {
-		if rec := Recover(context.Background(), set, peers, client, 20*time.Millisecond, discardLog); !reflect.DeepEqual(rec, Recovery{}) {
-			t.Errorf("recovery from %v: %+v", peers, rec)
-		}
-	}
-	if after, _ := MarshalDump(set.Dump()); !bytes.Equal(before, after) {
-		t.Errorf("index changed:\n%s\n%s", before, after)
-	}
-}
-
-// TestRecoverSkipsUnplaceable loads a peer's dump one event of which names a
-// parent nobody holds: it is counted in Skipped, the rest is loaded.
-func TestRecoverSkipsUnplaceable(t *testing.T) {
-	const dump = `{"x:default": {"block_size": 2, "events": [
-		{"worker_id": 1, "storage_tier": "device", "event": {"event_id": 0, "dp_rank": 0,
-			"data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 1, "tokens_hash": 11}]}}}},
-		{"worker_id": 1, "storage_tier": "device", "event": {"event_id": 1, "dp_rank": 0,
-			"data": {"stored": {"parent_hash": 999, "blocks": [{"block_hash": 2, "tokens_hash": 12}]}}}},
-		{"worker_id": 1, "storage_tier": "disk", "event": {"event_id": 2, "dp_rank": 0,
-			"data": {"stored": {"parent_hash": 1, "blocks": [{"block_hash": 3, "tokens_hash": 13}]}}}}]}}`
-	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, dump) }))
-	t.Cleanup(peer.Close)
-	set := NewSet(Options{})
-	t.Cleanup(set.Close)
-	rec := Recover(context.Background(), set, []string{peer.URL}, peer.Client(), time.Minute, discardLog)
-	if want := (Recovery{Peer: peer.URL, Indexes: 1, Events: 2, Skipped: 1}); !reflect.DeepEqual(rec, want) {
-		t.Fatalf("recovery %+v, want %+v", rec, want)
-	}
-	if ix := set.Lookup(Key{"x", DefaultTenant}); ix == nil || ix.Stats() != (Stats{Workers: 1, Nodes: 2, Entries: 2}) {
-		t.Fatalf("loaded index: %v", ix)
-	}
-}
-
 // samples returns the registry's kvgate_index_* samples as
 // `name{label="value",...}` -> value (for a histogram, its sample count).
 func samples(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
@@ -896,7 +606,7 @@ func samples(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 
 func TestAPIMetrics(t *testing.T) {
 	// One shard: a block held by workers of two shards counts twice.
-	set := NewSet(Options{IndexShards: 1})
+	set := indexer.NewSet(indexer.Options{IndexShards: 1})
 	t.Cleanup(set.Close)
 	r := serveAPI(t, set, 0)
 	fixture(t, r.set)
@@ -947,10 +657,10 @@ var fuzzRoutes = []string{"/query", "/query_by_hash", "/conductor/query", "/cond
 // with gpu <= cpu <= disk, and the index unchanged. Peers change only by
 // one URL on a successful register or deregister.
 func FuzzAPI(f *testing.F) {
-	set := NewSet(Options{EventThreads: 1})
+	set := indexer.NewSet(indexer.Options{EventThreads: 1})
 	f.Cleanup(set.Close)
 	fixture(f, set)
-	before, err := MarshalDump(set.Dump())
+	before, err := indexer.MarshalDump(set.Dump())
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -959,7 +669,7 @@ func FuzzAPI(f *testing.F) {
 		path := fuzzRoutes[int(route)%len(fuzzRoutes)]
 		peers, _ := NewPeers([]string{peer})
 		srv := admin.New(admin.Options{MaxBody: 1 << 12})
-		srv.Handle(NewAPI(set, peers, nil).Routes()...)
+		srv.Handle(NewIndex(set, peers, nil).Routes()...)
 		w := httptest.NewRecorder()
 		srv.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
 
@@ -986,7 +696,7 @@ func FuzzAPI(f *testing.F) {
 				t.Fatalf("POST %s %q: instance %+v", path, body, in)
 			}
 		}
-		if after, _ := MarshalDump(set.Dump()); !bytes.Equal(before, after) {
+		if after, _ := indexer.MarshalDump(set.Dump()); !bytes.Equal(before, after) {
 			t.Fatalf("POST %s %q changed the index", path, body)
 		}
 		now := peers.List()
