@@ -11,7 +11,7 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	payload := mp{}.arr(3).f64(1.7e9).arr(3).raw(stored(1<<40)).raw(stored(1<<40+8)).
 		mapN(2).str("type").str("BlockRemoved").str("block_hashes").uints(1, 2, 3, 4).uint(0)
-	var d Decoder
+	var d decoder
 	b.SetBytes(int64(len(payload)))
 	b.ReportAllocs()
 	for b.Loop() {

@@ -327,7 +327,7 @@ func TestIngestGapReplay(t *testing.T) {
 			if got := counter(t, r.m.batchesReplayed); got < 3 {
 				t.Errorf("replayed = %v, want >= 3", got)
 			}
-			if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)) + counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 0 {
+			if got := counter(t, r.m.batchesLost.WithLabelValues(lostGap)) + counter(t, r.m.batchesLost.WithLabelValues(lostBeforeJoin)); got != 0 {
 				t.Errorf("lost = %v, want 0", got)
 			}
 		})
@@ -344,7 +344,7 @@ func TestIngestGapWithoutReplay(t *testing.T) {
 	publish(t, p, c)
 	r.waitApplied(1, 0, 2)
 	r.check(expect(t, indexEvent(w, indexer.TierDevice, a), indexEvent(w, indexer.TierDevice, c)))
-	if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)); got != 1 {
+	if got := counter(t, r.m.batchesLost.WithLabelValues(lostGap)); got != 1 {
 		t.Errorf("lost = %v, want 1", got)
 	}
 }
@@ -367,7 +367,7 @@ func TestIngestLateJoinReplaysFromZero(t *testing.T) {
 	publish(t, p, evs[4])
 	r.waitApplied(1, 0, 4)
 	r.check(expect(t, indexEvent(w, indexer.TierDevice, evs[2]), indexEvent(w, indexer.TierDevice, evs[3]), indexEvent(w, indexer.TierDevice, evs[4])))
-	if got := counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 2 {
+	if got := counter(t, r.m.batchesLost.WithLabelValues(lostBeforeJoin)); got != 2 {
 		t.Errorf("lost before join = %v, want 2", got)
 	}
 }
@@ -506,12 +506,12 @@ func TestIngestMalformedAndMismatched(t *testing.T) {
 	shortFixed := short
 	shortFixed.BlockHashes = short.BlockHashes[:2]
 	r.check(expect(t, indexEvent(w, indexer.TierDevice, shortFixed), indexEvent(w, indexer.TierDevice, lora)))
-	for reason, want := range map[string]float64{DropBlockSize: 1, DropUnknownParent: 1} {
+	for reason, want := range map[string]float64{dropBlockSize: 1, dropUnknownParent: 1} {
 		if got := counter(t, r.m.eventsDropped.WithLabelValues(reason)); got != want {
 			t.Errorf("dropped %s = %v, want %v", reason, got, want)
 		}
 	}
-	if got := counter(t, r.m.blocksDropped.WithLabelValues(DropPartialBlock)); got != 1 {
+	if got := counter(t, r.m.blocksDropped.WithLabelValues(dropPartialBlock)); got != 1 {
 		t.Errorf("partial blocks dropped = %v, want 1", got)
 	}
 	if got := counter(t, r.m.decodeErrors); got != 1 {
@@ -624,7 +624,7 @@ func TestIngestManyPublishers(t *testing.T) {
 		r.waitApplied(uint64(i+1), 0, batches-1)
 	}
 	r.check(expect(t, want...))
-	if got := counter(t, r.m.batchesLost.WithLabelValues(LostGap)); got != 0 {
+	if got := counter(t, r.m.batchesLost.WithLabelValues(lostGap)); got != 0 {
 		t.Errorf("%v batches lost", got)
 	}
 	if counter(t, r.m.gaps) == 0 {
@@ -696,7 +696,7 @@ func TestMooncakeObjects(t *testing.T) {
 		t.Fatalf("after removal: %s", got)
 	}
 	apply(update("memory")) // unknown now: counted, ignored
-	if got := counter(t, r.m.eventsDropped.WithLabelValues(DropUnknownObject)); got != 1 {
+	if got := counter(t, r.m.eventsDropped.WithLabelValues(dropUnknownObject)); got != 1 {
 		t.Errorf("unknown object updates = %v", got)
 	}
 
@@ -780,7 +780,7 @@ func TestSGLangEpochRestart(t *testing.T) {
 	if got := counter(t, r.m.restarts); got != 1 {
 		t.Errorf("restarts = %v, want 1", got)
 	}
-	if got := counter(t, r.m.batchesLost.WithLabelValues(LostBeforeJoin)); got != 5 {
+	if got := counter(t, r.m.batchesLost.WithLabelValues(lostBeforeJoin)); got != 5 {
 		t.Errorf("lost = %v, want 5 (seq 0-4 of the new epoch)", got)
 	}
 }

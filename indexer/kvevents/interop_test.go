@@ -140,7 +140,7 @@ func TestInteropLibzmq(t *testing.T) {
 			if got := counter(t, r.m.batchesReplayed); got < 1 {
 				t.Errorf("replayed %v batches, want >= 1", got)
 			}
-			for _, reason := range []string{LostGap, LostBeforeJoin} {
+			for _, reason := range []string{lostGap, lostBeforeJoin} {
 				if got := counter(t, r.m.batchesLost.WithLabelValues(reason)); got != 0 {
 					t.Errorf("lost %v batches (%s)", got, reason)
 				}

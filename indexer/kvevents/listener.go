@@ -63,7 +63,7 @@ type listener struct {
 	done      chan struct{}
 
 	// Used only by the run goroutine.
-	dec     Decoder
+	dec     decoder
 	objects map[uint64]object // Mooncake objects by key hash
 	limiter logLimiter
 }

@@ -34,7 +34,7 @@ func (l *listener) consume(ctx context.Context, sub zmq4.Socket) error {
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
 			m.batchesReceived.Inc()
 			m.decodeErrors.Inc()
-			m.batchesDropped.WithLabelValues(DropMalformed).Inc()
+			m.batchesDropped.WithLabelValues(dropMalformed).Inc()
 			l.warn("frames", "kv event message is not [topic, seq(8 bytes), payload]", "frames", len(msg.Frames))
 			continue
 		}
@@ -95,9 +95,9 @@ func (l *listener) handle(ctx context.Context, topic []byte, seq uint64, payload
 	if has {
 		want = last + 1
 	}
-	lost := LostGap
+	lost := lostGap
 	if !has {
-		lost = LostBeforeJoin
+		lost = lostBeforeJoin
 	}
 	if u := mk.unknown.Load(); u > 0 && u-1 <= last && mk.armed && l.reg.ReplayEndpoint != "" && has {
 		// An event's parent was unknown: events were missed before the
@@ -189,7 +189,7 @@ func (l *listener) replay(ctx context.Context, from uint64, resync bool, lost st
 		seq, payload, end, ok := parseReply(msg.Frames)
 		if !ok {
 			m.decodeErrors.Inc()
-			m.batchesDropped.WithLabelValues(DropMalformed).Inc()
+			m.batchesDropped.WithLabelValues(dropMalformed).Inc()
 			l.warn("frames", "malformed replay reply", "frames", len(msg.Frames))
 			continue
 		}
@@ -264,7 +264,7 @@ func (l *listener) apply(ctx context.Context, seq uint64, payload []byte) bool {
 	b, err := l.dec.Decode(payload)
 	if err != nil {
 		m.decodeErrors.Inc()
-		m.batchesDropped.WithLabelValues(DropMalformed).Inc()
+		m.batchesDropped.WithLabelValues(dropMalformed).Inc()
 		l.warn("decode", "malformed kv event batch", "seq", seq, "err", err)
 		return advance()
 	}
@@ -303,7 +303,7 @@ func (l *listener) submit(ctx context.Context, ev indexer.Event, seq uint64) boo
 		case err == nil:
 			m.eventsApplied.WithLabelValues(kind).Inc()
 		case errors.Is(err, indexer.ErrUnknownParent):
-			m.eventsDropped.WithLabelValues(DropUnknownParent).Inc()
+			m.eventsDropped.WithLabelValues(dropUnknownParent).Inc()
 			for {
 				old := mk.unknown.Load()
 				if old >= seq+1 || mk.unknown.CompareAndSwap(old, seq+1) {
@@ -311,11 +311,11 @@ func (l *listener) submit(ctx context.Context, ev indexer.Event, seq uint64) boo
 				}
 			}
 		default:
-			m.eventsDropped.WithLabelValues(DropInvalid).Inc()
+			m.eventsDropped.WithLabelValues(dropInvalid).Inc()
 		}
 	})
 	if err != nil {
-		m.eventsDropped.WithLabelValues(DropShutdown).Inc()
+		m.eventsDropped.WithLabelValues(dropShutdown).Inc()
 		return false
 	}
 	return true
@@ -323,15 +323,15 @@ func (l *listener) submit(ctx context.Context, ev indexer.Event, seq uint64) boo
 
 // convert turns a decoded event into index events: blocks hashed with the
 // index's block size, Mooncake objects resolved.
-func (l *listener) convert(wr indexer.WorkerRank, we *WireEvent) []indexer.Event {
+func (l *listener) convert(wr indexer.WorkerRank, we *wireEvent) []indexer.Event {
 	m := l.g.m
 	switch we.Kind {
-	case WireCleared:
+	case wireCleared:
 		if we.Tier&indexer.TierDevice == 0 {
 			clear(l.objects)
 		}
 		return []indexer.Event{{Kind: indexer.Cleared, Worker: wr, Tier: we.Tier}}
-	case WireRemoved:
+	case wireRemoved:
 		hashes := slices.Clone(we.Hashes)
 		if len(hashes) == 0 && we.HasObject {
 			if o, ok := l.objects[we.Object]; ok {
@@ -340,16 +340,16 @@ func (l *listener) convert(wr indexer.WorkerRank, we *WireEvent) []indexer.Event
 			}
 		}
 		if len(hashes) == 0 {
-			m.eventsDropped.WithLabelValues(DropEmpty).Inc()
+			m.eventsDropped.WithLabelValues(dropEmpty).Inc()
 			return nil
 		}
 		return []indexer.Event{{Kind: indexer.Removed, Worker: wr, Tier: we.Tier, Hashes: hashes}}
-	case WireMoved:
+	case wireMoved:
 		return l.move(wr, we)
 	}
 	// Stored.
 	if len(we.Hashes) == 0 {
-		m.eventsDropped.WithLabelValues(DropEmpty).Inc()
+		m.eventsDropped.WithLabelValues(dropEmpty).Inc()
 		return nil
 	}
 	if len(we.Tokens) == 0 {
@@ -358,17 +358,17 @@ func (l *listener) convert(wr indexer.WorkerRank, we *WireEvent) []indexer.Event
 	}
 	bs := l.ix.BlockSize()
 	if we.BlockSize != 0 && we.BlockSize != bs {
-		m.eventsDropped.WithLabelValues(DropBlockSize).Inc()
-		m.blocksDropped.WithLabelValues(DropBlockSize).Add(float64(len(we.Hashes)))
+		m.eventsDropped.WithLabelValues(dropBlockSize).Inc()
+		m.blocksDropped.WithLabelValues(dropBlockSize).Add(float64(len(we.Hashes)))
 		l.warn("block_size", "kv event block size differs from the registered one", "event_block_size", we.BlockSize, "block_size", bs)
 		return nil
 	}
 	n := min(len(we.Hashes), len(we.Tokens)/bs)
 	if n < len(we.Hashes) {
-		m.blocksDropped.WithLabelValues(DropPartialBlock).Add(float64(len(we.Hashes) - n))
+		m.blocksDropped.WithLabelValues(dropPartialBlock).Add(float64(len(we.Hashes) - n))
 	}
 	if n == 0 {
-		m.eventsDropped.WithLabelValues(DropPartialBlock).Inc()
+		m.eventsDropped.WithLabelValues(dropPartialBlock).Inc()
 		return nil
 	}
 	seed := indexer.LoRASeed(we.LoRA)
@@ -391,10 +391,10 @@ func (l *listener) convert(wr indexer.WorkerRank, we *WireEvent) []indexer.Event
 
 // move applies a Mooncake BlockUpdateEvent: the object now occupies
 // exactly the tiers of its replicas.
-func (l *listener) move(wr indexer.WorkerRank, we *WireEvent) []indexer.Event {
+func (l *listener) move(wr indexer.WorkerRank, we *wireEvent) []indexer.Event {
 	o, ok := l.objects[we.Object]
 	if !ok {
-		l.g.m.eventsDropped.WithLabelValues(DropUnknownObject).Inc()
+		l.g.m.eventsDropped.WithLabelValues(dropUnknownObject).Inc()
 		return nil
 	}
 	var evs []indexer.Event

@@ -8,20 +8,20 @@ import (
 
 // Reasons an event, batch or block is dropped, as metric labels.
 const (
-	DropMalformed     = "malformed"      // the message or payload does not decode
-	DropUnknownParent = "unknown_parent" // a Stored event's parent is not held by the worker rank
-	DropInvalid       = "invalid"        // the index rejected the event (bad tier or kind)
-	DropShutdown      = "shutdown"       // the listener stopped before the event was queued
-	DropEmpty         = "empty"          // an event without blocks
-	DropBlockSize     = "block_size"     // the event's block size differs from the index's
-	DropPartialBlock  = "partial_block"  // blocks without a full block of tokens
-	DropUnknownObject = "unknown_object" // a Mooncake update of an object never stored
+	dropMalformed     = "malformed"      // the message or payload does not decode
+	dropUnknownParent = "unknown_parent" // a Stored event's parent is not held by the worker rank
+	dropInvalid       = "invalid"        // the index rejected the event (bad tier or kind)
+	dropShutdown      = "shutdown"       // the listener stopped before the event was queued
+	dropEmpty         = "empty"          // an event without blocks
+	dropBlockSize     = "block_size"     // the event's block size differs from the index's
+	dropPartialBlock  = "partial_block"  // blocks without a full block of tokens
+	dropUnknownObject = "unknown_object" // a Mooncake update of an object never stored
 )
 
 // Reasons batches are lost (never received, not recoverable).
 const (
-	LostGap        = "gap"         // a gap in the sequence that replay did not fill
-	LostBeforeJoin = "before_join" // published before the listener first connected
+	lostGap        = "gap"         // a gap in the sequence that replay did not fill
+	lostBeforeJoin = "before_join" // published before the listener first connected
 )
 
 // Metrics are the event path's Prometheus metrics (kvgate_kv_event_*).

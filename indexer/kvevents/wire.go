@@ -12,51 +12,51 @@ import (
 )
 
 // This file decodes the KV events engines publish (vLLM, SGLang, Mooncake's
-// store), as described in docs/kv-events.md, into WireBatch values,
+// store), as described in docs/kv-events.md, into wireBatch values,
 // and turns those into index Events. Decoding is defensive: every length is
 // checked against the bytes present, unknown fields are skipped, and a
 // malformed payload is an error, never a panic.
 
-// WireBatch is one decoded EventBatch. Its slices alias the Decoder's
-// buffers and stay valid until the Decoder's next Decode.
-type WireBatch struct {
+// wireBatch is one decoded EventBatch. Its slices alias the decoder's
+// buffers and stay valid until the decoder's next Decode.
+type wireBatch struct {
 	TS float64 // timestamp as sent (seconds, or milliseconds from Mooncake)
 	// Rank is the batch's data_parallel_rank (vLLM) or attn_dp_rank
 	// (SGLang); HasRank is false when the batch carries none, and the
 	// listener's registered rank applies.
 	Rank    uint32
 	HasRank bool
-	Events  []WireEvent
+	Events  []wireEvent
 }
 
-// WireKind says what a WireEvent does.
-type WireKind uint8
+// wireKind says what a wireEvent does.
+type wireKind uint8
 
-// The kinds of WireEvent.
+// The kinds of wireEvent.
 const (
-	WireStored  WireKind = iota + 1 // blocks stored (BlockStored, Mooncake BlockStoreEvent / "stored")
-	WireRemoved                     // blocks removed (BlockRemoved, Mooncake "removed")
-	WireCleared                     // everything on Tier dropped (AllBlocksCleared, RemoveAllEvent, "cleared")
-	WireMoved                       // a Mooncake object's replicas changed (BlockUpdateEvent)
+	wireStored  wireKind = iota + 1 // blocks stored (BlockStored, Mooncake BlockStoreEvent / "stored")
+	wireRemoved                     // blocks removed (BlockRemoved, Mooncake "removed")
+	wireCleared                     // everything on Tier dropped (AllBlocksCleared, RemoveAllEvent, "cleared")
+	wireMoved                       // a Mooncake object's replicas changed (BlockUpdateEvent)
 )
 
-func (k WireKind) String() string {
+func (k wireKind) String() string {
 	switch k {
-	case WireStored:
+	case wireStored:
 		return "stored"
-	case WireRemoved:
+	case wireRemoved:
 		return "removed"
-	case WireCleared:
+	case wireCleared:
 		return "cleared"
-	case WireMoved:
+	case wireMoved:
 		return "moved"
 	}
-	return fmt.Sprintf("WireKind(%d)", uint8(k))
+	return fmt.Sprintf("wireKind(%d)", uint8(k))
 }
 
-// WireEvent is one decoded event, not yet hashed for the index.
-type WireEvent struct {
-	Kind WireKind
+// wireEvent is one decoded event, not yet hashed for the index.
+type wireEvent struct {
+	Kind wireKind
 	// Tier is the storage tier of a Stored or Removed event (from its
 	// medium or replica locations), the tiers a Cleared event empties, or
 	// the tiers a Moved object now occupies (0: none, it is gone).
@@ -84,14 +84,14 @@ type WireEvent struct {
 	kindSet bool // kv_cache_spec_kind was sent: it decides, not group_idx
 }
 
-// ErrDecode wraps every decoding error.
-var ErrDecode = errors.New("decode kv event batch")
+// errDecode wraps every decoding error.
+var errDecode = errors.New("decode kv event batch")
 
-// Decoder decodes event batches, reusing its buffers between calls. It is
+// decoder decodes event batches, reusing its buffers between calls. It is
 // not safe for concurrent use; each listener owns one.
-type Decoder struct {
+type decoder struct {
 	r      mpReader
-	events []WireEvent
+	events []wireEvent
 	hashes []uint64
 	tokens []uint32
 	extras [][]uint64
@@ -99,7 +99,7 @@ type Decoder struct {
 	spans  []eventSpans
 }
 
-// eventSpans records where an event's slices live in the Decoder's buffers
+// eventSpans records where an event's slices live in the decoder's buffers
 // while they may still move (append), to be resolved at the end.
 type eventSpans struct {
 	hashLo, hashHi   int
@@ -108,26 +108,26 @@ type eventSpans struct {
 	hasExtra         bool
 }
 
-// keySpan is the position of one block's extra keys in Decoder.keys,
+// keySpan is the position of one block's extra keys in decoder.keys,
 // encoded in an extras entry until resolution.
 type keySpan struct{ lo, hi int }
 
 // Decode decodes one msgpack EventBatch payload. The result aliases the
-// Decoder's buffers (and strings may alias payload) until the next call.
-func (d *Decoder) Decode(payload []byte) (WireBatch, error) {
+// decoder's buffers (and strings may alias payload) until the next call.
+func (d *decoder) Decode(payload []byte) (wireBatch, error) {
 	b, err := d.decode(payload)
 	if err != nil {
-		return WireBatch{}, fmt.Errorf("%w: %w", ErrDecode, err)
+		return wireBatch{}, fmt.Errorf("%w: %w", errDecode, err)
 	}
 	return b, nil
 }
 
-func (d *Decoder) decode(payload []byte) (WireBatch, error) {
+func (d *decoder) decode(payload []byte) (wireBatch, error) {
 	d.r = mpReader{b: payload}
 	d.events, d.hashes, d.tokens, d.keys, d.spans = d.events[:0], d.hashes[:0], d.tokens[:0], d.keys[:0], d.spans[:0]
 	d.extras = d.extras[:0]
 	var spans []keySpan
-	var b WireBatch
+	var b wireBatch
 	var err error
 	switch d.r.peek() {
 	case mpArray:
@@ -164,7 +164,7 @@ func (d *Decoder) decode(payload []byte) (WireBatch, error) {
 }
 
 // batchArray decodes [ts, events] or [ts, events, rank, ...].
-func (d *Decoder) batchArray(b *WireBatch, spans *[]keySpan) error {
+func (d *decoder) batchArray(b *wireBatch, spans *[]keySpan) error {
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return err
@@ -192,7 +192,7 @@ func (d *Decoder) batchArray(b *WireBatch, spans *[]keySpan) error {
 }
 
 // batchMap decodes {"ts", "events", "data_parallel_rank" | "attn_dp_rank"}.
-func (d *Decoder) batchMap(b *WireBatch, spans *[]keySpan) error {
+func (d *decoder) batchMap(b *wireBatch, spans *[]keySpan) error {
 	n, err := d.r.mapLen()
 	if err != nil {
 		return err
@@ -226,14 +226,14 @@ func (d *Decoder) batchMap(b *WireBatch, spans *[]keySpan) error {
 	return nil
 }
 
-func (d *Decoder) ts() (float64, error) {
+func (d *decoder) ts() (float64, error) {
 	if d.r.nil() {
 		return 0, nil
 	}
 	return d.r.float()
 }
 
-func (d *Decoder) rank(b *WireBatch) error {
+func (d *decoder) rank(b *wireBatch) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -243,7 +243,7 @@ func (d *Decoder) rank(b *WireBatch) error {
 }
 
 // upTo reads an integer that must lie in [0, max]; what names it in errors.
-func (d *Decoder) upTo(max int64, what string) (int64, error) {
+func (d *decoder) upTo(max int64, what string) (int64, error) {
 	v, big, err := d.r.int()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
@@ -256,7 +256,7 @@ func (d *Decoder) upTo(max int64, what string) (int64, error) {
 
 // key reads a map key, which must be a string. The result aliases the
 // payload; compare it, do not keep it.
-func (d *Decoder) key() (string, error) {
+func (d *decoder) key() (string, error) {
 	if t := d.r.peek(); t != mpStr {
 		return "", d.r.typeErr("string map key")
 	}
@@ -264,7 +264,7 @@ func (d *Decoder) key() (string, error) {
 	return unsafeString(p), err
 }
 
-func (d *Decoder) eventList(spans *[]keySpan) error {
+func (d *decoder) eventList(spans *[]keySpan) error {
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
@@ -278,8 +278,8 @@ func (d *Decoder) eventList(spans *[]keySpan) error {
 }
 
 // event decodes one event in map or array form, decided by its own type.
-func (d *Decoder) event(spans *[]keySpan) error {
-	ev := WireEvent{}
+func (d *decoder) event(spans *[]keySpan) error {
+	ev := wireEvent{}
 	sp := eventSpans{hashLo: len(d.hashes), tokLo: len(d.tokens)}
 	var err error
 	switch d.r.peek() {
@@ -301,22 +301,22 @@ func (d *Decoder) event(spans *[]keySpan) error {
 
 // kindOf maps an event type name to its kind and whether it is one of
 // Mooncake's store events (whose objects live in host memory or on disk).
-func kindOf(name string) (kind WireKind, mooncake bool, ok bool) {
+func kindOf(name string) (kind wireKind, mooncake bool, ok bool) {
 	switch name {
 	case "BlockStored":
-		return WireStored, false, true
+		return wireStored, false, true
 	case "BlockRemoved":
-		return WireRemoved, false, true
+		return wireRemoved, false, true
 	case "AllBlocksCleared":
-		return WireCleared, false, true
+		return wireCleared, false, true
 	case "BlockStoreEvent", "stored":
-		return WireStored, true, true
+		return wireStored, true, true
 	case "removed":
-		return WireRemoved, true, true
+		return wireRemoved, true, true
 	case "RemoveAllEvent", "cleared":
-		return WireCleared, true, true
+		return wireCleared, true, true
 	case "BlockUpdateEvent":
-		return WireMoved, true, true
+		return wireMoved, true, true
 	}
 	return 0, false, false
 }
@@ -329,7 +329,7 @@ func kindOf(name string) (kind WireKind, mooncake bool, ok bool) {
 //	["BlockStoreEvent", mooncake_key, replicas, model_name, block_size, block_hash, parent_block_hash, token_ids, ...]
 //	["BlockUpdateEvent", mooncake_key, replicas, ...]
 //	["RemoveAllEvent", ...]
-func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) error {
+func (d *decoder) eventArray(ev *wireEvent, sp *eventSpans, spans *[]keySpan) error {
 	n, err := d.r.arrayLen()
 	if err != nil {
 		return err
@@ -359,7 +359,7 @@ func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) er
 			func() error { return d.parent(ev) },
 			d.tokenList,
 		}
-	case kind == WireStored:
+	case kind == wireStored:
 		fields = []func() error{
 			d.hashList,
 			func() error { return d.parent(ev) },
@@ -372,7 +372,7 @@ func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) er
 			func() error { return d.group(ev) },
 			func() error { return d.specKind(ev) },
 		}
-	case kind == WireRemoved:
+	case kind == wireRemoved:
 		fields = []func() error{
 			d.hashList,
 			func() error { return d.medium(ev) },
@@ -395,7 +395,7 @@ func (d *Decoder) eventArray(ev *WireEvent, sp *eventSpans, spans *[]keySpan) er
 // Mooncake's and the newer store publisher's {"event_type": "stored" |
 // "removed" | "cleared", ...}. Fields are looked up by name; unknown ones
 // are skipped.
-func (d *Decoder) eventMap(ev *WireEvent, sp *eventSpans, spans *[]keySpan) error {
+func (d *decoder) eventMap(ev *wireEvent, sp *eventSpans, spans *[]keySpan) error {
 	n, err := d.r.mapLen()
 	if err != nil {
 		return err
@@ -472,29 +472,29 @@ func (d *Decoder) eventMap(ev *WireEvent, sp *eventSpans, spans *[]keySpan) erro
 }
 
 // finish applies the defaults that depend on the whole event.
-func (d *Decoder) finish(ev *WireEvent, sp *eventSpans, spans *[]keySpan, mooncake, mediumSet bool) error {
+func (d *decoder) finish(ev *wireEvent, sp *eventSpans, spans *[]keySpan, mooncake, mediumSet bool) error {
 	if mooncake && !mediumSet && ev.Tier == indexer.TierDevice {
 		// Mooncake store objects live in host memory unless their medium
 		// or a replica location says disk.
 		ev.Tier = indexer.TierHost
 	}
-	if (ev.Kind == WireStored || ev.Kind == WireRemoved) && (ev.Tier == 0 || ev.Tier == indexer.TierHost|indexer.TierDisk) {
+	if (ev.Kind == wireStored || ev.Kind == wireRemoved) && (ev.Tier == 0 || ev.Tier == indexer.TierHost|indexer.TierDisk) {
 		// No replica yet (or both kinds): account the object to host memory,
 		// where Mooncake puts it first.
 		ev.Tier = indexer.TierHost
 	}
 	switch ev.Kind {
-	case WireCleared:
+	case wireCleared:
 		if mooncake {
 			ev.Tier = indexer.TierHost | indexer.TierDisk // the store never holds device blocks
 		} else {
 			ev.Tier = indexer.AllTiers
 		}
-	case WireMoved:
+	case wireMoved:
 		if !ev.HasObject {
 			return errors.New("BlockUpdateEvent without mooncake_key")
 		}
-	case WireStored:
+	case wireStored:
 		if len(d.hashes) == sp.hashLo && ev.HasObject {
 			// No block hash: the object key is the block's identity.
 			d.hashes = append(d.hashes, ev.Object)
@@ -504,7 +504,7 @@ func (d *Decoder) finish(ev *WireEvent, sp *eventSpans, spans *[]keySpan, moonca
 }
 
 // str reads a string (or bin) value; the result aliases the payload.
-func (d *Decoder) str() (string, error) {
+func (d *decoder) str() (string, error) {
 	t := d.r.peek()
 	if t != mpStr && t != mpBin {
 		return "", d.r.typeErr("string")
@@ -514,7 +514,7 @@ func (d *Decoder) str() (string, error) {
 }
 
 // optStr reads a string or nil.
-func (d *Decoder) optStr() (string, error) {
+func (d *decoder) optStr() (string, error) {
 	if d.r.nil() {
 		return "", nil
 	}
@@ -526,7 +526,7 @@ func (d *Decoder) optStr() (string, error) {
 // are read), or a string (Mooncake): decimal or 0x-hex when it parses,
 // otherwise the XXH3-64 of the string, which is as good an opaque id. ok
 // is false for an empty string or bytes, Mooncake's "unset".
-func (d *Decoder) hashValue() (h uint64, ok bool, err error) {
+func (d *decoder) hashValue() (h uint64, ok bool, err error) {
 	switch d.r.peek() {
 	case mpInt:
 		h, err = d.r.uint64Bits()
@@ -558,7 +558,7 @@ func (d *Decoder) hashValue() (h uint64, ok bool, err error) {
 }
 
 // hashList appends the block ids of a list, or of one bare id, to d.hashes.
-func (d *Decoder) hashList() error {
+func (d *decoder) hashList() error {
 	if d.r.nil() {
 		return nil
 	}
@@ -581,7 +581,7 @@ func (d *Decoder) hashList() error {
 	return nil
 }
 
-func (d *Decoder) parent(ev *WireEvent) error {
+func (d *decoder) parent(ev *wireEvent) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -593,7 +593,7 @@ func (d *Decoder) parent(ev *WireEvent) error {
 	return nil
 }
 
-func (d *Decoder) tokenList() error {
+func (d *decoder) tokenList() error {
 	if d.r.nil() {
 		return nil
 	}
@@ -611,7 +611,7 @@ func (d *Decoder) tokenList() error {
 	return nil
 }
 
-func (d *Decoder) blockSize(ev *WireEvent) error {
+func (d *decoder) blockSize(ev *wireEvent) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -623,7 +623,7 @@ func (d *Decoder) blockSize(ev *WireEvent) error {
 // loraID reads the deprecated numeric adapter id. Like Dynamo, kvgate
 // identifies adapters by lora_name only: vLLM sends both, and an id is not
 // stable across engines.
-func (d *Decoder) loraID(*WireEvent) error {
+func (d *decoder) loraID(*wireEvent) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -634,7 +634,7 @@ func (d *Decoder) loraID(*WireEvent) error {
 	return nil
 }
 
-func (d *Decoder) loraName(ev *WireEvent) error {
+func (d *decoder) loraName(ev *wireEvent) error {
 	s, err := d.optStr()
 	if err != nil {
 		return fmt.Errorf("lora name: %w", err)
@@ -643,21 +643,21 @@ func (d *Decoder) loraName(ev *WireEvent) error {
 	return nil
 }
 
-func (d *Decoder) medium(ev *WireEvent) error {
+func (d *decoder) medium(ev *wireEvent) error {
 	s, err := d.optStr()
 	if err != nil {
 		return fmt.Errorf("medium: %w", err)
 	}
-	ev.Tier = TierOfMedium(s)
+	ev.Tier = tierOfMedium(s)
 	return nil
 }
 
-// TierOfMedium maps an engine's medium name to a tier: GPU, NPU, DEVICE,
+// tierOfMedium maps an engine's medium name to a tier: GPU, NPU, DEVICE,
 // empty and unknown names to device; CPU, CPU_PINNED, CPU_TIER1 (and
 // Mooncake's MEMORY) to host; DISK, CPU_TIER2, NVME, SSD, STORAGE and
 // external storage (EXTERNAL, NETWORK, REMOTE, SHARED) to disk. Case is
 // ignored.
-func TierOfMedium(medium string) indexer.Tier {
+func tierOfMedium(medium string) indexer.Tier {
 	switch strings.ToUpper(medium) {
 	case "CPU", "CPU_PINNED", "CPU_TIER1", "HOST", "HOST_PINNED", "MEMORY":
 		return indexer.TierHost
@@ -674,7 +674,7 @@ func TierOfMedium(medium string) indexer.Tier {
 // any other string (cache salt, other identifiers) and bytes their XXH3-64;
 // an integer its bits; a [identifier, offset] pair its identifier only.
 // Floats, booleans and nils add nothing.
-func (d *Decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
+func (d *decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -695,7 +695,7 @@ func (d *Decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
 	return nil
 }
 
-func (d *Decoder) extraValue(depth int) error {
+func (d *decoder) extraValue(depth int) error {
 	if depth > maxSkipDepth {
 		return errors.New("nested too deep")
 	}
@@ -758,7 +758,7 @@ func isHex(p []byte) bool {
 
 // group reads a hybrid-attention group index. Without a spec kind, only
 // group 0 (full attention) is indexed.
-func (d *Decoder) group(ev *WireEvent) error {
+func (d *decoder) group(ev *wireEvent) error {
 	if d.r.nil() {
 		return nil
 	}
@@ -767,14 +767,14 @@ func (d *Decoder) group(ev *WireEvent) error {
 		return fmt.Errorf("group idx: %w", err)
 	}
 	if v != 0 && ev.Skip == "" && !ev.kindSet {
-		ev.Skip = SkipOtherGroup
+		ev.Skip = skipOtherGroup
 	}
 	return nil
 }
 
 // specKind reads kv_cache_spec_kind, which, when present, decides: only
 // full-attention kinds are indexed.
-func (d *Decoder) specKind(ev *WireEvent) error {
+func (d *decoder) specKind(ev *wireEvent) error {
 	s, err := d.optStr()
 	if err != nil || s == "" {
 		return err
@@ -782,31 +782,31 @@ func (d *Decoder) specKind(ev *WireEvent) error {
 	ev.kindSet = true
 	switch strings.ToLower(s) {
 	case "full_attention", "mla_attention", "sink_full_attention":
-		if ev.Skip == SkipOtherGroup {
+		if ev.Skip == skipOtherGroup {
 			ev.Skip = ""
 		}
 	default:
-		ev.Skip = SkipOtherGroup
+		ev.Skip = skipOtherGroup
 	}
 	return nil
 }
 
-func (d *Decoder) locality(ev *WireEvent) error {
+func (d *decoder) locality(ev *wireEvent) error {
 	s, err := d.optStr()
 	if err == nil && strings.EqualFold(s, "REMOTE") {
-		ev.Skip = SkipRemote
+		ev.Skip = skipRemote
 	}
 	return err
 }
 
-// Reasons for WireEvent.Skip.
+// Reasons for wireEvent.Skip.
 const (
-	SkipOtherGroup = "other_group" // not the full-attention KV cache group
-	SkipRemote     = "remote"      // blocks another instance holds
+	skipOtherGroup = "other_group" // not the full-attention KV cache group
+	skipRemote     = "remote"      // blocks another instance holds
 )
 
 // objectKey reads a Mooncake object key.
-func (d *Decoder) objectKey(ev *WireEvent) error {
+func (d *decoder) objectKey(ev *wireEvent) error {
 	s, err := d.optStr()
 	if err != nil {
 		return fmt.Errorf("object key: %w", err)
@@ -820,7 +820,7 @@ func (d *Decoder) objectKey(ev *WireEvent) error {
 // replicas reads a Mooncake replica list, each entry [kind, location] with
 // kind "memory", "disk" or "local_disk" (maps and bare strings tolerated),
 // and sets Tier to the tiers the replicas occupy (0 for none).
-func (d *Decoder) replicas(ev *WireEvent) error {
+func (d *decoder) replicas(ev *wireEvent) error {
 	ev.Tier = 0
 	if d.r.nil() {
 		return nil
@@ -840,7 +840,7 @@ func (d *Decoder) replicas(ev *WireEvent) error {
 }
 
 // replicaTier reads one replica and returns its tier.
-func (d *Decoder) replicaTier() (indexer.Tier, error) {
+func (d *decoder) replicaTier() (indexer.Tier, error) {
 	switch d.r.peek() {
 	case mpArray:
 		n, err := d.r.arrayLen()

@@ -120,11 +120,11 @@ func TestDecodeVariants(t *testing.T) {
 	type want struct {
 		rank    uint32
 		hasRank bool
-		events  []WireEvent
+		events  []wireEvent
 	}
-	storedArrayEv := WireEvent{Kind: WireStored, Tier: indexer.TierHost, Hashes: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
+	storedArrayEv := wireEvent{Kind: wireStored, Tier: indexer.TierHost, Hashes: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
 		LoRA: "adapter", Extra: [][]uint64{nil, {99, xxh3.HashString("salt")}}}
-	storedMapEv := WireEvent{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
+	storedMapEv := wireEvent{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
 	tests := []struct {
 		name    string
 		payload mp
@@ -132,19 +132,19 @@ func TestDecodeVariants(t *testing.T) {
 	}{
 		{"three-element array batch, mixed event forms",
 			mp{}.arr(3).f64(1.5).arr(6).raw(storedArray).raw(storedMap).raw(removedArray).raw(removedMap).raw(cleared).raw(clearedMap).uint(2),
-			want{2, true, []WireEvent{storedArrayEv, storedMapEv,
-				{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}},
-				{Kind: WireRemoved, Tier: indexer.TierHost, Hashes: []uint64{big1}},
-				{Kind: WireCleared, Tier: indexer.AllTiers}, {Kind: WireCleared, Tier: indexer.AllTiers}}}},
+			want{2, true, []wireEvent{storedArrayEv, storedMapEv,
+				{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}},
+				{Kind: wireRemoved, Tier: indexer.TierHost, Hashes: []uint64{big1}},
+				{Kind: wireCleared, Tier: indexer.AllTiers}, {Kind: wireCleared, Tier: indexer.AllTiers}}}},
 		{"two-element batch (older engines)",
 			mp{}.arr(2).f64(1).arr(1).raw(removedArray),
-			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}}}}},
+			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}}}}},
 		{"nil rank",
 			mp{}.arr(3).f64(1).arr(0).nil(),
 			want{0, false, nil}},
 		{"map batch with data_parallel_rank",
 			mp{}.mapN(3).str("ts").f64(2).str("events").arr(1).raw(cleared).str("data_parallel_rank").uint(3),
-			want{3, true, []WireEvent{{Kind: WireCleared, Tier: indexer.AllTiers}}}},
+			want{3, true, []wireEvent{{Kind: wireCleared, Tier: indexer.AllTiers}}}},
 		{"map batch with SGLang's attn_dp_rank and an unknown key",
 			mp{}.mapN(4).str("attn_dp_rank").uint(1).str("new").arr(1).nil().str("events").arr(0).str("ts").uint(5),
 			want{1, true, nil}},
@@ -153,14 +153,14 @@ func TestDecodeVariants(t *testing.T) {
 			want{0, true, nil}},
 		{"SGLang negative int64 hashes",
 			mp{}.arr(3).f64(1).arr(1).arr(6).str("BlockStored").arr(2).int(-5).int(-1 << 62).int(-7).tokens(toks).uint(4).nil().uint(0),
-			want{0, true, []WireEvent{{Kind: WireStored, Tier: indexer.TierDevice, Hashes: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
+			want{0, true, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, Hashes: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
 				Parent: uint64(1<<64 - 7), HasParent: true, Tokens: toks, BlockSize: 4}}}},
 		{"bytes hashes: last 8 bytes big-endian",
 			mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockRemoved").arr(2).bin(append(make([]byte, 24), 0, 0, 0, 0, 0, 0, 1, 2)).bin([]byte{3}).nil(),
-			want{0, false, []WireEvent{{Kind: WireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{0x0102, 3}}}}},
+			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{0x0102, 3}}}}},
 		{"trimmed array event: defaults for missing fields",
 			mp{}.arr(2).f64(1).arr(1).arr(4).str("BlockStored").uints(5).nil().tokens(toks[:4]),
-			want{0, false, []WireEvent{{Kind: WireStored, Tier: indexer.TierDevice, Hashes: []uint64{5}, Tokens: toks[:4]}}}},
+			want{0, false, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, Hashes: []uint64{5}, Tokens: toks[:4]}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -175,10 +175,10 @@ func TestDecodeVariants(t *testing.T) {
 
 func (b mp) raw(p mp) mp { return append(b, p...) }
 
-// mustDecode decodes msg with a fresh Decoder, failing the test on error.
-func mustDecode(t *testing.T, msg []byte) WireBatch {
+// mustDecode decodes msg with a fresh decoder, failing the test on error.
+func mustDecode(t *testing.T, msg []byte) wireBatch {
 	t.Helper()
-	var d Decoder
+	var d decoder
 	b, err := d.Decode(msg)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +186,7 @@ func mustDecode(t *testing.T, msg []byte) WireBatch {
 	return b
 }
 
-func checkEvents(t *testing.T, got, want []WireEvent) {
+func checkEvents(t *testing.T, got, want []wireEvent) {
 	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("%d events, want %d: %+v", len(got), len(want), got)
@@ -222,13 +222,13 @@ func TestDecodeHybridAndExtraKeys(t *testing.T) {
 		extra [][]uint64
 	}{
 		{"group 0 indexed", stored(func(b mp) mp { return b.str("group_idx").uint(0) }), "", nil},
-		{"group 1 ignored", stored(func(b mp) mp { return b.str("group_idx").uint(1) }), SkipOtherGroup, nil},
-		{"sliding window ignored", stored(func(b mp) mp { return b.str("kv_cache_spec_kind").str("sliding_window") }), SkipOtherGroup, nil},
+		{"group 1 ignored", stored(func(b mp) mp { return b.str("group_idx").uint(1) }), skipOtherGroup, nil},
+		{"sliding window ignored", stored(func(b mp) mp { return b.str("kv_cache_spec_kind").str("sliding_window") }), skipOtherGroup, nil},
 		{"kind decides over group, either order",
 			stored(func(b mp) mp { return b.str("kv_cache_spec_kind").str("mla_attention") }, func(b mp) mp { return b.str("group_idx").uint(2) }), "", nil},
 		{"kind decides over group",
 			stored(func(b mp) mp { return b.str("group_idx").uint(2) }, func(b mp) mp { return b.str("kv_cache_spec_kind").str("full_attention") }), "", nil},
-		{"remote locality ignored", stored(func(b mp) mp { return b.str("locality").str("REMOTE") }), SkipRemote, nil},
+		{"remote locality ignored", stored(func(b mp) mp { return b.str("locality").str("REMOTE") }), skipRemote, nil},
 		{"local locality indexed", stored(func(b mp) mp { return b.str("locality").str("LOCAL") }), "", nil},
 		{"extra keys: mm hash, [id, offset], int, salt, nil block",
 			stored(func(b mp) mp {
@@ -256,23 +256,23 @@ func TestDecodeMooncake(t *testing.T) {
 	tests := []struct {
 		name string
 		msg  mp
-		want []WireEvent
+		want []wireEvent
 	}{
 		{"conductor array form, memory replica, hex and empty hash strings",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k1").arr(1).arr(2).str("memory").str("10.0.0.1:1234").
 				str("model").uint(4).str("0x41").str("").tokens(toks),
-			[]WireEvent{{Kind: WireStored, Tier: indexer.TierHost, Hashes: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierHost, Hashes: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
 		{"disk replica, decimal parent, opaque hash string",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k2").arr(1).arr(2).str("disk").str("/mnt/x").
 				nil().uint(4).str("blk-a").str("12345").tokens(toks),
-			[]WireEvent{{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
 		{"update and remove all",
 			mp{}.arr(2).f64(1).arr(2).arr(3).str("BlockUpdateEvent").str("k1").arr(2).arr(2).str("memory").str("a").arr(2).str("local_disk").str("b").
 				arr(1).str("RemoveAllEvent"),
-			[]WireEvent{{Kind: WireMoved, Tier: indexer.TierHost | indexer.TierDisk, Object: key("k1"), HasObject: true}, {Kind: WireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
+			[]wireEvent{{Kind: wireMoved, Tier: indexer.TierHost | indexer.TierDisk, Object: key("k1"), HasObject: true}, {Kind: wireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
 		{"update to no replicas",
 			mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockUpdateEvent").str("k1").arr(0),
-			[]WireEvent{{Kind: WireMoved, Tier: 0, Object: key("k1"), HasObject: true}}},
+			[]wireEvent{{Kind: wireMoved, Tier: 0, Object: key("k1"), HasObject: true}}},
 		{"store publisher maps: ids only, medium, legacy copies",
 			mp{}.arr(3).uint(1700000000000).arr(3).
 				mapN(9).str("event_id").uint(1).str("timestamp").uint(1700000000000).str("event_type").str("stored").str("type").str("BlockStored").
@@ -280,8 +280,8 @@ func TestDecodeMooncake(t *testing.T) {
 				mapN(4).str("event_type").str("removed").str("medium").str("cpu").str("seq_hashes").uints(9).str("block_hashes").uints(9).
 				mapN(2).str("event_type").str("cleared").str("medium").nil().
 				uint(0),
-			[]WireEvent{{Kind: WireStored, Tier: indexer.TierDisk, Hashes: []uint64{big1}}, {Kind: WireRemoved, Tier: indexer.TierHost, Hashes: []uint64{9}},
-				{Kind: WireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{big1}}, {Kind: wireRemoved, Tier: indexer.TierHost, Hashes: []uint64{9}},
+				{Kind: wireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -317,13 +317,13 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var d Decoder
+			var d decoder
 			_, err := d.Decode(tt.msg)
 			if err == nil {
 				t.Fatal("no error")
 			}
-			if !errors.Is(err, ErrDecode) || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("error %q, want ErrDecode mentioning %q", err, tt.want)
+			if !errors.Is(err, errDecode) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q, want errDecode mentioning %q", err, tt.want)
 			}
 		})
 	}
@@ -344,8 +344,8 @@ func TestTierOfMedium(t *testing.T) {
 		"DISK": indexer.TierDisk, "CPU_TIER2": indexer.TierDisk, "NVME": indexer.TierDisk, "STORAGE": indexer.TierDisk,
 		"EXTERNAL": indexer.TierDisk, "NETWORK": indexer.TierDisk, "REMOTE": indexer.TierDisk, "SHARED": indexer.TierDisk,
 	} {
-		if got := TierOfMedium(medium); got != want {
-			t.Errorf("TierOfMedium(%q) = %s, want %s", medium, got, want)
+		if got := tierOfMedium(medium); got != want {
+			t.Errorf("tierOfMedium(%q) = %s, want %s", medium, got, want)
 		}
 	}
 }
@@ -417,7 +417,7 @@ func TestFuzzCorpus(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
 			t.Errorf("corpus file %s missing (run with KVGATE_UPDATE_CORPUS=1): %v", name, err)
 		}
-		var d Decoder
+		var d decoder
 		if _, err := d.Decode(fuzzSeeds()[name]); err != nil {
 			t.Errorf("seed %s: %v", name, err)
 		}
@@ -429,19 +429,19 @@ func FuzzDecode(f *testing.F) {
 		f.Add([]byte(msg))
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
-		var d Decoder
+		var d decoder
 		b, err := d.Decode(payload)
 		if err != nil {
-			if !errors.Is(err, ErrDecode) {
-				t.Fatalf("error %v does not wrap ErrDecode", err)
+			if !errors.Is(err, errDecode) {
+				t.Fatalf("error %v does not wrap errDecode", err)
 			}
 			return
 		}
 		for _, ev := range b.Events {
-			if ev.Kind < WireStored || ev.Kind > WireMoved {
+			if ev.Kind < wireStored || ev.Kind > wireMoved {
 				t.Fatalf("bad kind %d", ev.Kind)
 			}
-			if ev.Kind == WireStored && ev.Tier != indexer.TierDevice && ev.Tier != indexer.TierHost && ev.Tier != indexer.TierDisk && !ev.HasObject {
+			if ev.Kind == wireStored && ev.Tier != indexer.TierDevice && ev.Tier != indexer.TierHost && ev.Tier != indexer.TierDisk && !ev.HasObject {
 				t.Fatalf("stored event with tier %s", ev.Tier)
 			}
 		}
