@@ -1,6 +1,6 @@
 // Package kvevents feeds the index from engines: it decodes vLLM's,
-// SGLang's and Mooncake's KV event batches (wire.go, on the
-// allocation-free msgpack reader in msgpack.go) into indexer.Events, and
+// SGLang's and Mooncake's KV event batches (wire.go, on
+// internal/msgpack's allocation-free reader) into indexer.Events, and
 // runs an Ingester: one ZMQ SUB listener per registered publisher of a
 // worker rank that reconnects with backoff, keeps a sequence cursor per
 // publisher that survives unregistering, replays a gap over a DEALER

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/msgpack"
 	"github.com/zeebo/xxh3"
 )
 
@@ -90,7 +92,7 @@ var errDecode = errors.New("decode kv event batch")
 // decoder decodes event batches, reusing its buffers between calls. It is
 // not safe for concurrent use; each listener owns one.
 type decoder struct {
-	r      mpReader
+	r      msgpack.Reader
 	events []wireEvent
 	hashes []uint64
 	tokens []uint32
@@ -123,25 +125,25 @@ func (d *decoder) Decode(payload []byte) (wireBatch, error) {
 }
 
 func (d *decoder) decode(payload []byte) (wireBatch, error) {
-	d.r = mpReader{b: payload}
+	d.r = msgpack.NewReader(payload)
 	d.events, d.hashes, d.tokens, d.keys, d.spans = d.events[:0], d.hashes[:0], d.tokens[:0], d.keys[:0], d.spans[:0]
 	d.extras = d.extras[:0]
 	var spans []keySpan
 	var b wireBatch
 	var err error
-	switch d.r.peek() {
-	case mpArray:
+	switch d.r.Peek() {
+	case msgpack.Array:
 		err = d.batchArray(&b, &spans)
-	case mpMap:
+	case msgpack.Map:
 		err = d.batchMap(&b, &spans)
 	default:
-		return b, d.r.typeErr("event batch (array or map)")
+		return b, d.r.TypeError("event batch (array or map)")
 	}
 	if err != nil {
 		return b, err
 	}
-	if !d.r.done() {
-		return b, fmt.Errorf("%d trailing bytes after the batch", len(d.r.b)-d.r.off)
+	if !d.r.Done() {
+		return b, fmt.Errorf("%d trailing bytes after the batch", d.r.Len())
 	}
 	// Resolve spans now that the buffers no longer move.
 	for i := range d.events {
@@ -165,7 +167,7 @@ func (d *decoder) decode(payload []byte) (wireBatch, error) {
 
 // batchArray decodes [ts, events] or [ts, events, rank, ...].
 func (d *decoder) batchArray(b *wireBatch, spans *[]keySpan) error {
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return err
 	}
@@ -184,7 +186,7 @@ func (d *decoder) batchArray(b *wireBatch, spans *[]keySpan) error {
 		}
 	}
 	for i := 3; i < n; i++ {
-		if err = d.r.skip(); err != nil {
+		if err = d.r.Skip(); err != nil {
 			return err
 		}
 	}
@@ -193,7 +195,7 @@ func (d *decoder) batchArray(b *wireBatch, spans *[]keySpan) error {
 
 // batchMap decodes {"ts", "events", "data_parallel_rank" | "attn_dp_rank"}.
 func (d *decoder) batchMap(b *wireBatch, spans *[]keySpan) error {
-	n, err := d.r.mapLen()
+	n, err := d.r.MapLen()
 	if err != nil {
 		return err
 	}
@@ -214,7 +216,7 @@ func (d *decoder) batchMap(b *wireBatch, spans *[]keySpan) error {
 		case "data_parallel_rank", "attn_dp_rank", "dp_rank":
 			err = d.rank(b)
 		default:
-			err = d.r.skip()
+			err = d.r.Skip()
 		}
 		if err != nil {
 			return err
@@ -227,14 +229,14 @@ func (d *decoder) batchMap(b *wireBatch, spans *[]keySpan) error {
 }
 
 func (d *decoder) ts() (float64, error) {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return 0, nil
 	}
-	return d.r.float()
+	return d.r.Float()
 }
 
 func (d *decoder) rank(b *wireBatch) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
 	v, err := d.upTo(1<<31, "batch dp rank")
@@ -244,7 +246,7 @@ func (d *decoder) rank(b *wireBatch) error {
 
 // upTo reads an integer that must lie in [0, max]; what names it in errors.
 func (d *decoder) upTo(max int64, what string) (int64, error) {
-	v, big, err := d.r.int()
+	v, big, err := d.r.Int()
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
@@ -257,15 +259,15 @@ func (d *decoder) upTo(max int64, what string) (int64, error) {
 // key reads a map key, which must be a string. The result aliases the
 // payload; compare it, do not keep it.
 func (d *decoder) key() (string, error) {
-	if t := d.r.peek(); t != mpStr {
-		return "", d.r.typeErr("string map key")
+	if t := d.r.Peek(); t != msgpack.Str {
+		return "", d.r.TypeError("string map key")
 	}
-	p, err := d.r.raw()
+	p, err := d.r.Raw()
 	return unsafeString(p), err
 }
 
 func (d *decoder) eventList(spans *[]keySpan) error {
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
@@ -282,13 +284,13 @@ func (d *decoder) event(spans *[]keySpan) error {
 	ev := wireEvent{}
 	sp := eventSpans{hashLo: len(d.hashes), tokLo: len(d.tokens)}
 	var err error
-	switch d.r.peek() {
-	case mpArray:
+	switch d.r.Peek() {
+	case msgpack.Array:
 		err = d.eventArray(&ev, &sp, spans)
-	case mpMap:
+	case msgpack.Map:
 		err = d.eventMap(&ev, &sp, spans)
 	default:
-		return d.r.typeErr("event (array or map)")
+		return d.r.TypeError("event (array or map)")
 	}
 	if err != nil {
 		return err
@@ -330,7 +332,7 @@ func kindOf(name string) (kind wireKind, mooncake bool, ok bool) {
 //	["BlockUpdateEvent", mooncake_key, replicas, ...]
 //	["RemoveAllEvent", ...]
 func (d *decoder) eventArray(ev *wireEvent, sp *eventSpans, spans *[]keySpan) error {
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return err
 	}
@@ -353,7 +355,7 @@ func (d *decoder) eventArray(ev *wireEvent, sp *eventSpans, spans *[]keySpan) er
 		fields = []func() error{
 			func() error { return d.objectKey(ev) },
 			func() error { return d.replicas(ev) },
-			d.r.skip, // model_name: the listener's registration names the model
+			d.r.Skip, // model_name: the listener's registration names the model
 			func() error { return d.blockSize(ev) },
 			d.hashList,
 			func() error { return d.parent(ev) },
@@ -380,7 +382,7 @@ func (d *decoder) eventArray(ev *wireEvent, sp *eventSpans, spans *[]keySpan) er
 		}
 	}
 	for i := 1; i < n; i++ {
-		f := d.r.skip
+		f := d.r.Skip
 		if i-1 < len(fields) {
 			f = fields[i-1]
 		}
@@ -396,7 +398,7 @@ func (d *decoder) eventArray(ev *wireEvent, sp *eventSpans, spans *[]keySpan) er
 // "removed" | "cleared", ...}. Fields are looked up by name; unknown ones
 // are skipped.
 func (d *decoder) eventMap(ev *wireEvent, sp *eventSpans, spans *[]keySpan) error {
-	n, err := d.r.mapLen()
+	n, err := d.r.MapLen()
 	if err != nil {
 		return err
 	}
@@ -416,7 +418,7 @@ func (d *decoder) eventMap(ev *wireEvent, sp *eventSpans, spans *[]keySpan) erro
 		case "block_hashes", "seq_hashes", "block_hash":
 			if k == "block_hashes" && len(d.hashes) > sp.hashLo {
 				// Mooncake sends seq_hashes and a legacy copy in block_hashes.
-				err = d.r.skip()
+				err = d.r.Skip()
 				break
 			}
 			err = d.hashList()
@@ -447,7 +449,7 @@ func (d *decoder) eventMap(ev *wireEvent, sp *eventSpans, spans *[]keySpan) erro
 			mediumSet = true
 			err = d.replicas(ev)
 		default:
-			err = d.r.skip()
+			err = d.r.Skip()
 		}
 		if err != nil {
 			return fmt.Errorf("field %q: %w", truncate(k, 40), err)
@@ -505,17 +507,17 @@ func (d *decoder) finish(ev *wireEvent, sp *eventSpans, spans *[]keySpan, moonca
 
 // str reads a string (or bin) value; the result aliases the payload.
 func (d *decoder) str() (string, error) {
-	t := d.r.peek()
-	if t != mpStr && t != mpBin {
-		return "", d.r.typeErr("string")
+	t := d.r.Peek()
+	if t != msgpack.Str && t != msgpack.Bin {
+		return "", d.r.TypeError("string")
 	}
-	p, err := d.r.raw()
+	p, err := d.r.Raw()
 	return unsafeString(p), err
 }
 
 // optStr reads a string or nil.
 func (d *decoder) optStr() (string, error) {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return "", nil
 	}
 	return d.str()
@@ -527,13 +529,13 @@ func (d *decoder) optStr() (string, error) {
 // otherwise the XXH3-64 of the string, which is as good an opaque id. ok
 // is false for an empty string or bytes, Mooncake's "unset".
 func (d *decoder) hashValue() (h uint64, ok bool, err error) {
-	switch d.r.peek() {
-	case mpInt:
-		h, err = d.r.uint64Bits()
+	switch d.r.Peek() {
+	case msgpack.Int:
+		h, err = d.r.Uint64Bits()
 		return h, err == nil, err
-	case mpBin, mpStr:
-		isStr := d.r.peek() == mpStr
-		p, err := d.r.raw()
+	case msgpack.Bin, msgpack.Str:
+		isStr := d.r.Peek() == msgpack.Str
+		p, err := d.r.Raw()
 		if err != nil || len(p) == 0 {
 			return 0, false, err
 		}
@@ -554,18 +556,18 @@ func (d *decoder) hashValue() (h uint64, ok bool, err error) {
 		copy(buf[8-len(p):], p)
 		return binary.BigEndian.Uint64(buf[:]), true, nil
 	}
-	return 0, false, d.r.typeErr("block hash")
+	return 0, false, d.r.TypeError("block hash")
 }
 
 // hashList appends the block ids of a list, or of one bare id, to d.hashes.
 func (d *decoder) hashList() error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
 	n := 1
-	if d.r.peek() == mpArray {
+	if d.r.Peek() == msgpack.Array {
 		var err error
-		if n, err = d.r.arrayLen(); err != nil {
+		if n, err = d.r.ArrayLen(); err != nil {
 			return err
 		}
 	}
@@ -582,7 +584,7 @@ func (d *decoder) hashList() error {
 }
 
 func (d *decoder) parent(ev *wireEvent) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
 	h, ok, err := d.hashValue()
@@ -594,10 +596,10 @@ func (d *decoder) parent(ev *wireEvent) error {
 }
 
 func (d *decoder) tokenList() error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return fmt.Errorf("token ids: %w", err)
 	}
@@ -612,7 +614,7 @@ func (d *decoder) tokenList() error {
 }
 
 func (d *decoder) blockSize(ev *wireEvent) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
 	v, err := d.upTo(1<<20, "block size")
@@ -624,10 +626,10 @@ func (d *decoder) blockSize(ev *wireEvent) error {
 // identifies adapters by lora_name only: vLLM sends both, and an id is not
 // stable across engines.
 func (d *decoder) loraID(*wireEvent) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
-	_, _, err := d.r.int()
+	_, _, err := d.r.Int()
 	if err != nil {
 		return fmt.Errorf("lora id: %w", err)
 	}
@@ -675,10 +677,10 @@ func tierOfMedium(medium string) indexer.Tier {
 // an integer its bits; a [identifier, offset] pair its identifier only.
 // Floats, booleans and nils add nothing.
 func (d *decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return fmt.Errorf("extra keys: %w", err)
 	}
@@ -696,20 +698,20 @@ func (d *decoder) extraKeys(sp *eventSpans, spans *[]keySpan) error {
 }
 
 func (d *decoder) extraValue(depth int) error {
-	if depth > maxSkipDepth {
+	if depth > msgpack.MaxSkipDepth {
 		return errors.New("nested too deep")
 	}
-	switch d.r.peek() {
-	case mpInt:
-		u, err := d.r.uint64Bits()
+	switch d.r.Peek() {
+	case msgpack.Int:
+		u, err := d.r.Uint64Bits()
 		if err != nil {
 			return err
 		}
 		d.keys = append(d.keys, u)
 		return nil
-	case mpStr, mpBin:
-		isStr := d.r.peek() == mpStr
-		p, err := d.r.raw()
+	case msgpack.Str, msgpack.Bin:
+		isStr := d.r.Peek() == msgpack.Str
+		p, err := d.r.Raw()
 		if err != nil {
 			return err
 		}
@@ -724,18 +726,18 @@ func (d *decoder) extraValue(depth int) error {
 		}
 		d.keys = append(d.keys, xxh3.Hash(p))
 		return nil
-	case mpArray:
-		n, err := d.r.arrayLen()
+	case msgpack.Array:
+		n, err := d.r.ArrayLen()
 		if err != nil {
 			return err
 		}
-		if n == 2 && (d.r.peek() == mpStr || d.r.peek() == mpBin) {
+		if n == 2 && (d.r.Peek() == msgpack.Str || d.r.Peek() == msgpack.Bin) {
 			// [identifier, offset]: the offset locates the item in the
 			// prompt, which the tokens already encode.
 			if err := d.extraValue(depth + 1); err != nil {
 				return err
 			}
-			return d.r.skip()
+			return d.r.Skip()
 		}
 		for range n {
 			if err := d.extraValue(depth + 1); err != nil {
@@ -744,7 +746,7 @@ func (d *decoder) extraValue(depth int) error {
 		}
 		return nil
 	}
-	return d.r.skipDepth(depth)
+	return d.r.SkipDepth(depth)
 }
 
 func isHex(p []byte) bool {
@@ -759,10 +761,10 @@ func isHex(p []byte) bool {
 // group reads a hybrid-attention group index. Without a spec kind, only
 // group 0 (full attention) is indexed.
 func (d *decoder) group(ev *wireEvent) error {
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
-	v, _, err := d.r.int()
+	v, _, err := d.r.Int()
 	if err != nil {
 		return fmt.Errorf("group idx: %w", err)
 	}
@@ -822,10 +824,10 @@ func (d *decoder) objectKey(ev *wireEvent) error {
 // and sets Tier to the tiers the replicas occupy (0 for none).
 func (d *decoder) replicas(ev *wireEvent) error {
 	ev.Tier = 0
-	if d.r.nil() {
+	if d.r.Nil() {
 		return nil
 	}
-	n, err := d.r.arrayLen()
+	n, err := d.r.ArrayLen()
 	if err != nil {
 		return fmt.Errorf("replicas: %w", err)
 	}
@@ -841,24 +843,24 @@ func (d *decoder) replicas(ev *wireEvent) error {
 
 // replicaTier reads one replica and returns its tier.
 func (d *decoder) replicaTier() (indexer.Tier, error) {
-	switch d.r.peek() {
-	case mpArray:
-		n, err := d.r.arrayLen()
+	switch d.r.Peek() {
+	case msgpack.Array:
+		n, err := d.r.ArrayLen()
 		if err != nil || n == 0 {
 			return indexer.TierHost, err
 		}
 		var kind string
-		if t := d.r.peek(); t == mpStr || t == mpBin {
+		if t := d.r.Peek(); t == msgpack.Str || t == msgpack.Bin {
 			kind, err = d.str()
 		} else {
-			err = d.r.skip()
+			err = d.r.Skip()
 		}
 		for i := 1; i < n && err == nil; i++ {
-			err = d.r.skip()
+			err = d.r.Skip()
 		}
 		return replicaKindTier(kind), err
-	case mpMap:
-		n, err := d.r.mapLen()
+	case msgpack.Map:
+		n, err := d.r.MapLen()
 		tier := indexer.TierHost
 		for i := 0; i < n && err == nil; i++ {
 			var k string
@@ -872,14 +874,14 @@ func (d *decoder) replicaTier() (indexer.Tier, error) {
 				}
 				continue
 			}
-			err = d.r.skip()
+			err = d.r.Skip()
 		}
 		return tier, err
-	case mpStr, mpBin:
+	case msgpack.Str, msgpack.Bin:
 		s, err := d.str()
 		return replicaKindTier(s), err
 	}
-	return indexer.TierHost, d.r.skip()
+	return indexer.TierHost, d.r.Skip()
 }
 
 func replicaKindTier(kind string) indexer.Tier {
@@ -888,4 +890,13 @@ func replicaKindTier(kind string) indexer.Tier {
 		return indexer.TierDisk
 	}
 	return indexer.TierHost
+}
+
+// unsafeString views p as a string without copying. The string must not
+// outlive p's next modification; callers compare it or clone it.
+func unsafeString(p []byte) string {
+	if len(p) == 0 {
+		return ""
+	}
+	return unsafe.String(&p[0], len(p))
 }

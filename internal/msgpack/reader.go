@@ -1,91 +1,104 @@
-package kvevents
+// Package msgpack reads and writes the subset of MessagePack kvgate speaks:
+// engines' KV event batches (read only, without allocating, never trusting
+// a length beyond the bytes present) and replica sync messages. It knows
+// nothing of what the values mean.
+package msgpack
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
-	"unsafe"
 )
 
-// mpReader reads msgpack values from a byte slice without allocating. It is
-// the minimum the event decoders need: it never trusts a length prefix beyond
-// the bytes actually present, and bounds nesting when skipping.
-type mpReader struct {
+// Reader reads msgpack values from a byte slice without allocating. It
+// never trusts a length prefix beyond the bytes actually present, and
+// bounds nesting when skipping. Strings and binaries it returns alias the
+// slice.
+type Reader struct {
 	b   []byte
 	off int
 }
 
-// mpType is the family of the next msgpack value.
-type mpType uint8
+// NewReader returns a Reader of b.
+func NewReader(b []byte) Reader { return Reader{b: b} }
 
+// Len returns the number of bytes not yet read.
+func (r *Reader) Len() int { return len(r.b) - r.off }
+
+// Type is the family of a msgpack value.
+type Type uint8
+
+// The families of values.
 const (
-	mpNil mpType = iota
-	mpBool
-	mpInt   // positive or negative integer of any width
-	mpFloat // float32 or float64
-	mpStr
-	mpBin
-	mpArray
-	mpMap
-	mpExt
-	mpInvalid
+	Nil Type = iota
+	Bool
+	Int   // positive or negative integer of any width
+	Float // float32 or float64
+	Str
+	Bin
+	Array
+	Map
+	Ext
+	Invalid
 )
 
-func (t mpType) String() string {
+func (t Type) String() string {
 	return [...]string{"nil", "bool", "int", "float", "str", "bin", "array", "map", "ext", "invalid"}[t]
 }
 
-var errTruncated = errors.New("msgpack: truncated")
+// ErrTruncated: the input ends inside a value.
+var ErrTruncated = errors.New("msgpack: truncated")
 
-// maxSkipDepth bounds the nesting of values skipped as unknown fields.
-const maxSkipDepth = 64
+// MaxSkipDepth bounds the nesting of values skipped as unknown fields.
+const MaxSkipDepth = 64
 
-func (r *mpReader) done() bool { return r.off >= len(r.b) }
+// Done reports whether every byte was read.
+func (r *Reader) Done() bool { return r.off >= len(r.b) }
 
-// peek returns the family of the next value without consuming it.
-func (r *mpReader) peek() mpType {
+// Peek returns the family of the next value without consuming it.
+func (r *Reader) Peek() Type {
 	if r.off >= len(r.b) {
-		return mpInvalid
+		return Invalid
 	}
 	c := r.b[r.off]
 	switch {
 	case c <= 0x7f || c >= 0xe0:
-		return mpInt
+		return Int
 	case c <= 0x8f:
-		return mpMap
+		return Map
 	case c <= 0x9f:
-		return mpArray
+		return Array
 	case c <= 0xbf:
-		return mpStr
+		return Str
 	}
 	switch c {
 	case 0xc0:
-		return mpNil
+		return Nil
 	case 0xc2, 0xc3:
-		return mpBool
+		return Bool
 	case 0xc4, 0xc5, 0xc6:
-		return mpBin
+		return Bin
 	case 0xc7, 0xc8, 0xc9, 0xd4, 0xd5, 0xd6, 0xd7, 0xd8:
-		return mpExt
+		return Ext
 	case 0xca, 0xcb:
-		return mpFloat
+		return Float
 	case 0xcc, 0xcd, 0xce, 0xcf, 0xd0, 0xd1, 0xd2, 0xd3:
-		return mpInt
+		return Int
 	case 0xd9, 0xda, 0xdb:
-		return mpStr
+		return Str
 	case 0xdc, 0xdd:
-		return mpArray
+		return Array
 	case 0xde, 0xdf:
-		return mpMap
+		return Map
 	}
-	return mpInvalid // 0xc1 is never used
+	return Invalid // 0xc1 is never used
 }
 
 // n reads an n-byte big-endian unsigned integer.
-func (r *mpReader) n(size int) (uint64, error) {
+func (r *Reader) n(size int) (uint64, error) {
 	if len(r.b)-r.off < size {
-		return 0, errTruncated
+		return 0, ErrTruncated
 	}
 	p := r.b[r.off : r.off+size]
 	r.off += size
@@ -100,12 +113,13 @@ func (r *mpReader) n(size int) (uint64, error) {
 	return binary.BigEndian.Uint64(p), nil
 }
 
-func (r *mpReader) typeErr(want string) error {
-	return fmt.Errorf("msgpack: want %s, have %s at offset %d", want, r.peek(), r.off)
+// TypeError returns an error saying the next value is not what was wanted.
+func (r *Reader) TypeError(want string) error {
+	return fmt.Errorf("msgpack: want %s, have %s at offset %d", want, r.Peek(), r.off)
 }
 
-// nil consumes a nil and reports whether there was one.
-func (r *mpReader) nil() bool {
+// Nil consumes a nil and reports whether there was one.
+func (r *Reader) Nil() bool {
 	if r.off < len(r.b) && r.b[r.off] == 0xc0 {
 		r.off++
 		return true
@@ -113,19 +127,19 @@ func (r *mpReader) nil() bool {
 	return false
 }
 
-// arrayLen reads an array header.
-func (r *mpReader) arrayLen() (int, error) { return r.header("array", 0x90, 0xdc, 1) }
+// ArrayLen reads an array header.
+func (r *Reader) ArrayLen() (int, error) { return r.header("array", 0x90, 0xdc, 1) }
 
-// mapLen reads a map header.
-func (r *mpReader) mapLen() (int, error) { return r.header("map", 0x80, 0xde, 2) }
+// MapLen reads a map header.
+func (r *Reader) MapLen() (int, error) { return r.header("map", 0x80, 0xde, 2) }
 
 // header reads an array or map header: a fix form (fix | n, n < 16), a
 // 16-bit form (code16) or a 32-bit form (code16+1). Each of the n elements
 // takes at least per bytes, so a count the remaining bytes cannot hold is
 // rejected before anyone allocates for it.
-func (r *mpReader) header(want string, fix, code16 byte, per uint64) (int, error) {
+func (r *Reader) header(want string, fix, code16 byte, per uint64) (int, error) {
 	if r.off >= len(r.b) {
-		return 0, errTruncated
+		return 0, ErrTruncated
 	}
 	c := r.b[r.off]
 	var l uint64
@@ -141,21 +155,21 @@ func (r *mpReader) header(want string, fix, code16 byte, per uint64) (int, error
 		r.off++
 		l, err = r.n(4)
 	default:
-		return 0, r.typeErr(want)
+		return 0, r.TypeError(want)
 	}
 	if err != nil {
 		return 0, err
 	}
 	if l > uint64(len(r.b)-r.off)/per {
-		return 0, errTruncated
+		return 0, ErrTruncated
 	}
 	return int(l), nil
 }
 
-// raw reads a str or bin value and returns its bytes (aliasing the input).
-func (r *mpReader) raw() ([]byte, error) {
+// Raw reads a str or bin value and returns its bytes (aliasing the input).
+func (r *Reader) Raw() ([]byte, error) {
 	if r.off >= len(r.b) {
-		return nil, errTruncated
+		return nil, ErrTruncated
 	}
 	c := r.b[r.off]
 	var l uint64
@@ -174,24 +188,24 @@ func (r *mpReader) raw() ([]byte, error) {
 		r.off++
 		l, err = r.n(4)
 	default:
-		return nil, r.typeErr("str or bin")
+		return nil, r.TypeError("str or bin")
 	}
 	if err != nil {
 		return nil, err
 	}
 	if l > uint64(len(r.b)-r.off) {
-		return nil, errTruncated
+		return nil, ErrTruncated
 	}
 	p := r.b[r.off : r.off+int(l)]
 	r.off += int(l)
 	return p, nil
 }
 
-// int reads an integer of any width. A value above MaxInt64 comes back as
+// Int reads an integer of any width. A value above MaxInt64 comes back as
 // its uint64 bit pattern with big set; negative values have big false.
-func (r *mpReader) int() (v int64, big bool, err error) {
+func (r *Reader) Int() (v int64, big bool, err error) {
 	if r.off >= len(r.b) {
-		return 0, false, errTruncated
+		return 0, false, ErrTruncated
 	}
 	c := r.b[r.off]
 	switch {
@@ -229,22 +243,22 @@ func (r *mpReader) int() (v int64, big bool, err error) {
 			return int64(u), true, err
 		}
 	default:
-		return 0, false, r.typeErr("int")
+		return 0, false, r.TypeError("int")
 	}
 	return int64(u), false, err
 }
 
-// uint64Bits reads an integer and returns its 64-bit pattern: uint64 values
+// Uint64Bits reads an integer and returns its 64-bit pattern: uint64 values
 // as they are, negative int64 values reinterpreted (SGLang's hashes).
-func (r *mpReader) uint64Bits() (uint64, error) {
-	v, _, err := r.int()
+func (r *Reader) Uint64Bits() (uint64, error) {
+	v, _, err := r.Int()
 	return uint64(v), err
 }
 
-// float reads a float or an integer as float64.
-func (r *mpReader) float() (float64, error) {
+// Float reads a float or an integer as float64.
+func (r *Reader) Float() (float64, error) {
 	if r.off >= len(r.b) {
-		return 0, errTruncated
+		return 0, ErrTruncated
 	}
 	switch r.b[r.off] {
 	case 0xca:
@@ -256,53 +270,55 @@ func (r *mpReader) float() (float64, error) {
 		u, err := r.n(8)
 		return math.Float64frombits(u), err
 	}
-	if r.peek() == mpInt {
-		v, big, err := r.int()
+	if r.Peek() == Int {
+		v, big, err := r.Int()
 		if big {
 			return float64(uint64(v)), err
 		}
 		return float64(v), err
 	}
-	return 0, r.typeErr("float")
+	return 0, r.TypeError("float")
 }
 
-// skip consumes one value of any type.
-func (r *mpReader) skip() error { return r.skipDepth(0) }
+// Skip consumes one value of any type.
+func (r *Reader) Skip() error { return r.SkipDepth(0) }
 
-func (r *mpReader) skipDepth(depth int) error {
-	if depth > maxSkipDepth {
-		return fmt.Errorf("msgpack: nesting deeper than %d", maxSkipDepth)
+// SkipDepth consumes one value nested depth levels deep in what the
+// caller skips, failing beyond MaxSkipDepth.
+func (r *Reader) SkipDepth(depth int) error {
+	if depth > MaxSkipDepth {
+		return fmt.Errorf("msgpack: nesting deeper than %d", MaxSkipDepth)
 	}
 	if r.off >= len(r.b) {
-		return errTruncated
+		return ErrTruncated
 	}
 	c := r.b[r.off]
-	switch t := r.peek(); t {
-	case mpNil, mpBool:
+	switch t := r.Peek(); t {
+	case Nil, Bool:
 		r.off++
 		return nil
-	case mpInt:
-		_, _, err := r.int()
+	case Int:
+		_, _, err := r.Int()
 		return err
-	case mpFloat:
-		_, err := r.float()
+	case Float:
+		_, err := r.Float()
 		return err
-	case mpStr, mpBin:
-		_, err := r.raw()
+	case Str, Bin:
+		_, err := r.Raw()
 		return err
-	case mpArray:
-		l, err := r.arrayLen()
+	case Array:
+		l, err := r.ArrayLen()
 		for i := 0; i < l && err == nil; i++ {
-			err = r.skipDepth(depth + 1)
+			err = r.SkipDepth(depth + 1)
 		}
 		return err
-	case mpMap:
-		l, err := r.mapLen()
+	case Map:
+		l, err := r.MapLen()
 		for i := 0; i < 2*l && err == nil; i++ {
-			err = r.skipDepth(depth + 1)
+			err = r.SkipDepth(depth + 1)
 		}
 		return err
-	case mpExt:
+	case Ext:
 		r.off++
 		var size uint64
 		var err error
@@ -321,19 +337,10 @@ func (r *mpReader) skipDepth(depth int) error {
 		}
 		size++ // the type byte
 		if size > uint64(len(r.b)-r.off) {
-			return errTruncated
+			return ErrTruncated
 		}
 		r.off += int(size)
 		return nil
 	}
 	return fmt.Errorf("msgpack: invalid byte 0x%02x at offset %d", c, r.off)
-}
-
-// unsafeString views p as a string without copying. The string must not
-// outlive p's next modification; callers compare it or clone it.
-func unsafeString(p []byte) string {
-	if len(p) == 0 {
-		return ""
-	}
-	return unsafe.String(&p[0], len(p))
 }
