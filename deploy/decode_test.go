@@ -1,7 +1,7 @@
 package deploy
 
 // Strict decoding of manifests into typed objects, and the per-object
-// (structural) checks. Cross-object checks are in checks_test.go.
+// (structural) checks. Cross-object checks are in checks*_test.go.
 
 import (
 	"bufio"
