@@ -165,8 +165,8 @@ func parseWorkers(s string) ([]workerSpec, error) {
 func addServeFlags(fs *pflag.FlagSet) {
 	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
 	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server (every admin API, /metrics and /health); the default listens on all interfaces")
-	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker")
-	fs.Int("index-shards", 1, "shards of each KV index, split by worker id, each a whole tree with writers of its own: events of workers in different shards apply in parallel (use a divisor of --event-threads, at most the cores); every match walks all shards, and never waits for writers")
+	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker (>= 1)")
+	fs.Int("index-shards", 1, "shards of each KV index (>= 1), split by worker id, each a whole tree with writers of its own: events of workers in different shards apply in parallel (use a divisor of --event-threads, at most the cores); every match walks all shards, and never waits for writers")
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
 	fs.String("log-format", "text", "log format: text or json")
 	fs.Duration("shutdown-timeout", 10*time.Second, "how long to wait for in-flight requests on shutdown")

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -328,6 +329,53 @@ func TestLoadServeConfig(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("config = %+v\nwant     %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestServeFlagLowerBounds checks that help, README and validation agree
+// on each bounded integer flag: the help and the README's row state the
+// least value, which loads, and one less fails with an error naming it.
+func TestServeFlagLowerBounds(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	addServeFlags(fs)
+	for _, tc := range []struct {
+		flag string
+		min  int
+	}{
+		{"event-threads", 1},
+		{"index-shards", 1},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			bound := fmt.Sprintf(">= %d", tc.min)
+			if help := fs.Lookup(tc.flag).Usage; !strings.Contains(help, bound) {
+				t.Errorf("--%s help does not state %q: %q", tc.flag, bound, help)
+			}
+			row := regexp.MustCompile("(?m)^\\| `--" + regexp.QuoteMeta(tc.flag) + "` .*$").Find(readme)
+			if !bytes.Contains(row, []byte(bound)) {
+				t.Errorf("README's row of --%s does not state %q: %q", tc.flag, bound, row)
+			}
+			unsetKvgateEnv(t)
+			for v, wantErr := range map[int]string{
+				tc.min:     "",
+				tc.min - 1: fmt.Sprintf("invalid %s %d (from flag --%s): must be %s", tc.flag, tc.min-1, tc.flag, bound),
+			} {
+				cmd := newServeCmd()
+				if err := cmd.ParseFlags([]string{"--" + tc.flag, strconv.Itoa(v)}); err != nil {
+					t.Fatal(err)
+				}
+				_, err := loadServeConfig(cmd)
+				if wantErr == "" && err != nil {
+					t.Errorf("--%s %d: %v", tc.flag, v, err)
+				}
+				if wantErr != "" && (err == nil || err.Error() != wantErr) {
+					t.Errorf("--%s %d: error %v, want %q", tc.flag, v, err, wantErr)
+				}
 			}
 		})
 	}
