@@ -10,7 +10,9 @@
 //     exactly is refused at load time with an [UnsupportedError] naming it, never
 //     approximated.
 //   - chat templates: rendering chat messages to a prompt string the way vLLM does
-//     (Jinja templates with the transformers environment).
+//     (its request handling, the special tokens and the template registry of a model
+//     directory); the Jinja templates themselves run on package jinja, the interpreter
+//     of transformers' Jinja environment.
 //   - the model registry: which tokenizer and template serve which model name.
 //   - fallbacks: what to do when a model's tokenizer is unsupported or missing
 //     (tokenize on a worker through vLLM's /tokenize, or an approximate path), rather

@@ -1,9 +1,9 @@
-package tokenize
+package jinja
 
-// Lexer of the chat-template interpreter. It reproduces jinja2.lexer.Lexer for the
-// environment transformers builds (default delimiters, trim_blocks=True,
-// lstrip_blocks=True, keep_trailing_newline=False, no line statements), including the
-// whitespace-control rules ("-" strips all whitespace, "+" disables lstrip/trim).
+// Lexer: jinja2.lexer.Lexer for the environment transformers builds (default
+// delimiters, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False, no line
+// statements), including the whitespace-control rules ("-" strips all whitespace, "+"
+// disables lstrip/trim).
 
 import (
 	"fmt"

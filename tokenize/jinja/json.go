@@ -1,4 +1,4 @@
-package tokenize
+package jinja
 
 // An insertion-ordered JSON decoder producing chat-template values with the semantics of
 // Python's json.loads, which is what vLLM (FastAPI) applies to a request body:
@@ -32,6 +32,9 @@ type jJSONDecoder struct {
 	pos   int
 	depth int
 }
+
+// DecodeJSON decodes one JSON document as Python's json.loads does (see above).
+func DecodeJSON(data []byte) (Value, error) { return jDecodeJSON(data) }
 
 // jDecodeJSON decodes one JSON document.
 func jDecodeJSON(data []byte) (jv, error) {

@@ -176,84 +176,6 @@ func tplFirstDiff(got, want string) string {
 	return fmt.Sprintf("at byte %d\n got: %q\nwant: %q", i, clip(got), clip(want))
 }
 
-// tplRenderRaw renders a template with the given JSON variables (no vLLM request handling).
-func tplRenderRaw(src string, ctx []byte) (string, error) {
-	body, err := jParse(src)
-	if err != nil {
-		return "", err
-	}
-	root := &jScope{}
-	for _, g := range jGlobals {
-		root.set(g.name, g.v)
-	}
-	if len(ctx) > 0 {
-		v, err := jDecodeJSON(ctx)
-		if err != nil {
-			return "", err
-		}
-		d := v.dict()
-		for i, k := range d.keys {
-			root.set(k.s, d.vals[i])
-		}
-	}
-	e := &jEval{now: tplFixedClock}
-	if _, err := e.execBody(body, root); err != nil {
-		return "", err
-	}
-	return string(e.buf), nil
-}
-
-// TestJinjaConformance compares the interpreter with Python Jinja2 on small templates
-// (printing, operators, scoping, macros, filters, tests, string methods, whitespace
-// control and error messages).
-func TestJinjaConformance(t *testing.T) {
-	raw, err := os.ReadFile("testdata/templates/jinja_golden.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var g struct {
-		Context json.RawMessage `json:"context"`
-		Cases   []struct {
-			T         string  `json:"t"`
-			Out       *string `json:"out"`
-			Error     *string `json:"error"`
-			ErrorType string  `json:"error_type"`
-		} `json:"cases"`
-	}
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range g.Cases {
-		got, err := tplRenderRaw(c.T, g.Context)
-		if c.Error != nil {
-			if err == nil {
-				t.Errorf("%q: want %s %q, got %q", c.T, c.ErrorType, *c.Error, got)
-				continue
-			}
-			msg := err.Error()
-			var je *jError
-			var jr *jRaise
-			if errors.As(err, &je) {
-				msg = je.msg
-			} else if errors.As(err, &jr) {
-				msg = jr.msg
-			}
-			compileTime := c.ErrorType == "TemplateSyntaxError" || c.ErrorType == "TemplateAssertionError" || c.ErrorType == "SyntaxError"
-			if !compileTime && msg != *c.Error {
-				t.Errorf("%q: error\n got: %q\nwant: %q (%s)", c.T, msg, *c.Error, c.ErrorType)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("%q: unexpected error %v", c.T, err)
-			continue
-		}
-		if got != *c.Out {
-			t.Errorf("%q:\n got: %q\nwant: %q", c.T, got, *c.Out)
-		}
-	}
-}
-
 func TestLoadChatTemplate(t *testing.T) {
 	// chat_template.jinja wins over the config field; its trailing newline is dropped.
 	c, err := LoadChatTemplate("testdata/templates/models/jinja_override")
@@ -321,17 +243,17 @@ func TestLoadRealChatTemplates(t *testing.T) {
 func TestContentFormatDetection(t *testing.T) {
 	for _, tc := range []struct {
 		src  string
-		want jContentFormat
+		want contentFormat
 	}{
-		{`{% for m in messages %}{{ m.content }}{% endfor %}`, jFormatString},
-		{`{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}`, jFormatOpenAI},
-		{`{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}`, jFormatOpenAI},
-		{`{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{% for p in m.content | list %}{% endfor %}{% endfor %}`, jFormatOpenAI},
-		{`{% set ms = messages | selectattr('role') %}{% for m in ms %}{% for p in m.content %}{% endfor %}{% endfor %}`, jFormatOpenAI},
-		{`{% for m in messages %}{% set content = m.content %}{% for p in content %}{% endfor %}{% endfor %}`, jFormatOpenAI},
-		{`{% for m in other %}{% for p in m.content %}{% endfor %}{% endfor %}`, jFormatString},
-		{`{% for a, b in messages %}{% endfor %}{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}`, jFormatString},
-		{`{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}{% endfor %}`, jFormatString},
+		{`{% for m in messages %}{{ m.content }}{% endfor %}`, formatString},
+		{`{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}`, formatOpenAI},
+		{`{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}`, formatOpenAI},
+		{`{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{% for p in m.content | list %}{% endfor %}{% endfor %}`, formatOpenAI},
+		{`{% set ms = messages | selectattr('role') %}{% for m in ms %}{% for p in m.content %}{% endfor %}{% endfor %}`, formatOpenAI},
+		{`{% for m in messages %}{% set content = m.content %}{% for p in content %}{% endfor %}{% endfor %}`, formatOpenAI},
+		{`{% for m in other %}{% for p in m.content %}{% endfor %}{% endfor %}`, formatString},
+		{`{% for a, b in messages %}{% endfor %}{% for m in messages %}{% for p in m.content %}{% endfor %}{% endfor %}`, formatString},
+		{`{% for m in messages %}{% if m.content is string %}{{ m.content }}{% endif %}{% endfor %}`, formatString},
 	} {
 		c, err := ParseChatTemplate(tc.src, nil)
 		if err != nil {
@@ -504,7 +426,7 @@ func FuzzChatTemplateSource(f *testing.F) {
 		}
 		f.Add(string(src))
 	}
-	raw, err := os.ReadFile("testdata/templates/jinja_golden.json")
+	raw, err := os.ReadFile("jinja/testdata/jinja_golden.json")
 	if err != nil {
 		f.Fatal(err)
 	}

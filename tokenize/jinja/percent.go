@@ -1,0 +1,283 @@
+package jinja
+
+// printf-style formatting (str % args), as CPython implements it.
+
+import (
+	"math"
+	"math/big"
+	"strconv"
+	"strings"
+)
+
+func jPercentFormat(format string, arg jv) (string, error) {
+	var args []jv
+	var mapping *jDict
+	switch arg.k {
+	case jkTuple:
+		args = arg.list().items
+	case jkDict:
+		mapping = arg.dict()
+		args = []jv{arg}
+	default:
+		args = []jv{arg}
+	}
+	var b strings.Builder
+	ai := 0
+	usedMapping := false
+	for i := 0; i < len(format); i++ {
+		c := format[i]
+		if c != '%' {
+			b.WriteByte(c)
+			continue
+		}
+		i++
+		if i >= len(format) {
+			return "", jErrorf("ValueError", "incomplete format")
+		}
+		var val jv
+		haveVal := false
+		if format[i] == '(' {
+			if mapping == nil {
+				return "", jErrorf("TypeError", "format requires a mapping")
+			}
+			end := strings.IndexByte(format[i:], ')')
+			if end < 0 {
+				return "", jErrorf("ValueError", "incomplete format key")
+			}
+			key := format[i+1 : i+end]
+			v, ok := mapping.getStr(key)
+			if !ok {
+				return "", jErrorf("KeyError", "%s", jPyQuote(key))
+			}
+			val, haveVal, usedMapping = v, true, true
+			i += end + 1
+		}
+		flags := ""
+		for i < len(format) && strings.IndexByte("-+ #0", format[i]) >= 0 {
+			flags += string(format[i])
+			i++
+		}
+		width := -1
+		if i < len(format) && format[i] == '*' {
+			if ai >= len(args) {
+				return "", jErrorf("TypeError", "not enough arguments for format string")
+			}
+			width = int(args[ai].n)
+			ai++
+			i++
+		} else {
+			for i < len(format) && format[i] >= '0' && format[i] <= '9' {
+				if width < 0 {
+					width = 0
+				}
+				width = width*10 + int(format[i]-'0')
+				i++
+			}
+		}
+		prec := -1
+		if i < len(format) && format[i] == '.' {
+			i++
+			prec = 0
+			for i < len(format) && format[i] >= '0' && format[i] <= '9' {
+				prec = prec*10 + int(format[i]-'0')
+				i++
+			}
+		}
+		for i < len(format) && (format[i] == 'l' || format[i] == 'h' || format[i] == 'L') {
+			i++
+		}
+		if i >= len(format) {
+			return "", jErrorf("ValueError", "incomplete format")
+		}
+		conv := format[i]
+		if conv == '%' {
+			b.WriteByte('%')
+			continue
+		}
+		if !haveVal {
+			if ai >= len(args) {
+				return "", jErrorf("TypeError", "not enough arguments for format string")
+			}
+			val = args[ai]
+			ai++
+		}
+		s, err := jFormatOne(conv, flags, prec, val)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(jPad(s, width, flags, conv))
+	}
+	if ai < len(args) && !usedMapping && mapping == nil {
+		return "", jErrorf("TypeError", "not all arguments converted during string formatting")
+	}
+	return b.String(), nil
+}
+
+func jPad(s string, width int, flags string, conv byte) string {
+	n := jStrLen(s)
+	if width <= n {
+		return s
+	}
+	fill := width - n
+	switch {
+	case strings.Contains(flags, "-"):
+		return s + strings.Repeat(" ", fill)
+	case strings.Contains(flags, "0") && strings.IndexByte("diouxXeEfFgG", conv) >= 0:
+		sign := ""
+		if s != "" && (s[0] == '-' || s[0] == '+' || s[0] == ' ') {
+			sign, s = s[:1], s[1:]
+		}
+		return sign + strings.Repeat("0", fill) + s
+	}
+	return strings.Repeat(" ", fill) + s
+}
+
+func jFormatOne(conv byte, flags string, prec int, v jv) (string, error) {
+	if v.k == jkUndef && conv != 's' {
+		return "", jUndefError(v)
+	}
+	sign := func(s string, neg bool) string {
+		switch {
+		case neg:
+			return "-" + s
+		case strings.Contains(flags, "+"):
+			return "+" + s
+		case strings.Contains(flags, " "):
+			return " " + s
+		}
+		return s
+	}
+	switch conv {
+	case 's':
+		s := jStr(v)
+		if prec >= 0 {
+			s = jTruncRunes(s, prec)
+		}
+		return s, nil
+	case 'r', 'a':
+		s := jRepr(v)
+		if prec >= 0 {
+			s = jTruncRunes(s, prec)
+		}
+		return s, nil
+	case 'd', 'i', 'u':
+		if !v.isNumber() {
+			return "", jErrorf("TypeError", "%%%c format: a real number is required, not %s", conv, jValueTypeName(v))
+		}
+		var n *big.Int
+		if v.k == jkFloat {
+			if math.IsInf(v.f, 0) || math.IsNaN(v.f) {
+				return "", jErrorf("OverflowError", "cannot convert float infinity to integer")
+			}
+			n, _ = new(big.Float).SetFloat64(math.Trunc(v.f)).Int(nil)
+		} else {
+			n = jBigOf(v)
+		}
+		s := new(big.Int).Abs(n).String()
+		for prec > len(s) {
+			s = "0" + s
+		}
+		return sign(s, n.Sign() < 0), nil
+	case 'x', 'X', 'o':
+		if !v.isInteger() {
+			return "", jErrorf("TypeError", "%%%c format: an integer is required, not %s", conv, jValueTypeName(v))
+		}
+		n := jBigOf(v)
+		base := 16
+		if conv == 'o' {
+			base = 8
+		}
+		s := new(big.Int).Abs(n).Text(base)
+		if conv == 'X' {
+			s = strings.ToUpper(s)
+		}
+		if strings.Contains(flags, "#") {
+			s = map[byte]string{'x': "0x", 'X': "0X", 'o': "0o"}[conv] + s
+		}
+		return sign(s, n.Sign() < 0), nil
+	case 'e', 'E', 'f', 'F', 'g', 'G':
+		f, err := jAsFloat(v)
+		if err != nil {
+			return "", jErrorf("TypeError", "must be real number, not %s", jValueTypeName(v))
+		}
+		if prec < 0 {
+			prec = 6
+		}
+		return sign(jFormatFloat(math.Abs(f), conv, prec, strings.Contains(flags, "#")), math.Signbit(f) && !math.IsNaN(f)), nil
+	case 'c':
+		if v.k == jkStr && jStrLen(v.s) == 1 {
+			return v.s, nil
+		}
+		if v.isInteger() {
+			return string(rune(v.n)), nil
+		}
+		return "", jErrorf("TypeError", "%%c requires int or char")
+	}
+	return "", jErrorf("ValueError", "unsupported format character '%c' (0x%x)", conv, conv)
+}
+
+func jTruncRunes(s string, n int) string {
+	i := 0
+	for pos := range s {
+		if i == n {
+			return s[:pos]
+		}
+		i++
+	}
+	return s
+}
+
+// jFormatFloat formats a non-negative float like Python's %e/%f/%g.
+func jFormatFloat(f float64, conv byte, prec int, alt bool) string {
+	if math.IsInf(f, 0) {
+		if conv >= 'a' {
+			return "inf"
+		}
+		return "INF"
+	}
+	if math.IsNaN(f) {
+		if conv >= 'a' {
+			return "nan"
+		}
+		return "NAN"
+	}
+	switch conv {
+	case 'f', 'F':
+		return strconv.FormatFloat(f, 'f', prec, 64)
+	case 'e', 'E':
+		s := strconv.FormatFloat(f, 'e', prec, 64)
+		if conv == 'E' {
+			s = strings.ToUpper(s)
+		}
+		return s
+	}
+	// %g
+	if prec == 0 {
+		prec = 1
+	}
+	exp := 0
+	if f != 0 {
+		es := strconv.FormatFloat(f, 'e', prec-1, 64)
+		exp, _ = strconv.Atoi(es[strings.IndexByte(es, 'e')+1:])
+	}
+	var s string
+	if exp < -4 || exp >= prec {
+		s = strconv.FormatFloat(f, 'e', prec-1, 64)
+		if !alt {
+			mant, ex, _ := strings.Cut(s, "e")
+			if strings.Contains(mant, ".") {
+				mant = strings.TrimRight(strings.TrimRight(mant, "0"), ".")
+			}
+			s = mant + "e" + ex
+		}
+	} else {
+		s = strconv.FormatFloat(f, 'f', prec-1-exp, 64)
+		if !alt && strings.Contains(s, ".") {
+			s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+		}
+	}
+	if conv == 'G' {
+		s = strings.ToUpper(s)
+	}
+	return s
+}
