@@ -2,160 +2,160 @@ package jinja
 
 // The syntax tree the parser builds and the evaluator runs, and its walkers.
 
-type jExpr interface{ jExprNode() }
+type expr interface{ exprNode() }
 
 type (
-	jeConst   struct{ v jv }
-	jeName    struct{ name string }
-	jeGetattr struct {
-		obj  jExpr
+	constExpr   struct{ v Value }
+	nameExpr    struct{ name string }
+	getattrExpr struct {
+		obj  expr
 		name string
 	}
-	jeGetitem struct{ obj, key jExpr }
-	jeSlice   struct{ start, stop, step jExpr } // only as a subscript
-	jeCall    struct {
-		fn   jExpr
-		args jArgs
+	getitemExpr struct{ obj, key expr }
+	sliceExpr   struct{ start, stop, step expr } // only as a subscript
+	callExpr    struct {
+		fn   expr
+		args callArgs
 	}
-	jeFilter struct {
-		e    jExpr // nil inside {% filter %} / {% set x | f %} chains
+	filterExpr struct {
+		e    expr // nil inside {% filter %} / {% set x | f %} chains
 		name string
-		fn   jFilterFn // nil: unknown filter, an error when evaluated
-		args jArgs
+		fn   filterFunc // nil: unknown filter, an error when evaluated
+		args callArgs
 	}
-	jeTest struct {
-		e    jExpr
+	testExpr struct {
+		e    expr
 		name string
-		fn   jTestFn
-		args jArgs
+		fn   testFunc
+		args callArgs
 	}
-	jeNot struct{ e jExpr }
-	jeNeg struct{ e jExpr }
-	jePos struct{ e jExpr }
-	jeBin struct {
+	notExpr struct{ e expr }
+	negExpr struct{ e expr }
+	posExpr struct{ e expr }
+	binExpr struct {
 		op   string
-		l, r jExpr
+		l, r expr
 	}
-	jeAnd     struct{ l, r jExpr }
-	jeOr      struct{ l, r jExpr }
-	jeCompare struct {
-		first jExpr
+	andExpr     struct{ l, r expr }
+	orExpr      struct{ l, r expr }
+	compareExpr struct {
+		first expr
 		ops   []string
-		rest  []jExpr
+		rest  []expr
 	}
-	jeConcat struct{ args []jExpr }
-	jeCond   struct{ test, yes, no jExpr }
-	jeList   struct{ items []jExpr }
-	jeTuple  struct{ items []jExpr }
-	jeDict   struct{ keys, vals []jExpr }
+	concatExpr struct{ args []expr }
+	condExpr   struct{ test, yes, no expr }
+	listExpr   struct{ items []expr }
+	tupleExpr  struct{ items []expr }
+	dictExpr   struct{ keys, vals []expr }
 )
 
-type jArgs struct {
-	pos     []jExpr
+type callArgs struct {
+	pos     []expr
 	kwNames []string
-	kwVals  []jExpr
-	dynArgs jExpr
-	dynKw   jExpr
+	kwVals  []expr
+	dynArgs expr
+	dynKw   expr
 }
 
-func (*jeConst) jExprNode()   {}
-func (*jeName) jExprNode()    {}
-func (*jeGetattr) jExprNode() {}
-func (*jeGetitem) jExprNode() {}
-func (*jeSlice) jExprNode()   {}
-func (*jeCall) jExprNode()    {}
-func (*jeFilter) jExprNode()  {}
-func (*jeTest) jExprNode()    {}
-func (*jeNot) jExprNode()     {}
-func (*jeNeg) jExprNode()     {}
-func (*jePos) jExprNode()     {}
-func (*jeBin) jExprNode()     {}
-func (*jeAnd) jExprNode()     {}
-func (*jeOr) jExprNode()      {}
-func (*jeCompare) jExprNode() {}
-func (*jeConcat) jExprNode()  {}
-func (*jeCond) jExprNode()    {}
-func (*jeList) jExprNode()    {}
-func (*jeTuple) jExprNode()   {}
-func (*jeDict) jExprNode()    {}
+func (*constExpr) exprNode()   {}
+func (*nameExpr) exprNode()    {}
+func (*getattrExpr) exprNode() {}
+func (*getitemExpr) exprNode() {}
+func (*sliceExpr) exprNode()   {}
+func (*callExpr) exprNode()    {}
+func (*filterExpr) exprNode()  {}
+func (*testExpr) exprNode()    {}
+func (*notExpr) exprNode()     {}
+func (*negExpr) exprNode()     {}
+func (*posExpr) exprNode()     {}
+func (*binExpr) exprNode()     {}
+func (*andExpr) exprNode()     {}
+func (*orExpr) exprNode()      {}
+func (*compareExpr) exprNode() {}
+func (*concatExpr) exprNode()  {}
+func (*condExpr) exprNode()    {}
+func (*listExpr) exprNode()    {}
+func (*tupleExpr) exprNode()   {}
+func (*dictExpr) exprNode()    {}
 
-type jNode interface{ jStmtNode() }
+type stmt interface{ stmtNode() }
 
 type (
-	jnData   struct{ s string }
-	jnOutput struct{ e jExpr }
-	jnIf     struct {
-		tests  []jExpr
-		bodies [][]jNode
-		els    []jNode
+	dataStmt   struct{ s string }
+	outputStmt struct{ e expr }
+	ifStmt     struct {
+		tests  []expr
+		bodies [][]stmt
+		els    []stmt
 	}
-	jnFor struct {
-		target    *jTarget
-		iter      jExpr
-		cond      jExpr
+	forStmt struct {
+		target    *target
+		iter      expr
+		cond      expr
 		recursive bool
-		body, els []jNode
+		body, els []stmt
 		fresh     bool // the body defines a macro: each iteration needs its own scope
 	}
-	jnSet struct {
-		target *jTarget
-		e      jExpr
+	setStmt struct {
+		target *target
+		e      expr
 	}
-	jnSetBlock struct {
-		target *jTarget
-		filter jExpr // *jeFilter chain or nil
-		body   []jNode
+	setBlockStmt struct {
+		target *target
+		filter expr // *filterExpr chain or nil
+		body   []stmt
 	}
-	jnMacro     struct{ m *jMacro }
-	jnCallBlock struct {
-		call   *jeCall
-		caller *jMacro
+	macroStmt     struct{ m *macro }
+	callBlockStmt struct {
+		call   *callExpr
+		caller *macro
 	}
-	jnFilterBlock struct {
-		filter jExpr
-		body   []jNode
+	filterBlockStmt struct {
+		filter expr
+		body   []stmt
 	}
-	jnWith struct {
-		targets []*jTarget
-		vals    []jExpr
-		body    []jNode
+	withStmt struct {
+		targets []*target
+		vals    []expr
+		body    []stmt
 	}
-	jnBreak       struct{}
-	jnContinue    struct{}
-	jnBlock       struct{ body []jNode }
-	jnGeneration  struct{ body []jNode }
-	jnUnsupported struct{ msg string }
+	breakStmt       struct{}
+	continueStmt    struct{}
+	blockStmt       struct{ body []stmt }
+	generationStmt  struct{ body []stmt }
+	unsupportedStmt struct{ msg string }
 )
 
-func (*jnData) jStmtNode()        {}
-func (*jnOutput) jStmtNode()      {}
-func (*jnIf) jStmtNode()          {}
-func (*jnFor) jStmtNode()         {}
-func (*jnSet) jStmtNode()         {}
-func (*jnSetBlock) jStmtNode()    {}
-func (*jnMacro) jStmtNode()       {}
-func (*jnCallBlock) jStmtNode()   {}
-func (*jnFilterBlock) jStmtNode() {}
-func (*jnWith) jStmtNode()        {}
-func (*jnBreak) jStmtNode()       {}
-func (*jnContinue) jStmtNode()    {}
-func (*jnBlock) jStmtNode()       {}
-func (*jnGeneration) jStmtNode()  {}
-func (*jnUnsupported) jStmtNode() {}
+func (*dataStmt) stmtNode()        {}
+func (*outputStmt) stmtNode()      {}
+func (*ifStmt) stmtNode()          {}
+func (*forStmt) stmtNode()         {}
+func (*setStmt) stmtNode()         {}
+func (*setBlockStmt) stmtNode()    {}
+func (*macroStmt) stmtNode()       {}
+func (*callBlockStmt) stmtNode()   {}
+func (*filterBlockStmt) stmtNode() {}
+func (*withStmt) stmtNode()        {}
+func (*breakStmt) stmtNode()       {}
+func (*continueStmt) stmtNode()    {}
+func (*blockStmt) stmtNode()       {}
+func (*generationStmt) stmtNode()  {}
+func (*unsupportedStmt) stmtNode() {}
 
-// jTarget is an assignment target: a name, a (nested) tuple of names, or ns.attr.
-type jTarget struct {
+// target is an assignment target: a name, a (nested) tuple of names, or ns.attr.
+type target struct {
 	name  string
 	attr  string // set for namespace attribute targets
-	elems []*jTarget
+	elems []*target
 	tuple bool
 }
 
-type jMacro struct {
+type macro struct {
 	name         string
 	params       []string
-	defaults     []jExpr // for the last len(defaults) params
-	body         []jNode
+	defaults     []expr // for the last len(defaults) params
+	body         []stmt
 	catchVarargs bool
 	catchKwargs  bool
 	usesCaller   bool
@@ -163,69 +163,69 @@ type jMacro struct {
 
 // ---- walking ----
 
-// jWalkStmts visits statements in jinja2's find_all order (pre-order, fields in
+// walkStmts visits statements in jinja2's find_all order (pre-order, fields in
 // declaration order); fn returns false to stop descending.
-func jWalkStmts(body []jNode, fn func(jNode) bool) {
+func walkStmts(body []stmt, fn func(stmt) bool) {
 	for _, n := range body {
 		if !fn(n) {
 			continue
 		}
 		switch x := n.(type) {
-		case *jnIf:
+		case *ifStmt:
 			for i := range x.tests {
-				jWalkStmts(x.bodies[i], fn)
+				walkStmts(x.bodies[i], fn)
 			}
-			jWalkStmts(x.els, fn)
-		case *jnFor:
-			jWalkStmts(x.body, fn)
-			jWalkStmts(x.els, fn)
-		case *jnSetBlock:
-			jWalkStmts(x.body, fn)
-		case *jnMacro:
-			jWalkStmts(x.m.body, fn)
-		case *jnCallBlock:
-			jWalkStmts(x.caller.body, fn)
-		case *jnFilterBlock:
-			jWalkStmts(x.body, fn)
-		case *jnWith:
-			jWalkStmts(x.body, fn)
-		case *jnBlock:
-			jWalkStmts(x.body, fn)
-		case *jnGeneration:
-			jWalkStmts(x.body, fn)
+			walkStmts(x.els, fn)
+		case *forStmt:
+			walkStmts(x.body, fn)
+			walkStmts(x.els, fn)
+		case *setBlockStmt:
+			walkStmts(x.body, fn)
+		case *macroStmt:
+			walkStmts(x.m.body, fn)
+		case *callBlockStmt:
+			walkStmts(x.caller.body, fn)
+		case *filterBlockStmt:
+			walkStmts(x.body, fn)
+		case *withStmt:
+			walkStmts(x.body, fn)
+		case *blockStmt:
+			walkStmts(x.body, fn)
+		case *generationStmt:
+			walkStmts(x.body, fn)
 		}
 	}
 }
 
-// jWalkExprsInStmts visits every expression of the statements (not descending into
+// walkExprsInStmts visits every expression of the statements (not descending into
 // nested macro definitions' own flags, which is what jinja2's find_undeclared does).
-func jWalkExprsInStmts(body []jNode, fn func(jExpr)) {
-	jWalkStmts(body, func(n jNode) bool {
+func walkExprsInStmts(body []stmt, fn func(expr)) {
+	walkStmts(body, func(n stmt) bool {
 		switch x := n.(type) {
-		case *jnOutput:
-			jWalkExpr(x.e, fn)
-		case *jnIf:
+		case *outputStmt:
+			walkExpr(x.e, fn)
+		case *ifStmt:
 			for _, t := range x.tests {
-				jWalkExpr(t, fn)
+				walkExpr(t, fn)
 			}
-		case *jnFor:
-			jWalkExpr(x.iter, fn)
-			jWalkExpr(x.cond, fn)
-		case *jnSet:
-			jWalkExpr(x.e, fn)
-		case *jnSetBlock:
-			jWalkExpr(x.filter, fn)
-		case *jnCallBlock:
-			jWalkExpr(x.call, fn)
-		case *jnFilterBlock:
-			jWalkExpr(x.filter, fn)
-		case *jnWith:
+		case *forStmt:
+			walkExpr(x.iter, fn)
+			walkExpr(x.cond, fn)
+		case *setStmt:
+			walkExpr(x.e, fn)
+		case *setBlockStmt:
+			walkExpr(x.filter, fn)
+		case *callBlockStmt:
+			walkExpr(x.call, fn)
+		case *filterBlockStmt:
+			walkExpr(x.filter, fn)
+		case *withStmt:
 			for _, v := range x.vals {
-				jWalkExpr(v, fn)
+				walkExpr(v, fn)
 			}
-		case *jnMacro:
+		case *macroStmt:
 			for _, d := range x.m.defaults {
-				jWalkExpr(d, fn)
+				walkExpr(d, fn)
 			}
 			return false
 		}
@@ -233,80 +233,80 @@ func jWalkExprsInStmts(body []jNode, fn func(jExpr)) {
 	})
 }
 
-func jWalkExpr(e jExpr, fn func(jExpr)) {
+func walkExpr(e expr, fn func(expr)) {
 	if e == nil {
 		return
 	}
 	fn(e)
-	walkArgs := func(a *jArgs) {
+	walkArgs := func(a *callArgs) {
 		for _, x := range a.pos {
-			jWalkExpr(x, fn)
+			walkExpr(x, fn)
 		}
 		for _, x := range a.kwVals {
-			jWalkExpr(x, fn)
+			walkExpr(x, fn)
 		}
-		jWalkExpr(a.dynArgs, fn)
-		jWalkExpr(a.dynKw, fn)
+		walkExpr(a.dynArgs, fn)
+		walkExpr(a.dynKw, fn)
 	}
 	switch x := e.(type) {
-	case *jeGetattr:
-		jWalkExpr(x.obj, fn)
-	case *jeGetitem:
-		jWalkExpr(x.obj, fn)
-		jWalkExpr(x.key, fn)
-	case *jeSlice:
-		jWalkExpr(x.start, fn)
-		jWalkExpr(x.stop, fn)
-		jWalkExpr(x.step, fn)
-	case *jeCall:
-		jWalkExpr(x.fn, fn)
+	case *getattrExpr:
+		walkExpr(x.obj, fn)
+	case *getitemExpr:
+		walkExpr(x.obj, fn)
+		walkExpr(x.key, fn)
+	case *sliceExpr:
+		walkExpr(x.start, fn)
+		walkExpr(x.stop, fn)
+		walkExpr(x.step, fn)
+	case *callExpr:
+		walkExpr(x.fn, fn)
 		walkArgs(&x.args)
-	case *jeFilter:
-		jWalkExpr(x.e, fn)
+	case *filterExpr:
+		walkExpr(x.e, fn)
 		walkArgs(&x.args)
-	case *jeTest:
-		jWalkExpr(x.e, fn)
+	case *testExpr:
+		walkExpr(x.e, fn)
 		walkArgs(&x.args)
-	case *jeNot:
-		jWalkExpr(x.e, fn)
-	case *jeNeg:
-		jWalkExpr(x.e, fn)
-	case *jePos:
-		jWalkExpr(x.e, fn)
-	case *jeBin:
-		jWalkExpr(x.l, fn)
-		jWalkExpr(x.r, fn)
-	case *jeAnd:
-		jWalkExpr(x.l, fn)
-		jWalkExpr(x.r, fn)
-	case *jeOr:
-		jWalkExpr(x.l, fn)
-		jWalkExpr(x.r, fn)
-	case *jeCompare:
-		jWalkExpr(x.first, fn)
+	case *notExpr:
+		walkExpr(x.e, fn)
+	case *negExpr:
+		walkExpr(x.e, fn)
+	case *posExpr:
+		walkExpr(x.e, fn)
+	case *binExpr:
+		walkExpr(x.l, fn)
+		walkExpr(x.r, fn)
+	case *andExpr:
+		walkExpr(x.l, fn)
+		walkExpr(x.r, fn)
+	case *orExpr:
+		walkExpr(x.l, fn)
+		walkExpr(x.r, fn)
+	case *compareExpr:
+		walkExpr(x.first, fn)
 		for _, r := range x.rest {
-			jWalkExpr(r, fn)
+			walkExpr(r, fn)
 		}
-	case *jeConcat:
+	case *concatExpr:
 		for _, a := range x.args {
-			jWalkExpr(a, fn)
+			walkExpr(a, fn)
 		}
-	case *jeCond:
-		jWalkExpr(x.test, fn)
-		jWalkExpr(x.yes, fn)
-		jWalkExpr(x.no, fn)
-	case *jeList:
+	case *condExpr:
+		walkExpr(x.test, fn)
+		walkExpr(x.yes, fn)
+		walkExpr(x.no, fn)
+	case *listExpr:
 		for _, a := range x.items {
-			jWalkExpr(a, fn)
+			walkExpr(a, fn)
 		}
-	case *jeTuple:
+	case *tupleExpr:
 		for _, a := range x.items {
-			jWalkExpr(a, fn)
+			walkExpr(a, fn)
 		}
-	case *jeDict:
+	case *dictExpr:
 		for i := range x.keys {
-			jWalkExpr(x.keys[i], fn)
-			jWalkExpr(x.vals[i], fn)
+			walkExpr(x.keys[i], fn)
+			walkExpr(x.vals[i], fn)
 		}
 	}
 }

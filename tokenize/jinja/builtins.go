@@ -23,199 +23,205 @@ import (
 	"unicode"
 )
 
-type jFilterFn func(e *jEval, v jv, args []jv, kw jKw) (jv, error)
-type jTestFn func(e *jEval, v jv, args []jv, kw jKw) (bool, error)
+type filterFunc func(e *evaluator, v Value, args []Value, kw kwargs) (Value, error)
+type testFunc func(e *evaluator, v Value, args []Value, kw kwargs) (bool, error)
 
 var (
-	jFilters       map[string]jFilterFn
-	jTests         map[string]jTestFn
-	jStrMethods    map[string]jMethodFn
-	jDictMethodFns map[string]jMethodFn
-	jListMethodFns map[string]jMethodFn
-	jGlobals       jScope // the parent scope of every render's variables; never changed after init
+	filters         map[string]filterFunc
+	tests           map[string]testFunc
+	strMethods      map[string]methodFunc
+	dictMethodFuncs map[string]methodFunc
+	listMethodFuncs map[string]methodFunc
+	globals         scope // the parent scope of every render's variables; never changed after init
 )
 
 func init() {
-	jFilters = map[string]jFilterFn{
-		"abs":        jfAbs,
-		"attr":       jfAttr,
-		"batch":      jfBatch,
-		"capitalize": jfCapitalize,
-		"center":     jfCenter,
-		"count":      jfLength,
-		"d":          jfDefault,
-		"default":    jfDefault,
-		"dictsort":   jfDictsort,
-		"e":          jfEscape,
-		"escape":     jfEscape,
-		"first":      jfFirst,
-		"float":      jfFloat,
-		"format":     jfFormat,
-		"groupby":    jfGroupby,
-		"indent":     jfIndent,
-		"int":        jfInt,
-		"items":      jfItems,
-		"join":       jfJoin,
-		"last":       jfLast,
-		"length":     jfLength,
-		"list":       jfList,
-		"lower":      jfLower,
-		"map":        jfMap,
-		"max":        jfMax,
-		"min":        jfMin,
-		"pprint":     jfPprint,
-		"reject":     jfReject,
-		"rejectattr": jfRejectattr,
-		"replace":    jfReplace,
-		"reverse":    jfReverse,
-		"round":      jfRound,
-		"safe":       jfSafe,
-		"select":     jfSelect,
-		"selectattr": jfSelectattr,
-		"slice":      jfSlice,
-		"sort":       jfSort,
-		"string":     jfString,
-		"sum":        jfSum,
-		"title":      jfTitle,
-		"tojson":     jfToJSON,
-		"trim":       jfTrim,
-		"truncate":   jfTruncate,
-		"unique":     jfUnique,
-		"upper":      jfUpper,
-		"wordcount":  jfWordcount,
+	filters = map[string]filterFunc{
+		"abs":        filterAbs,
+		"attr":       filterAttr,
+		"batch":      filterBatch,
+		"capitalize": filterCapitalize,
+		"center":     filterCenter,
+		"count":      filterLength,
+		"d":          filterDefault,
+		"default":    filterDefault,
+		"dictsort":   filterDictsort,
+		"e":          filterEscape,
+		"escape":     filterEscape,
+		"first":      filterFirst,
+		"float":      filterFloat,
+		"format":     filterFormat,
+		"groupby":    filterGroupby,
+		"indent":     filterIndent,
+		"int":        filterInt,
+		"items":      filterItems,
+		"join":       filterJoin,
+		"last":       filterLast,
+		"length":     filterLength,
+		"list":       filterList,
+		"lower":      filterLower,
+		"map":        filterMap,
+		"max":        filterMax,
+		"min":        filterMin,
+		"pprint":     filterPprint,
+		"reject":     filterReject,
+		"rejectattr": filterRejectattr,
+		"replace":    filterReplace,
+		"reverse":    filterReverse,
+		"round":      filterRound,
+		"safe":       filterSafe,
+		"select":     filterSelect,
+		"selectattr": filterSelectattr,
+		"slice":      filterSlice,
+		"sort":       filterSort,
+		"string":     filterString,
+		"sum":        filterSum,
+		"title":      filterTitle,
+		"tojson":     filterToJSON,
+		"trim":       filterTrim,
+		"truncate":   filterTruncate,
+		"unique":     filterUnique,
+		"upper":      filterUpper,
+		"wordcount":  filterWordcount,
 	}
-	jTests = map[string]jTestFn{
-		"boolean":     jtBoolean,
-		"callable":    jtCallable,
-		"defined":     func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k != jkUndef, nil },
-		"divisibleby": jtDivisibleby,
-		"eq":          jtCmp("=="),
-		"equalto":     jtCmp("=="),
-		"==":          jtCmp("=="),
-		"escaped":     func(_ *jEval, _ jv, _ []jv, _ jKw) (bool, error) { return false, nil },
-		"even":        jtEven,
-		"false":       func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkBool && v.n == 0, nil },
-		"filter":      jtFilter,
-		"float":       func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkFloat, nil },
-		"ge":          jtCmp(">="),
-		">=":          jtCmp(">="),
-		"gt":          jtCmp(">"),
-		">":           jtCmp(">"),
-		"greaterthan": jtCmp(">"),
-		"in":          jtIn,
-		"integer":     func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkInt || v.k == jkBig, nil },
-		"iterable":    jtIterable,
-		"le":          jtCmp("<="),
-		"<=":          jtCmp("<="),
-		"lower":       jtLower,
-		"lt":          jtCmp("<"),
-		"<":           jtCmp("<"),
-		"lessthan":    jtCmp("<"),
-		"mapping":     func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkDict, nil },
-		"ne":          jtCmp("!="),
-		"!=":          jtCmp("!="),
-		"none":        func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkNone, nil },
-		"number":      func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.isNumber(), nil },
-		"odd":         jtOdd,
-		"sameas":      jtSameas,
-		"sequence":    jtSequence,
-		"string":      func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkStr, nil },
-		"test":        jtTest,
-		"true":        func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkBool && v.n == 1, nil },
-		"undefined":   func(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkUndef, nil },
-		"upper":       jtUpper,
+	tests = map[string]testFunc{
+		"boolean":     testBoolean,
+		"callable":    testCallable,
+		"defined":     func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k != KindUndefined, nil },
+		"divisibleby": testDivisibleby,
+		"eq":          testCmp("=="),
+		"equalto":     testCmp("=="),
+		"==":          testCmp("=="),
+		"escaped":     func(_ *evaluator, _ Value, _ []Value, _ kwargs) (bool, error) { return false, nil },
+		"even":        testEven,
+		"false": func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+			return v.k == KindBool && v.n == 0, nil
+		},
+		"filter":      testFilter,
+		"float":       func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k == KindFloat, nil },
+		"ge":          testCmp(">="),
+		">=":          testCmp(">="),
+		"gt":          testCmp(">"),
+		">":           testCmp(">"),
+		"greaterthan": testCmp(">"),
+		"in":          testIn,
+		"integer": func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+			return v.k == KindInt || v.k == kindBig, nil
+		},
+		"iterable": testIterable,
+		"le":       testCmp("<="),
+		"<=":       testCmp("<="),
+		"lower":    testLower,
+		"lt":       testCmp("<"),
+		"<":        testCmp("<"),
+		"lessthan": testCmp("<"),
+		"mapping":  func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k == KindDict, nil },
+		"ne":       testCmp("!="),
+		"!=":       testCmp("!="),
+		"none":     func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k == KindNone, nil },
+		"number":   func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.isNumber(), nil },
+		"odd":      testOdd,
+		"sameas":   testSameas,
+		"sequence": testSequence,
+		"string":   func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k == KindString, nil },
+		"test":     testTest,
+		"true": func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+			return v.k == KindBool && v.n == 1, nil
+		},
+		"undefined": func(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) { return v.k == KindUndefined, nil },
+		"upper":     testUpper,
 	}
-	jStrMethods = map[string]jMethodFn{
-		"capitalize":   jsCapitalize,
-		"casefold":     jsLower,
-		"center":       jsCenter,
-		"count":        jsCount,
-		"endswith":     jsEndswith,
-		"expandtabs":   jsExpandtabs,
-		"find":         jsFind(false, false),
-		"format":       jsFormat,
-		"format_map":   jsFormatMap,
-		"index":        jsFind(false, true),
-		"isalnum":      jsIsPred(func(r rune) bool { return unicode.IsLetter(r) || unicode.IsNumber(r) }),
-		"isalpha":      jsIsPred(unicode.IsLetter),
-		"isascii":      jsIsASCII,
-		"isdecimal":    jsIsPred(func(r rune) bool { return unicode.Is(unicode.Nd, r) }),
-		"isdigit":      jsIsPred(func(r rune) bool { return unicode.Is(unicode.Nd, r) || unicode.Is(unicode.No, r) }),
-		"islower":      jsIsLower,
-		"isnumeric":    jsIsPred(unicode.IsNumber),
-		"isspace":      jsIsPred(jPyIsSpace),
-		"istitle":      jsIsTitle,
-		"isupper":      jsIsUpper,
-		"join":         jsJoin,
-		"ljust":        jsJust(true),
-		"lower":        jsLower,
-		"lstrip":       jsStrip(true, false),
-		"partition":    jsPartition(false),
-		"removeprefix": jsRemovePrefix,
-		"removesuffix": jsRemoveSuffix,
-		"replace":      jsReplace,
-		"rfind":        jsFind(true, false),
-		"rindex":       jsFind(true, true),
-		"rjust":        jsJust(false),
-		"rpartition":   jsPartition(true),
-		"rsplit":       jsSplit(true),
-		"rstrip":       jsStrip(false, true),
-		"split":        jsSplit(false),
-		"splitlines":   jsSplitlines,
-		"startswith":   jsStartswith,
-		"strip":        jsStrip(true, true),
-		"swapcase":     jsSwapcase,
-		"title":        jsTitle,
-		"upper":        jsUpper,
-		"zfill":        jsZfill,
+	strMethods = map[string]methodFunc{
+		"capitalize":   strCapitalize,
+		"casefold":     strLower,
+		"center":       strCenter,
+		"count":        strCount,
+		"endswith":     strEndswith,
+		"expandtabs":   strExpandtabs,
+		"find":         strFind(false, false),
+		"format":       strFormat,
+		"format_map":   strFormatMap,
+		"index":        strFind(false, true),
+		"isalnum":      strIsPred(func(r rune) bool { return unicode.IsLetter(r) || unicode.IsNumber(r) }),
+		"isalpha":      strIsPred(unicode.IsLetter),
+		"isascii":      strIsASCII,
+		"isdecimal":    strIsPred(func(r rune) bool { return unicode.Is(unicode.Nd, r) }),
+		"isdigit":      strIsPred(func(r rune) bool { return unicode.Is(unicode.Nd, r) || unicode.Is(unicode.No, r) }),
+		"islower":      strIsLower,
+		"isnumeric":    strIsPred(unicode.IsNumber),
+		"isspace":      strIsPred(pyIsSpace),
+		"istitle":      strIsTitle,
+		"isupper":      strIsUpper,
+		"join":         strJoin,
+		"ljust":        strJust(true),
+		"lower":        strLower,
+		"lstrip":       strStrip(true, false),
+		"partition":    strPartition(false),
+		"removeprefix": strRemovePrefix,
+		"removesuffix": strRemoveSuffix,
+		"replace":      strReplace,
+		"rfind":        strFind(true, false),
+		"rindex":       strFind(true, true),
+		"rjust":        strJust(false),
+		"rpartition":   strPartition(true),
+		"rsplit":       strSplit(true),
+		"rstrip":       strStrip(false, true),
+		"split":        strSplit(false),
+		"splitlines":   strSplitlines,
+		"startswith":   strStartswith,
+		"strip":        strStrip(true, true),
+		"swapcase":     strSwapcase,
+		"title":        strTitle,
+		"upper":        strUpper,
+		"zfill":        strZfill,
 	}
-	jDictMethodFns = map[string]jMethodFn{
-		"get":    jdGet,
-		"items":  jdItems,
-		"keys":   jdKeys,
-		"values": jdValues,
-		"copy":   jdCopy,
+	dictMethodFuncs = map[string]methodFunc{
+		"get":    dictGet,
+		"items":  dictItems,
+		"keys":   dictKeys,
+		"values": dictValues,
+		"copy":   dictCopy,
 	}
-	jListMethodFns = map[string]jMethodFn{
-		"count": jlCount,
-		"index": jlIndex,
-		"copy":  jlCopy,
+	listMethodFuncs = map[string]methodFunc{
+		"count": listCount,
+		"index": listIndex,
+		"copy":  listCopy,
 	}
 	for _, g := range []struct {
 		name string
-		fn   jBuiltin
+		fn   builtin
 	}{
-		{"range", jgRange},
-		{"dict", jgDict},
-		{"namespace", jgNamespace},
-		{"cycler", jgCycler},
-		{"joiner", jgJoiner},
-		{"raise_exception", jgRaiseException},
-		{"strftime_now", jgStrftimeNow},
+		{"range", globalRange},
+		{"dict", globalDict},
+		{"namespace", globalNamespace},
+		{"cycler", globalCycler},
+		{"joiner", globalJoiner},
+		{"raise_exception", globalRaiseException},
+		{"strftime_now", globalStrftimeNow},
 	} {
-		jGlobals.set(g.name, jv{k: jkFunc, o: &jCallable{name: g.name, fn: g.fn}})
+		globals.set(g.name, Value{k: kindFunc, o: &callable{name: g.name, fn: g.fn}})
 	}
 }
 
 // ---- argument binding ----
 
-// jBind binds positional and keyword arguments to the named parameters of a Python
-// function. Parameters not given are jkMissing.
-func jBind(fname string, params []string, args []jv, kw jKw) ([]jv, error) {
+// bind binds positional and keyword arguments to the named parameters of a Python
+// function. Parameters not given are kindMissing.
+func bind(fname string, params []string, args []Value, kw kwargs) ([]Value, error) {
 	if len(args) > len(params) {
-		return nil, jErrorf("TypeError", "%s() takes %d positional arguments but %d were given", fname, len(params), len(args))
+		return nil, errorf("TypeError", "%s() takes %d positional arguments but %d were given", fname, len(params), len(args))
 	}
-	out := make([]jv, len(params))
+	out := make([]Value, len(params))
 	for i := range out {
-		out[i] = jv{k: jkMissing}
+		out[i] = Value{k: kindMissing}
 	}
 	copy(out, args)
 	for i, n := range kw.names {
 		found := false
 		for j, p := range params {
 			if p == n {
-				if j < len(args) || out[j].k != jkMissing {
-					return nil, jErrorf("TypeError", "%s() got multiple values for argument '%s'", fname, n)
+				if j < len(args) || out[j].k != kindMissing {
+					return nil, errorf("TypeError", "%s() got multiple values for argument '%s'", fname, n)
 				}
 				out[j] = kw.vals[i]
 				found = true
@@ -223,122 +229,122 @@ func jBind(fname string, params []string, args []jv, kw jKw) ([]jv, error) {
 			}
 		}
 		if !found {
-			return nil, jErrorf("TypeError", "%s() got an unexpected keyword argument '%s'", fname, n)
+			return nil, errorf("TypeError", "%s() got an unexpected keyword argument '%s'", fname, n)
 		}
 	}
 	return out, nil
 }
 
-func jOr(v jv, def jv) jv {
-	if v.k == jkMissing {
+func orDefault(v Value, def Value) Value {
+	if v.k == kindMissing {
 		return def
 	}
 	return v
 }
 
-// jSoftStr is jinja2's soft_str: str(), with Undefined as "".
-func jSoftStr(v jv) string { return jStr(v) }
+// softStr is jinja2's soft_str: str(), with Undefined as "".
+func softStr(v Value) string { return v.String() }
 
-func jWantInt(fname string, v jv) (int, error) {
+func wantInt(fname string, v Value) (int, error) {
 	switch v.k {
-	case jkInt, jkBool:
+	case KindInt, KindBool:
 		if v.n > math.MaxInt32 || v.n < math.MinInt32 {
-			return 0, jErrorf("OverflowError", "%s: integer too large", fname)
+			return 0, errorf("OverflowError", "%s: integer too large", fname)
 		}
 		return int(v.n), nil
-	case jkUndef:
-		return 0, jUndefError(v)
+	case KindUndefined:
+		return 0, undefinedError(v)
 	}
-	return 0, jErrorf("TypeError", "'%s' object cannot be interpreted as an integer", jValueTypeName(v))
+	return 0, errorf("TypeError", "'%s' object cannot be interpreted as an integer", v.TypeName())
 }
 
-func jWantStr(fname string, v jv) (string, error) {
+func wantStr(fname string, v Value) (string, error) {
 	switch v.k {
-	case jkStr:
+	case KindString:
 		return v.s, nil
-	case jkUndef:
-		return "", jUndefError(v)
+	case KindUndefined:
+		return "", undefinedError(v)
 	}
-	return "", jErrorf("TypeError", "%s() argument must be str, not %s", fname, jValueTypeName(v))
+	return "", errorf("TypeError", "%s() argument must be str, not %s", fname, v.TypeName())
 }
 
 // ---- filter application ----
 
-func (e *jEval) applyFilter(f *jeFilter, v jv, s *jScope) (jv, error) {
+func (e *evaluator) applyFilter(f *filterExpr, v Value, s *scope) (Value, error) {
 	if f.fn == nil {
-		return jv{}, jErrorf("TemplateRuntimeError", "No filter named '%s' found.", f.name)
+		return Value{}, errorf("TemplateRuntimeError", "No filter named '%s' found.", f.name)
 	}
 	args, kw, err := e.evalArgs(&f.args, s)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	return f.fn(e, v, args, kw)
 }
 
 // applyFilterChain applies a filter chain whose innermost input is nil (block filters).
-func (e *jEval) applyFilterChain(x jExpr, v jv, s *jScope) (jv, error) {
-	f, ok := x.(*jeFilter)
+func (e *evaluator) applyFilterChain(x expr, v Value, s *scope) (Value, error) {
+	f, ok := x.(*filterExpr)
 	if !ok {
 		return e.eval(x, s)
 	}
 	if f.e != nil {
 		var err error
 		if v, err = e.applyFilterChain(f.e, v, s); err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 	}
 	return e.applyFilter(f, v, s)
 }
 
-func (e *jEval) callFilter(name string, v jv, args []jv, kw jKw) (jv, error) {
-	f := jFilters[name]
+func (e *evaluator) callFilter(name string, v Value, args []Value, kw kwargs) (Value, error) {
+	f := filters[name]
 	if f == nil {
-		return jv{}, jErrorf("TemplateRuntimeError", "No filter named '%s'.", name)
+		return Value{}, errorf("TemplateRuntimeError", "No filter named '%s'.", name)
 	}
 	return f(e, v, args, kw)
 }
 
-func (e *jEval) callTest(name string, v jv, args []jv, kw jKw) (bool, error) {
-	t := jTests[name]
+func (e *evaluator) callTest(name string, v Value, args []Value, kw kwargs) (bool, error) {
+	t := tests[name]
 	if t == nil {
-		return false, jErrorf("TemplateRuntimeError", "No test named '%s'.", name)
+		return false, errorf("TemplateRuntimeError", "No test named '%s'.", name)
 	}
 	return t(e, v, args, kw)
 }
 
 // ---- attribute getters (make_attrgetter) ----
 
-func jAttrParts(attr jv) []jv {
-	if attr.k != jkStr {
-		return []jv{attr}
+func attrParts(attr Value) []Value {
+	if attr.k != KindString {
+		return []Value{attr}
 	}
-	var parts []jv
+	var parts []Value
 	for _, p := range strings.Split(attr.s, ".") {
 		if n, err := strconv.Atoi(p); err == nil && p != "" && (p[0] >= '0' && p[0] <= '9') {
-			parts = append(parts, jIntV(int64(n)))
+			parts = append(parts, intValue(int64(n)))
 		} else {
-			parts = append(parts, jStrV(p))
+			parts = append(parts, StringValue(p))
 		}
 	}
 	return parts
 }
 
-func (e *jEval) attrGet(item jv, parts []jv, def jv) (jv, error) {
+func (e *evaluator) attrGet(item Value, parts []Value, def Value) (Value, error) {
 	for _, p := range parts {
 		var err error
 		if item, err = e.getitem(item, p); err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if def.k != jkMissing && def.k != jkNone && item.k == jkUndef {
+		if def.k != kindMissing && def.k != KindNone && item.k == KindUndefined {
 			item = def
 		}
 	}
 	return item, nil
 }
 
-func jIgnoreCase(v jv) jv {
-	if v.k == jkStr {
-		return jStrV(jLowerStr(v.s))
+func ignoreCase(v Value) Value {
+	if v.k == KindString {
+		return StringValue(pyLower(v.s))
 	}
 	return v
 }

@@ -9,11 +9,11 @@ import (
 	"math/big"
 )
 
-func (e *jEval) evalArgs(a *jArgs, s *jScope) ([]jv, jKw, error) {
-	var kw jKw
-	var args []jv
+func (e *evaluator) evalArgs(a *callArgs, s *scope) ([]Value, kwargs, error) {
+	var kw kwargs
+	var args []Value
 	if len(a.pos) > 0 {
-		args = make([]jv, 0, len(a.pos))
+		args = make([]Value, 0, len(a.pos))
 		for _, x := range a.pos {
 			v, err := e.eval(x, s)
 			if err != nil {
@@ -35,7 +35,7 @@ func (e *jEval) evalArgs(a *jArgs, s *jScope) ([]jv, jKw, error) {
 		if err != nil {
 			return nil, kw, err
 		}
-		items, err := jIterate(v)
+		items, err := iterate(v)
 		if err != nil {
 			return nil, kw, err
 		}
@@ -46,13 +46,13 @@ func (e *jEval) evalArgs(a *jArgs, s *jScope) ([]jv, jKw, error) {
 		if err != nil {
 			return nil, kw, err
 		}
-		if v.k != jkDict {
-			return nil, kw, jErrorf("TypeError", "argument after ** must be a mapping, not %s", jValueTypeName(v))
+		if v.k != KindDict {
+			return nil, kw, errorf("TypeError", "argument after ** must be a mapping, not %s", v.TypeName())
 		}
 		d := v.dict()
 		for i, k := range d.keys {
-			if k.k != jkStr {
-				return nil, kw, jErrorf("TypeError", "keywords must be strings")
+			if k.k != KindString {
+				return nil, kw, errorf("TypeError", "keywords must be strings")
 			}
 			kw.names = append(kw.names, k.s)
 			kw.vals = append(kw.vals, d.vals[i])
@@ -61,86 +61,86 @@ func (e *jEval) evalArgs(a *jArgs, s *jScope) ([]jv, jKw, error) {
 	return args, kw, nil
 }
 
-func (e *jEval) evalCall(t *jeCall, s *jScope) (jv, error) {
+func (e *evaluator) evalCall(t *callExpr, s *scope) (Value, error) {
 	// obj.method(...) without materialising a bound method
-	if ga, ok := t.fn.(*jeGetattr); ok {
+	if ga, ok := t.fn.(*getattrExpr); ok {
 		obj, err := e.eval(ga.obj, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if m := jDirectMethod(obj, ga.name); m != nil {
+		if m := directMethod(obj, ga.name); m != nil {
 			args, kw, err := e.evalArgs(&t.args, s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			return m(e, obj, args, kw)
 		}
 		fn, err := e.getattr(obj, ga.name)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		args, kw, err := e.evalArgs(&t.args, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		return e.call(fn, args, kw)
 	}
 	fn, err := e.eval(t.fn, s)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	args, kw, err := e.evalArgs(&t.args, s)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	return e.call(fn, args, kw)
 }
 
-// jMethodFn implements a Python method of a builtin type.
-type jMethodFn func(e *jEval, recv jv, args []jv, kw jKw) (jv, error)
+// methodFunc implements a Python method of a builtin type.
+type methodFunc func(e *evaluator, recv Value, args []Value, kw kwargs) (Value, error)
 
-// jDirectMethod returns the method obj.name when attribute lookup would find one.
-func jDirectMethod(obj jv, name string) jMethodFn {
+// directMethod returns the method obj.name when attribute lookup would find one.
+func directMethod(obj Value, name string) methodFunc {
 	switch obj.k {
-	case jkStr:
-		return jStrMethods[name]
-	case jkDict:
-		if jDictMethods[name] {
-			return jDictMethodFns[name]
+	case KindString:
+		return strMethods[name]
+	case KindDict:
+		if dictMethods[name] {
+			return dictMethodFuncs[name]
 		}
-	case jkList, jkTuple:
-		if jListMethods[name] && !(obj.k == jkTuple && name == "copy") {
-			return jListMethodFns[name]
+	case KindList, kindTuple:
+		if listMethods[name] && !(obj.k == kindTuple && name == "copy") {
+			return listMethodFuncs[name]
 		}
 	}
 	return nil
 }
 
-func (e *jEval) call(fn jv, args []jv, kw jKw) (jv, error) {
+func (e *evaluator) call(fn Value, args []Value, kw kwargs) (Value, error) {
 	switch fn.k {
-	case jkUndef:
-		return jv{}, jUndefError(fn)
-	case jkFunc:
-	case jkCycler, jkJoiner:
-		if fn.k == jkJoiner {
-			j := fn.o.(*jJoinerState)
+	case KindUndefined:
+		return Value{}, undefinedError(fn)
+	case kindFunc:
+	case kindCycler, kindJoiner:
+		if fn.k == kindJoiner {
+			j := fn.o.(*joinerState)
 			if !j.used {
 				j.used = true
-				return jvEmptyStr, nil
+				return emptyString, nil
 			}
-			return jStrV(j.sep), nil
+			return StringValue(j.sep), nil
 		}
-		return jv{}, jErrorf("TypeError", "'Cycler' object is not callable")
-	case jkLoop:
-		l := fn.o.(*jLoopCtx)
+		return Value{}, errorf("TypeError", "'Cycler' object is not callable")
+	case kindLoop:
+		l := fn.o.(*loopContext)
 		if !l.node.recursive {
-			return jv{}, jErrorf("TypeError", "The loop must be marked as 'recursive' to call it.")
+			return Value{}, errorf("TypeError", "The loop must be marked as 'recursive' to call it.")
 		}
 		if len(args) != 1 || len(kw.names) > 0 {
-			return jv{}, jErrorf("TypeError", "loop() takes exactly one argument")
+			return Value{}, errorf("TypeError", "loop() takes exactly one argument")
 		}
-		if e.depth >= jMaxCallDepth {
-			return jv{}, jErrorf("RecursionError", "maximum recursion depth exceeded")
+		if e.depth >= maxCallDepth {
+			return Value{}, errorf("RecursionError", "maximum recursion depth exceeded")
 		}
 		e.depth++
 		start := len(e.buf)
@@ -149,13 +149,13 @@ func (e *jEval) call(fn jv, args []jv, kw jKw) (jv, error) {
 		e.buf = e.buf[:start]
 		e.depth--
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jStrV(out), nil
+		return StringValue(out), nil
 	default:
-		return jv{}, jErrorf("TypeError", "'%s' object is not callable", jValueTypeName(fn))
+		return Value{}, errorf("TypeError", "'%s' object is not callable", fn.TypeName())
 	}
-	c := fn.o.(*jCallable)
+	c := fn.o.(*callable)
 	switch {
 	case c.fn != nil:
 		return c.fn(e, args, kw)
@@ -164,16 +164,16 @@ func (e *jEval) call(fn jv, args []jv, kw jKw) (jv, error) {
 	case c.method != "":
 		return e.callMethod(c.recv, c.method, args, kw)
 	}
-	return jv{}, jErrorf("TypeError", "'%s' object is not callable", c.name)
+	return Value{}, errorf("TypeError", "'%s' object is not callable", c.name)
 }
 
-func (e *jEval) callMethod(recv jv, name string, args []jv, kw jKw) (jv, error) {
-	if m := jDirectMethod(recv, name); m != nil {
+func (e *evaluator) callMethod(recv Value, name string, args []Value, kw kwargs) (Value, error) {
+	if m := directMethod(recv, name); m != nil {
 		return m(e, recv, args, kw)
 	}
 	switch recv.k {
-	case jkCycler:
-		c := recv.o.(*jCyclerState)
+	case kindCycler:
+		c := recv.o.(*cyclerState)
 		switch name {
 		case "next":
 			v := c.items[c.pos]
@@ -181,41 +181,41 @@ func (e *jEval) callMethod(recv jv, name string, args []jv, kw jKw) (jv, error) 
 			return v, nil
 		case "reset":
 			c.pos = 0
-			return jvNone, nil
+			return noneValue, nil
 		}
-	case jkLoop:
-		return e.loopMethod(recv.o.(*jLoopCtx), name, args, kw)
-	case jkFloat:
+	case kindLoop:
+		return e.loopMethod(recv.o.(*loopContext), name, args, kw)
+	case KindFloat:
 		switch name {
 		case "is_integer":
-			return jBoolV(recv.f == math.Trunc(recv.f) && !math.IsInf(recv.f, 0)), nil
+			return BoolValue(recv.f == math.Trunc(recv.f) && !math.IsInf(recv.f, 0)), nil
 		case "conjugate":
 			return recv, nil
 		}
-	case jkInt, jkBig, jkBool:
+	case KindInt, kindBig, KindBool:
 		switch name {
 		case "bit_length":
-			return jIntV(int64(new(big.Int).Abs(jBigOf(recv)).BitLen())), nil
+			return intValue(int64(new(big.Int).Abs(bigOf(recv)).BitLen())), nil
 		case "conjugate":
-			return jIntV(recv.n), nil
+			return intValue(recv.n), nil
 		}
 	}
-	return jv{}, jErrorf("TypeError", "method %s.%s is not supported", jValueTypeName(recv), name)
+	return Value{}, errorf("TypeError", "method %s.%s is not supported", recv.TypeName(), name)
 }
 
-func (e *jEval) callMacro(c *jCallable, args []jv, kw jKw) (jv, error) {
+func (e *evaluator) callMacro(c *callable, args []Value, kw kwargs) (Value, error) {
 	m := c.macro
 	if err := e.step(); err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if e.depth >= jMaxCallDepth {
-		return jv{}, jErrorf("RecursionError", "maximum recursion depth exceeded")
+	if e.depth >= maxCallDepth {
+		return Value{}, errorf("RecursionError", "maximum recursion depth exceeded")
 	}
-	inner := &jScope{parent: c.scope}
+	inner := &scope{parent: c.scope}
 	nParams := len(m.params)
-	values := make([]jv, nParams)
+	values := make([]Value, nParams)
 	for i := range values {
-		values[i] = jv{k: jkMissing}
+		values[i] = Value{k: kindMissing}
 	}
 	copy(values, args)
 	// keyword arguments fill the parameters after the positional ones
@@ -229,9 +229,9 @@ func (e *jEval) callMacro(c *jCallable, args []jv, kw jKw) (jv, error) {
 			}
 		}
 	}
-	var caller jv
+	var caller Value
 	callerSet := false
-	var extra jKw
+	var extra kwargs
 	for j, n := range kw.names {
 		if used[j] {
 			continue
@@ -246,25 +246,25 @@ func (e *jEval) callMacro(c *jCallable, args []jv, kw jKw) (jv, error) {
 	if !m.catchKwargs && len(extra.names) > 0 {
 		for _, n := range extra.names {
 			if n == "caller" {
-				return jv{}, jErrorf("TypeError", "macro '%s' was invoked with two values for the special caller argument. This is most likely a bug.", m.name)
+				return Value{}, errorf("TypeError", "macro '%s' was invoked with two values for the special caller argument. This is most likely a bug.", m.name)
 			}
 		}
-		return jv{}, jErrorf("TypeError", "macro '%s' takes no keyword argument '%s'", m.name, extra.names[0])
+		return Value{}, errorf("TypeError", "macro '%s' takes no keyword argument '%s'", m.name, extra.names[0])
 	}
 	if !m.catchVarargs && len(args) > nParams {
-		return jv{}, jErrorf("TypeError", "macro '%s' takes not more than %d argument(s)", m.name, nParams)
+		return Value{}, errorf("TypeError", "macro '%s' takes not more than %d argument(s)", m.name, nParams)
 	}
 	firstDefault := nParams - len(m.defaults)
 	for i, p := range m.params {
 		v := values[i]
-		if v.k == jkMissing {
+		if v.k == kindMissing {
 			if i >= firstDefault {
 				var err error
 				if v, err = e.eval(m.defaults[i-firstDefault], inner); err != nil {
-					return jv{}, err
+					return Value{}, err
 				}
 			} else {
-				v = jUndefHinted(fmt.Sprintf("parameter %s was not provided", jPyQuote(p)), false)
+				v = undefinedHinted(fmt.Sprintf("parameter %s was not provided", pyQuote(p)), false)
 			}
 		}
 		inner.set(p, v)
@@ -277,95 +277,95 @@ func (e *jEval) callMacro(c *jCallable, args []jv, kw jKw) (jv, error) {
 	}
 	if m.usesCaller && !explicitCaller {
 		if !callerSet {
-			caller = jUndefHinted("No caller defined", false)
+			caller = undefinedHinted("No caller defined", false)
 		}
 		inner.set("caller", caller)
 	}
 	if m.catchKwargs {
-		d := jNewDict(len(extra.names))
+		d := NewDict(len(extra.names))
 		for i, n := range extra.names {
-			d.set(jStrV(n), extra.vals[i])
+			d.set(StringValue(n), extra.vals[i])
 		}
-		inner.set("kwargs", jDictV(d))
+		inner.set("kwargs", DictValue(d))
 	}
 	if m.catchVarargs {
-		var rest []jv
+		var rest []Value
 		if len(args) > nParams {
 			rest = append(rest, args[nParams:]...)
 		}
-		inner.set("varargs", jTupleV(rest))
+		inner.set("varargs", tupleValue(rest))
 	}
 	e.depth++
 	out, err := e.capture(m.body, inner)
 	e.depth--
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(out), nil
+	return StringValue(out), nil
 }
 
 // ---- loop object ----
 
-func (e *jEval) loopAttr(l *jLoopCtx, self jv, name string) (jv, bool) {
+func (e *evaluator) loopAttr(l *loopContext, self Value, name string) (Value, bool) {
 	n := len(l.items)
 	switch name {
 	case "index":
-		return jIntV(int64(l.index0 + 1)), true
+		return intValue(int64(l.index0 + 1)), true
 	case "index0":
-		return jIntV(int64(l.index0)), true
+		return intValue(int64(l.index0)), true
 	case "revindex":
-		return jIntV(int64(n - l.index0)), true
+		return intValue(int64(n - l.index0)), true
 	case "revindex0":
-		return jIntV(int64(n - l.index0 - 1)), true
+		return intValue(int64(n - l.index0 - 1)), true
 	case "first":
-		return jBoolV(l.index0 == 0), true
+		return BoolValue(l.index0 == 0), true
 	case "last":
-		return jBoolV(l.index0 == n-1), true
+		return BoolValue(l.index0 == n-1), true
 	case "length":
-		return jIntV(int64(n)), true
+		return intValue(int64(n)), true
 	case "depth":
-		return jIntV(int64(l.depth0 + 1)), true
+		return intValue(int64(l.depth0 + 1)), true
 	case "depth0":
-		return jIntV(int64(l.depth0)), true
+		return intValue(int64(l.depth0)), true
 	case "previtem":
 		if l.index0 > 0 {
 			return l.items[l.index0-1], true
 		}
-		return jUndefHinted("there is no previous item", false), true
+		return undefinedHinted("there is no previous item", false), true
 	case "nextitem":
 		if l.index0+1 < n {
 			return l.items[l.index0+1], true
 		}
-		return jUndefHinted("there is no next item", false), true
+		return undefinedHinted("there is no next item", false), true
 	case "cycle", "changed":
-		return jBoundMethod(self, name), true
+		return boundMethod(self, name), true
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-func (e *jEval) loopMethod(l *jLoopCtx, name string, args []jv, kw jKw) (jv, error) {
+func (e *evaluator) loopMethod(l *loopContext, name string, args []Value, kw kwargs) (Value, error) {
 	switch name {
 	case "cycle":
 		if len(args) == 0 {
-			return jv{}, jErrorf("TypeError", "no items for cycling given")
+			return Value{}, errorf("TypeError", "no items for cycling given")
 		}
 		return args[l.index0%len(args)], nil
 	case "changed":
 		if l.changedSet && len(l.changedLast) == len(args) {
 			same := true
 			for i := range args {
-				if !jEqual(args[i], l.changedLast[i]) {
+				if !equal(args[i], l.changedLast[i]) {
 					same = false
 					break
 				}
 			}
 			if same {
-				return jvFalse, nil
+				return falseValue, nil
 			}
 		}
-		l.changedLast = append([]jv(nil), args...)
+		l.changedLast = append([]Value(nil), args...)
 		l.changedSet = true
-		return jvTrue, nil
+		return trueValue, nil
 	}
-	return jv{}, jErrorf("TypeError", "'LoopContext' object has no method %s", name)
+	return Value{}, errorf("TypeError", "'LoopContext' object has no method %s", name)
 }

@@ -24,29 +24,29 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
-func jErrorf(kind, format string, args ...any) *Error {
+func errorf(kind, format string, args ...any) *Error {
 	return &Error{Type: kind, Message: fmt.Sprintf(format, args...)}
 }
 
-const jkMissing jKind = 255 // an argument that was not passed
+const kindMissing Kind = 255 // an argument that was not passed
 
-// jMaxCallDepth bounds macro recursion (Python would raise RecursionError).
-const jMaxCallDepth = 200
+// maxCallDepth bounds macro recursion (Python would raise RecursionError).
+const maxCallDepth = 200
 
-// jMaxOutput bounds the rendered size (and any string) so a hostile template/request
-// cannot exhaust memory; jMaxItems bounds lists built by concatenation or repetition.
+// maxOutput bounds the rendered size (and any string) so a hostile template/request
+// cannot exhaust memory; maxItems bounds lists built by concatenation or repetition.
 const (
-	jMaxOutput = 64 << 20
-	jMaxItems  = 1 << 22
+	maxOutput = 64 << 20
+	maxItems  = 1 << 22
 )
 
-type jScope struct {
-	parent *jScope
+type scope struct {
+	parent *scope
 	names  []string
-	vals   []jv
+	vals   []Value
 }
 
-func (s *jScope) lookup(name string) (jv, bool) {
+func (s *scope) lookup(name string) (Value, bool) {
 	for sc := s; sc != nil; sc = sc.parent {
 		for i := len(sc.names) - 1; i >= 0; i-- {
 			if sc.names[i] == name {
@@ -54,10 +54,10 @@ func (s *jScope) lookup(name string) (jv, bool) {
 			}
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-func (s *jScope) set(name string, v jv) {
+func (s *scope) set(name string, v Value) {
 	for i := len(s.names) - 1; i >= 0; i-- {
 		if s.names[i] == name {
 			s.vals[i] = v
@@ -68,94 +68,94 @@ func (s *jScope) set(name string, v jv) {
 	s.vals = append(s.vals, v)
 }
 
-// jKw holds keyword arguments in call order.
-type jKw struct {
+// kwargs holds keyword arguments in call order.
+type kwargs struct {
 	names []string
-	vals  []jv
+	vals  []Value
 }
 
-func (k jKw) get(name string) (jv, bool) {
+func (k kwargs) get(name string) (Value, bool) {
 	for i, n := range k.names {
 		if n == name {
 			return k.vals[i], true
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-type jBuiltin func(e *jEval, args []jv, kw jKw) (jv, error)
+type builtin func(e *evaluator, args []Value, kw kwargs) (Value, error)
 
-type jCallable struct {
+type callable struct {
 	name  string
-	fn    jBuiltin
-	macro *jMacro
-	scope *jScope // the scope a macro was defined in
+	fn    builtin
+	macro *macro
+	scope *scope // the scope a macro was defined in
 	// bound method (an attribute read without a call)
-	recv   jv
+	recv   Value
 	method string
 }
 
-type jLoopCtx struct {
-	items       []jv
+type loopContext struct {
+	items       []Value
 	index0      int
 	depth0      int
-	changedLast []jv
+	changedLast []Value
 	changedSet  bool
-	node        *jnFor
-	scope       *jScope
+	node        *forStmt
+	scope       *scope
 }
 
-type jCyclerState struct {
-	items []jv
+type cyclerState struct {
+	items []Value
 	pos   int
 }
 
-type jJoinerState struct {
+type joinerState struct {
 	sep  string
 	used bool
 }
 
-type jCtl uint8
+type control uint8
 
 const (
-	jCtlNone jCtl = iota
-	jCtlBreak
-	jCtlContinue
+	ctlNone control = iota
+	ctlBreak
+	ctlContinue
 )
 
-// jEval is the state of one render.
-type jEval struct {
+// evaluator is the state of one render.
+type evaluator struct {
 	buf   []byte
 	depth int
 	steps int
 	now   func() time.Time
 	// vars holds the render's variables (parent: the globals) and root, their child,
 	// the names the template assigns at top level; kept here to save allocations.
-	vars, root jScope
+	vars, root scope
 }
 
-// jMaxSteps bounds loop iterations and macro calls per render, so that no template and
+// maxSteps bounds loop iterations and macro calls per render, so that no template and
 // request can keep a gateway busy indefinitely (real chat templates need a few thousand).
-const jMaxSteps = 5_000_000
+const maxSteps = 5_000_000
 
-func (e *jEval) step() error {
+func (e *evaluator) step() error {
 	e.steps++
-	if e.steps > jMaxSteps {
-		return jErrorf("RuntimeError", "template execution exceeded %d steps", jMaxSteps)
+	if e.steps > maxSteps {
+		return errorf("RuntimeError", "template execution exceeded %d steps", maxSteps)
 	}
 	return nil
 }
 
-func (e *jEval) write(s string) error {
+func (e *evaluator) write(s string) error {
 	e.buf = append(e.buf, s...)
-	if len(e.buf) > jMaxOutput {
-		return jErrorf("MemoryError", "rendered template exceeds %d bytes", jMaxOutput)
+	if len(e.buf) > maxOutput {
+		return errorf("MemoryError", "rendered template exceeds %d bytes", maxOutput)
 	}
 	return nil
 }
 
 // capture renders body into a string without writing it to the output.
-func (e *jEval) capture(body []jNode, s *jScope) (string, error) {
+func (e *evaluator) capture(body []stmt, s *scope) (string, error) {
 	start := len(e.buf)
 	_, err := e.execBody(body, s)
 	out := string(e.buf[start:])
@@ -163,127 +163,127 @@ func (e *jEval) capture(body []jNode, s *jScope) (string, error) {
 	return out, err
 }
 
-func (e *jEval) execBody(body []jNode, s *jScope) (jCtl, error) {
+func (e *evaluator) execBody(body []stmt, s *scope) (control, error) {
 	for _, n := range body {
 		ctl, err := e.exec(n, s)
-		if err != nil || ctl != jCtlNone {
+		if err != nil || ctl != ctlNone {
 			return ctl, err
 		}
 	}
-	return jCtlNone, nil
+	return ctlNone, nil
 }
 
-func (e *jEval) exec(n jNode, s *jScope) (jCtl, error) {
+func (e *evaluator) exec(n stmt, s *scope) (control, error) {
 	switch x := n.(type) {
-	case *jnData:
-		return jCtlNone, e.write(x.s)
-	case *jnOutput:
-		return jCtlNone, e.output(x.e, s)
-	case *jnIf:
+	case *dataStmt:
+		return ctlNone, e.write(x.s)
+	case *outputStmt:
+		return ctlNone, e.output(x.e, s)
+	case *ifStmt:
 		for i, t := range x.tests {
 			v, err := e.eval(t, s)
 			if err != nil {
-				return jCtlNone, err
+				return ctlNone, err
 			}
-			if err := jCheckBool(v); err != nil {
-				return jCtlNone, err
+			if err := checkBool(v); err != nil {
+				return ctlNone, err
 			}
-			if jTruthy(v) {
+			if v.Truth() {
 				return e.execBody(x.bodies[i], s)
 			}
 		}
 		return e.execBody(x.els, s)
-	case *jnFor:
+	case *forStmt:
 		v, err := e.eval(x.iter, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		return jCtlNone, e.execFor(x, v, s, 0)
-	case *jnSet:
+		return ctlNone, e.execFor(x, v, s, 0)
+	case *setStmt:
 		v, err := e.eval(x.e, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		return jCtlNone, e.assign(x.target, v, s)
-	case *jnSetBlock:
+		return ctlNone, e.assign(x.target, v, s)
+	case *setBlockStmt:
 		out, err := e.capture(x.body, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		v := jStrV(out)
+		v := StringValue(out)
 		if x.filter != nil {
 			if v, err = e.applyFilterChain(x.filter, v, s); err != nil {
-				return jCtlNone, err
+				return ctlNone, err
 			}
 		}
-		return jCtlNone, e.assign(x.target, v, s)
-	case *jnMacro:
-		s.set(x.m.name, jv{k: jkFunc, o: &jCallable{name: x.m.name, macro: x.m, scope: s}})
-		return jCtlNone, nil
-	case *jnCallBlock:
-		caller := jv{k: jkFunc, o: &jCallable{name: "caller", macro: x.caller, scope: s}}
+		return ctlNone, e.assign(x.target, v, s)
+	case *macroStmt:
+		s.set(x.m.name, Value{k: kindFunc, o: &callable{name: x.m.name, macro: x.m, scope: s}})
+		return ctlNone, nil
+	case *callBlockStmt:
+		caller := Value{k: kindFunc, o: &callable{name: "caller", macro: x.caller, scope: s}}
 		fn, err := e.eval(x.call.fn, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
 		args, kw, err := e.evalArgs(&x.call.args, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
 		kw.names = append(kw.names, "caller")
 		kw.vals = append(kw.vals, caller)
 		v, err := e.call(fn, args, kw)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		return jCtlNone, e.write(jStr(v))
-	case *jnFilterBlock:
+		return ctlNone, e.write(v.String())
+	case *filterBlockStmt:
 		out, err := e.capture(x.body, s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		v, err := e.applyFilterChain(x.filter, jStrV(out), s)
+		v, err := e.applyFilterChain(x.filter, StringValue(out), s)
 		if err != nil {
-			return jCtlNone, err
+			return ctlNone, err
 		}
-		return jCtlNone, e.write(jStr(v))
-	case *jnWith:
-		inner := &jScope{parent: s}
+		return ctlNone, e.write(v.String())
+	case *withStmt:
+		inner := &scope{parent: s}
 		for i, t := range x.targets {
 			v, err := e.eval(x.vals[i], s)
 			if err != nil {
-				return jCtlNone, err
+				return ctlNone, err
 			}
 			if err := e.assign(t, v, inner); err != nil {
-				return jCtlNone, err
+				return ctlNone, err
 			}
 		}
 		return e.execBody(x.body, inner)
-	case *jnBreak:
-		return jCtlBreak, nil
-	case *jnContinue:
-		return jCtlContinue, nil
-	case *jnBlock:
-		return e.execBody(x.body, &jScope{parent: s})
-	case *jnGeneration:
+	case *breakStmt:
+		return ctlBreak, nil
+	case *continueStmt:
+		return ctlContinue, nil
+	case *blockStmt:
+		return e.execBody(x.body, &scope{parent: s})
+	case *generationStmt:
 		return e.execBody(x.body, s)
-	case *jnUnsupported:
-		return jCtlNone, jErrorf("TypeError", "%s", x.msg)
+	case *unsupportedStmt:
+		return ctlNone, errorf("TypeError", "%s", x.msg)
 	}
-	return jCtlNone, fmt.Errorf("internal: unknown statement %T", n)
+	return ctlNone, fmt.Errorf("internal: unknown statement %T", n)
 }
 
-// jCheckBool is a hook for truth tests that raise; jinja2's Undefined.__bool__ never
+// checkBool is a hook for truth tests that raise; jinja2's Undefined.__bool__ never
 // does (not even the sandbox's unsafe Undefined), so nothing fails here.
-func jCheckBool(jv) error { return nil }
+func checkBool(Value) error { return nil }
 
 // output writes {{ expr }}. Chains of + over strings and ~ concatenations are written
 // piecewise instead of building intermediate strings.
-func (e *jEval) output(x jExpr, s *jScope) error {
+func (e *evaluator) output(x expr, s *scope) error {
 	switch t := x.(type) {
-	case *jeConst:
-		return e.write(jStr(t.v))
-	case *jeConcat:
+	case *constExpr:
+		return e.write(t.v.String())
+	case *concatExpr:
 		for _, a := range t.args {
 			v, err := e.eval(a, s)
 			if err != nil {
@@ -294,7 +294,7 @@ func (e *jEval) output(x jExpr, s *jScope) error {
 			}
 		}
 		return nil
-	case *jeBin:
+	case *binExpr:
 		if t.op == "+" {
 			v, ok, err := e.addChain(t, s, true)
 			if err != nil || ok {
@@ -310,24 +310,24 @@ func (e *jEval) output(x jExpr, s *jScope) error {
 	return e.writeValue(v)
 }
 
-func (e *jEval) writeValue(v jv) error {
-	if v.k == jkStr {
+func (e *evaluator) writeValue(v Value) error {
+	if v.k == KindString {
 		return e.write(v.s)
 	}
 	var b strings.Builder
-	jWriteStr(&b, v)
+	writeStr(&b, v)
 	return e.write(b.String())
 }
 
 // addChain evaluates a left-associative chain of + operators. While all operands are
 // strings they are concatenated (or, when direct, written to the output: ok=true);
 // from the first non-string operand on, Python's pairwise semantics apply.
-func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
-	var ops [16]jExpr
+func (e *evaluator) addChain(x *binExpr, s *scope, direct bool) (Value, bool, error) {
+	var ops [16]expr
 	chain := ops[:0]
-	var cur jExpr = x
+	var cur expr = x
 	for {
-		b, ok := cur.(*jeBin)
+		b, ok := cur.(*binExpr)
 		if !ok || b.op != "+" {
 			break
 		}
@@ -338,37 +338,37 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 	// chain is reversed: chain[len-1] is the leftmost operand
 	first, err := e.eval(chain[len(chain)-1], s)
 	if err != nil {
-		return jv{}, false, err
+		return Value{}, false, err
 	}
-	if first.k != jkStr {
+	if first.k != KindString {
 		acc, err := e.addRest(first, chain[:len(chain)-1], s)
 		return acc, false, err
 	}
 	if direct {
 		start := len(e.buf)
 		if err := e.write(first.s); err != nil {
-			return jv{}, false, err
+			return Value{}, false, err
 		}
 		for i := len(chain) - 2; i >= 0; i-- {
 			r, err := e.eval(chain[i], s)
 			if err != nil {
 				e.buf = e.buf[:start]
-				return jv{}, false, err
+				return Value{}, false, err
 			}
-			if r.k != jkStr {
-				acc := jStrV(string(e.buf[start:]))
+			if r.k != KindString {
+				acc := StringValue(string(e.buf[start:]))
 				e.buf = e.buf[:start]
-				if acc, err = jAdd(acc, r); err != nil {
-					return jv{}, false, err
+				if acc, err = add(acc, r); err != nil {
+					return Value{}, false, err
 				}
 				acc, err = e.addRest(acc, chain[:i], s)
 				return acc, false, err
 			}
 			if err := e.write(r.s); err != nil {
-				return jv{}, false, err
+				return Value{}, false, err
 			}
 		}
-		return jv{}, true, nil
+		return Value{}, true, nil
 	}
 	var parts [16]string
 	strs := append(parts[:0], first.s)
@@ -376,20 +376,20 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 	for i := len(chain) - 2; i >= 0; i-- {
 		r, err := e.eval(chain[i], s)
 		if err != nil {
-			return jv{}, false, err
+			return Value{}, false, err
 		}
-		if r.k != jkStr {
-			acc := jStrV(strings.Join(strs, ""))
-			if acc, err = jAdd(acc, r); err != nil {
-				return jv{}, false, err
+		if r.k != KindString {
+			acc := StringValue(strings.Join(strs, ""))
+			if acc, err = add(acc, r); err != nil {
+				return Value{}, false, err
 			}
 			acc, err = e.addRest(acc, chain[:i], s)
 			return acc, false, err
 		}
 		strs = append(strs, r.s)
 		n += len(r.s)
-		if n > jMaxOutput {
-			return jv{}, false, jErrorf("MemoryError", "string too large")
+		if n > maxOutput {
+			return Value{}, false, errorf("MemoryError", "string too large")
 		}
 	}
 	if len(strs) == 1 {
@@ -400,19 +400,19 @@ func (e *jEval) addChain(x *jeBin, s *jScope, direct bool) (jv, bool, error) {
 	for _, p := range strs {
 		b.WriteString(p)
 	}
-	return jStrV(b.String()), false, nil
+	return StringValue(b.String()), false, nil
 }
 
 // addRest adds the operands of rest (reversed, as chain is: the last
 // element is the next operand) to acc one by one, left to right.
-func (e *jEval) addRest(acc jv, rest []jExpr, s *jScope) (jv, error) {
+func (e *evaluator) addRest(acc Value, rest []expr, s *scope) (Value, error) {
 	for i := len(rest) - 1; i >= 0; i-- {
 		r, err := e.eval(rest[i], s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if acc, err = jAdd(acc, r); err != nil {
-			return jv{}, err
+		if acc, err = add(acc, r); err != nil {
+			return Value{}, err
 		}
 	}
 	return acc, nil
@@ -420,15 +420,15 @@ func (e *jEval) addRest(acc jv, rest []jExpr, s *jScope) (jv, error) {
 
 // ---- for loops ----
 
-func (e *jEval) execFor(x *jnFor, iterable jv, s *jScope, depth0 int) error {
-	items, err := jIterate(iterable)
+func (e *evaluator) execFor(x *forStmt, iterable Value, s *scope, depth0 int) error {
+	items, err := iterate(iterable)
 	if err != nil {
 		return err
 	}
 	if x.cond != nil {
-		var kept []jv
+		var kept []Value
 		for _, it := range items {
-			inner := &jScope{parent: s}
+			inner := &scope{parent: s}
 			if err := e.assign(x.target, it, inner); err != nil {
 				return err
 			}
@@ -436,7 +436,7 @@ func (e *jEval) execFor(x *jnFor, iterable jv, s *jScope, depth0 int) error {
 			if err != nil {
 				return err
 			}
-			if jTruthy(c) {
+			if c.Truth() {
 				kept = append(kept, it)
 			}
 		}
@@ -446,16 +446,16 @@ func (e *jEval) execFor(x *jnFor, iterable jv, s *jScope, depth0 int) error {
 		_, err := e.execBody(x.els, s)
 		return err
 	}
-	loop := &jLoopCtx{items: items, depth0: depth0, node: x, scope: s}
-	loopV := jv{k: jkLoop, o: loop}
-	var inner *jScope
+	loop := &loopContext{items: items, depth0: depth0, node: x, scope: s}
+	loopV := Value{k: kindLoop, o: loop}
+	var inner *scope
 	for i, it := range items {
 		if err := e.step(); err != nil {
 			return err
 		}
 		loop.index0 = i
 		if inner == nil || x.fresh {
-			inner = &jScope{parent: s}
+			inner = &scope{parent: s}
 		} else {
 			inner.names = inner.names[:0]
 			inner.vals = inner.vals[:0]
@@ -469,7 +469,7 @@ func (e *jEval) execFor(x *jnFor, iterable jv, s *jScope, depth0 int) error {
 		if err != nil {
 			return err
 		}
-		if ctl == jCtlBreak {
+		if ctl == ctlBreak {
 			break
 		}
 	}
@@ -477,31 +477,31 @@ func (e *jEval) execFor(x *jnFor, iterable jv, s *jScope, depth0 int) error {
 }
 
 // assign binds a target in scope s (tuple targets unpack like Python).
-func (e *jEval) assign(t *jTarget, v jv, s *jScope) error {
+func (e *evaluator) assign(t *target, v Value, s *scope) error {
 	if t.attr != "" {
 		nsv, _ := s.lookup(t.name)
-		if nsv.k != jkNS {
-			return jErrorf("TemplateRuntimeError", "cannot assign attribute on non-namespace object")
+		if nsv.k != kindNamespace {
+			return errorf("TemplateRuntimeError", "cannot assign attribute on non-namespace object")
 		}
-		nsv.o.(*jNamespace).set(t.attr, v)
+		nsv.o.(*namespace).set(t.attr, v)
 		return nil
 	}
 	if !t.tuple {
 		s.set(t.name, v)
 		return nil
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		if v.k != jkUndef {
-			return jErrorf("TypeError", "cannot unpack non-iterable %s object", jValueTypeName(v))
+		if v.k != KindUndefined {
+			return errorf("TypeError", "cannot unpack non-iterable %s object", v.TypeName())
 		}
 		return err
 	}
 	if len(items) < len(t.elems) {
-		return jErrorf("ValueError", "not enough values to unpack (expected %d, got %d)", len(t.elems), len(items))
+		return errorf("ValueError", "not enough values to unpack (expected %d, got %d)", len(t.elems), len(items))
 	}
 	if len(items) > len(t.elems) {
-		return jErrorf("ValueError", "too many values to unpack (expected %d)", len(t.elems))
+		return errorf("ValueError", "too many values to unpack (expected %d)", len(t.elems))
 	}
 	for i, el := range t.elems {
 		if err := e.assign(el, items[i], s); err != nil {

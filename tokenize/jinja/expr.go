@@ -11,222 +11,222 @@ import (
 	"unicode/utf8"
 )
 
-func (e *jEval) eval(x jExpr, s *jScope) (jv, error) {
+func (e *evaluator) eval(x expr, s *scope) (Value, error) {
 	switch t := x.(type) {
-	case *jeConst:
+	case *constExpr:
 		return t.v, nil
-	case *jeName:
+	case *nameExpr:
 		if v, ok := s.lookup(t.name); ok {
 			return v, nil
 		}
-		return jUndefName(t.name), nil
-	case *jeGetattr:
+		return undefinedName(t.name), nil
+	case *getattrExpr:
 		obj, err := e.eval(t.obj, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		return e.getattr(obj, t.name)
-	case *jeGetitem:
+	case *getitemExpr:
 		obj, err := e.eval(t.obj, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if sl, ok := t.key.(*jeSlice); ok {
+		if sl, ok := t.key.(*sliceExpr); ok {
 			return e.slice(obj, sl, s)
 		}
 		key, err := e.eval(t.key, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		return e.getitem(obj, key)
-	case *jeSlice:
-		return jv{}, jErrorf("TypeError", "slice is only valid as a subscript")
-	case *jeCall:
+	case *sliceExpr:
+		return Value{}, errorf("TypeError", "slice is only valid as a subscript")
+	case *callExpr:
 		return e.evalCall(t, s)
-	case *jeFilter:
-		var v jv
+	case *filterExpr:
+		var v Value
 		if t.e != nil {
 			var err error
 			if v, err = e.eval(t.e, s); err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 		}
 		return e.applyFilter(t, v, s)
-	case *jeTest:
+	case *testExpr:
 		v, err := e.eval(t.e, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if t.fn == nil {
-			return jv{}, jErrorf("TemplateRuntimeError", "No test named '%s' found.", t.name)
+			return Value{}, errorf("TemplateRuntimeError", "No test named '%s' found.", t.name)
 		}
 		args, kw, err := e.evalArgs(&t.args, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		ok, err := t.fn(e, v, args, kw)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jBoolV(ok), nil
-	case *jeNot:
+		return BoolValue(ok), nil
+	case *notExpr:
 		v, err := e.eval(t.e, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if err := jCheckBool(v); err != nil {
-			return jv{}, err
+		if err := checkBool(v); err != nil {
+			return Value{}, err
 		}
-		return jBoolV(!jTruthy(v)), nil
-	case *jeNeg:
+		return BoolValue(!v.Truth()), nil
+	case *negExpr:
 		v, err := e.eval(t.e, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jNeg(v)
-	case *jePos:
+		return negate(v)
+	case *posExpr:
 		v, err := e.eval(t.e, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jPos(v)
-	case *jeBin:
+		return unaryPlus(v)
+	case *binExpr:
 		if t.op == "+" {
 			v, _, err := e.addChain(t, s, false)
 			return v, err
 		}
 		l, err := e.eval(t.l, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		r, err := e.eval(t.r, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jBinary(t.op, l, r)
-	case *jeAnd:
+		return binaryOp(t.op, l, r)
+	case *andExpr:
 		l, err := e.eval(t.l, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if err := jCheckBool(l); err != nil {
-			return jv{}, err
+		if err := checkBool(l); err != nil {
+			return Value{}, err
 		}
-		if !jTruthy(l) {
+		if !l.Truth() {
 			return l, nil
 		}
 		return e.eval(t.r, s)
-	case *jeOr:
+	case *orExpr:
 		l, err := e.eval(t.l, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if err := jCheckBool(l); err != nil {
-			return jv{}, err
+		if err := checkBool(l); err != nil {
+			return Value{}, err
 		}
-		if jTruthy(l) {
+		if l.Truth() {
 			return l, nil
 		}
 		return e.eval(t.r, s)
-	case *jeCompare:
+	case *compareExpr:
 		l, err := e.eval(t.first, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		for i, op := range t.ops {
 			r, err := e.eval(t.rest[i], s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			ok, err := jCompareOp(op, l, r)
+			ok, err := compareOp(op, l, r)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			if !ok {
-				return jvFalse, nil
+				return falseValue, nil
 			}
 			l = r
 		}
-		return jvTrue, nil
-	case *jeConcat:
+		return trueValue, nil
+	case *concatExpr:
 		var b strings.Builder
 		for _, a := range t.args {
 			v, err := e.eval(a, s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			jWriteStr(&b, v)
+			writeStr(&b, v)
 		}
-		return jStrV(b.String()), nil
-	case *jeCond:
+		return StringValue(b.String()), nil
+	case *condExpr:
 		c, err := e.eval(t.test, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		if err := jCheckBool(c); err != nil {
-			return jv{}, err
+		if err := checkBool(c); err != nil {
+			return Value{}, err
 		}
-		if jTruthy(c) {
+		if c.Truth() {
 			return e.eval(t.yes, s)
 		}
 		if t.no == nil {
-			return jUndefHinted("the inline if-expression evaluated to false and no else section was defined.", false), nil
+			return undefinedHinted("the inline if-expression evaluated to false and no else section was defined.", false), nil
 		}
 		return e.eval(t.no, s)
-	case *jeList:
-		items := make([]jv, len(t.items))
+	case *listExpr:
+		items := make([]Value, len(t.items))
 		for i, it := range t.items {
 			v, err := e.eval(it, s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			items[i] = v
 		}
-		return jListV(items), nil
-	case *jeTuple:
-		items := make([]jv, len(t.items))
+		return ListValue(items), nil
+	case *tupleExpr:
+		items := make([]Value, len(t.items))
 		for i, it := range t.items {
 			v, err := e.eval(it, s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			items[i] = v
 		}
-		return jTupleV(items), nil
-	case *jeDict:
-		d := jNewDict(len(t.keys))
+		return tupleValue(items), nil
+	case *dictExpr:
+		d := NewDict(len(t.keys))
 		for i := range t.keys {
 			k, err := e.eval(t.keys[i], s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			if !jHashable(k) {
-				return jv{}, jErrorf("TypeError", "unhashable type: '%s'", jValueTypeName(k))
+			if !hashable(k) {
+				return Value{}, errorf("TypeError", "unhashable type: '%s'", k.TypeName())
 			}
 			v, err := e.eval(t.vals[i], s)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			d.set(k, v)
 		}
-		return jDictV(d), nil
+		return DictValue(d), nil
 	}
-	return jv{}, fmt.Errorf("internal: unknown expression %T", x)
+	return Value{}, fmt.Errorf("internal: unknown expression %T", x)
 }
 
-func jCompareOp(op string, l, r jv) (bool, error) {
+func compareOp(op string, l, r Value) (bool, error) {
 	switch op {
 	case "==":
-		return jEqual(l, r), nil
+		return equal(l, r), nil
 	case "!=":
-		return !jEqual(l, r), nil
+		return !equal(l, r), nil
 	case "in":
-		return jContains(r, l)
+		return contains(r, l)
 	case "notin":
-		ok, err := jContains(r, l)
+		ok, err := contains(r, l)
 		return !ok, err
 	}
-	c, err := jCompare(op, l, r)
+	c, err := compare(op, l, r)
 	if err == errNaNCompare {
 		return false, nil
 	}
@@ -246,236 +246,236 @@ func jCompareOp(op string, l, r jv) (bool, error) {
 	return false, fmt.Errorf("internal: operator %s", op)
 }
 
-// jContains is Python's "item in container".
-func jContains(container, item jv) (bool, error) {
+// contains is Python's "item in container".
+func contains(container, item Value) (bool, error) {
 	switch container.k {
-	case jkStr:
-		if item.k != jkStr {
-			return false, jErrorf("TypeError", "'in <string>' requires string as left operand, not %s", jValueTypeName(item))
+	case KindString:
+		if item.k != KindString {
+			return false, errorf("TypeError", "'in <string>' requires string as left operand, not %s", item.TypeName())
 		}
 		return strings.Contains(container.s, item.s), nil
-	case jkList, jkTuple:
+	case KindList, kindTuple:
 		for _, it := range container.list().items {
-			if jEqual(it, item) {
+			if equal(it, item) {
 				return true, nil
 			}
 		}
 		return false, nil
-	case jkDict:
-		if !jHashable(item) {
-			return false, jErrorf("TypeError", "unhashable type: '%s'", jValueTypeName(item))
+	case KindDict:
+		if !hashable(item) {
+			return false, errorf("TypeError", "unhashable type: '%s'", item.TypeName())
 		}
 		_, ok := container.dict().get(item)
 		return ok, nil
-	case jkUndef:
+	case KindUndefined:
 		return false, nil
-	case jkGen:
-		g := container.o.(*jGen)
+	case kindGenerator:
+		g := container.o.(*generator)
 		for g.pos < len(g.items) {
 			it := g.items[g.pos]
 			g.pos++
-			if jEqual(it, item) {
+			if equal(it, item) {
 				return true, nil
 			}
 		}
 		return false, nil
-	case jkView:
-		w := container.o.(*jView)
-		if w.name == "dict_keys" && !jHashable(item) {
-			return false, jErrorf("TypeError", "unhashable type: '%s'", jValueTypeName(item))
+	case kindView:
+		w := container.o.(*dictView)
+		if w.name == "dict_keys" && !hashable(item) {
+			return false, errorf("TypeError", "unhashable type: '%s'", item.TypeName())
 		}
 		for _, it := range w.items {
-			if jEqual(it, item) {
+			if equal(it, item) {
 				return true, nil
 			}
 		}
 		return false, nil
-	case jkLoop:
-		for _, it := range container.o.(*jLoopCtx).items {
-			if jEqual(it, item) {
+	case kindLoop:
+		for _, it := range container.o.(*loopContext).items {
+			if equal(it, item) {
 				return true, nil
 			}
 		}
 		return false, nil
 	}
-	return false, jErrorf("TypeError", "argument of type '%s' is not iterable", jValueTypeName(container))
+	return false, errorf("TypeError", "argument of type '%s' is not iterable", container.TypeName())
 }
 
 // ---- attribute and item access (SandboxedEnvironment.getattr / getitem) ----
 
-var jDictMethods = map[string]bool{"get": true, "items": true, "keys": true, "values": true, "copy": true}
-var jDictUnsafe = map[string]bool{"clear": true, "pop": true, "popitem": true, "setdefault": true, "update": true}
-var jListMethods = map[string]bool{"count": true, "index": true, "copy": true}
-var jListUnsafe = map[string]bool{"append": true, "clear": true, "pop": true, "reverse": true, "insert": true, "sort": true, "extend": true, "remove": true}
+var dictMethods = map[string]bool{"get": true, "items": true, "keys": true, "values": true, "copy": true}
+var dictUnsafe = map[string]bool{"clear": true, "pop": true, "popitem": true, "setdefault": true, "update": true}
+var listMethods = map[string]bool{"count": true, "index": true, "copy": true}
+var listUnsafe = map[string]bool{"append": true, "clear": true, "pop": true, "reverse": true, "insert": true, "sort": true, "extend": true, "remove": true}
 
-// jUnsafe is the Undefined the sandbox returns for a mutating method.
-func jUnsafe(obj jv, name string) jv {
-	return jUndefHinted(fmt.Sprintf("access to attribute '%s' of '%s' object is unsafe.", name, jValueTypeName(obj)), true)
+// unsafeUndefined is the Undefined the sandbox returns for a mutating method.
+func unsafeUndefined(obj Value, name string) Value {
+	return undefinedHinted(fmt.Sprintf("access to attribute '%s' of '%s' object is unsafe.", name, obj.TypeName()), true)
 }
 
 // attribute returns Python getattr(obj, name) when obj has such an attribute.
-func (e *jEval) attribute(obj jv, name string) (jv, bool) {
+func (e *evaluator) attribute(obj Value, name string) (Value, bool) {
 	if strings.HasPrefix(name, "_") {
 		if strings.HasPrefix(name, "__") && strings.HasSuffix(name, "__") && len(name) > 4 {
-			return jUnsafe(obj, name), true
+			return unsafeUndefined(obj, name), true
 		}
-		return jv{}, false
+		return Value{}, false
 	}
 	switch obj.k {
-	case jkDict:
-		if jDictMethods[name] {
-			return jBoundMethod(obj, name), true
+	case KindDict:
+		if dictMethods[name] {
+			return boundMethod(obj, name), true
 		}
-		if jDictUnsafe[name] {
-			return jUnsafe(obj, name), true
+		if dictUnsafe[name] {
+			return unsafeUndefined(obj, name), true
 		}
-	case jkList, jkTuple:
-		if jListMethods[name] && !(obj.k == jkTuple && name == "copy") {
-			return jBoundMethod(obj, name), true
+	case KindList, kindTuple:
+		if listMethods[name] && !(obj.k == kindTuple && name == "copy") {
+			return boundMethod(obj, name), true
 		}
-		if obj.k == jkList && jListUnsafe[name] {
-			return jUnsafe(obj, name), true
+		if obj.k == KindList && listUnsafe[name] {
+			return unsafeUndefined(obj, name), true
 		}
-	case jkStr:
-		if jStrMethods[name] != nil {
-			return jBoundMethod(obj, name), true
+	case KindString:
+		if strMethods[name] != nil {
+			return boundMethod(obj, name), true
 		}
-	case jkNS:
-		return obj.o.(*jNamespace).get(name)
-	case jkLoop:
-		return e.loopAttr(obj.o.(*jLoopCtx), obj, name)
-	case jkCycler:
-		c := obj.o.(*jCyclerState)
+	case kindNamespace:
+		return obj.o.(*namespace).get(name)
+	case kindLoop:
+		return e.loopAttr(obj.o.(*loopContext), obj, name)
+	case kindCycler:
+		c := obj.o.(*cyclerState)
 		switch name {
 		case "current":
 			return c.items[c.pos], true
 		case "next", "reset":
-			return jBoundMethod(obj, name), true
+			return boundMethod(obj, name), true
 		}
-	case jkFunc:
-		c := obj.o.(*jCallable)
+	case kindFunc:
+		c := obj.o.(*callable)
 		if c.macro != nil {
 			switch name {
 			case "name":
-				return jStrV(c.macro.name), true
+				return StringValue(c.macro.name), true
 			case "arguments":
-				items := make([]jv, len(c.macro.params))
+				items := make([]Value, len(c.macro.params))
 				for i, p := range c.macro.params {
-					items[i] = jStrV(p)
+					items[i] = StringValue(p)
 				}
-				return jTupleV(items), true
+				return tupleValue(items), true
 			case "catch_kwargs":
-				return jBoolV(c.macro.catchKwargs), true
+				return BoolValue(c.macro.catchKwargs), true
 			case "catch_varargs":
-				return jBoolV(c.macro.catchVarargs), true
+				return BoolValue(c.macro.catchVarargs), true
 			case "caller":
-				return jBoolV(c.macro.usesCaller), true
+				return BoolValue(c.macro.usesCaller), true
 			}
 		}
-	case jkFloat:
+	case KindFloat:
 		switch name {
 		case "real":
 			return obj, true
 		case "imag":
-			return jFloatV(0), true
+			return floatValue(0), true
 		case "is_integer", "hex", "conjugate", "as_integer_ratio":
-			return jBoundMethod(obj, name), true
+			return boundMethod(obj, name), true
 		}
-	case jkInt, jkBig, jkBool:
+	case KindInt, kindBig, KindBool:
 		switch name {
 		case "real", "numerator":
-			if obj.k == jkBool {
-				return jIntV(obj.n), true
+			if obj.k == KindBool {
+				return intValue(obj.n), true
 			}
 			return obj, true
 		case "imag":
-			return jIntV(0), true
+			return intValue(0), true
 		case "denominator":
-			return jIntV(1), true
+			return intValue(1), true
 		case "bit_length", "conjugate":
-			return jBoundMethod(obj, name), true
+			return boundMethod(obj, name), true
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-func jBoundMethod(obj jv, name string) jv {
-	return jv{k: jkFunc, o: &jCallable{name: jValueTypeName(obj) + "." + name, recv: obj, method: name}}
+func boundMethod(obj Value, name string) Value {
+	return Value{k: kindFunc, o: &callable{name: obj.TypeName() + "." + name, recv: obj, method: name}}
 }
 
 // getattr is obj.name: the attribute, else the item, else Undefined.
-func (e *jEval) getattr(obj jv, name string) (jv, error) {
-	if obj.k == jkUndef {
-		return jv{}, jUndefError(obj)
+func (e *evaluator) getattr(obj Value, name string) (Value, error) {
+	if obj.k == KindUndefined {
+		return Value{}, undefinedError(obj)
 	}
-	if obj.k == jkDict {
+	if obj.k == KindDict {
 		// fast path for the common message.role / tool.function lookups
-		if !jDictMethods[name] && !jDictUnsafe[name] && !strings.HasPrefix(name, "__") {
-			if v, ok := obj.dict().getStr(name); ok {
+		if !dictMethods[name] && !dictUnsafe[name] && !strings.HasPrefix(name, "__") {
+			if v, ok := obj.dict().Get(name); ok {
 				return v, nil
 			}
-			return jUndefAttr(obj, name), nil
+			return undefinedAttr(obj, name), nil
 		}
 	}
 	if v, ok := e.attribute(obj, name); ok {
 		return v, nil
 	}
 	switch obj.k {
-	case jkDict:
-		if v, ok := obj.dict().getStr(name); ok {
+	case KindDict:
+		if v, ok := obj.dict().Get(name); ok {
 			return v, nil
 		}
 	}
-	return jUndefAttr(obj, name), nil
+	return undefinedAttr(obj, name), nil
 }
 
 // getitem is obj[key]: the item, else (for string keys) the attribute, else Undefined.
-func (e *jEval) getitem(obj jv, key jv) (jv, error) {
+func (e *evaluator) getitem(obj Value, key Value) (Value, error) {
 	switch obj.k {
-	case jkUndef:
-		return jv{}, jUndefError(obj)
-	case jkDict:
-		if jHashable(key) {
+	case KindUndefined:
+		return Value{}, undefinedError(obj)
+	case KindDict:
+		if hashable(key) {
 			if v, ok := obj.dict().get(key); ok {
 				return v, nil
 			}
 		}
-	case jkList, jkTuple, jkStr:
-		if key.k == jkInt || key.k == jkBool || key.k == jkBig {
+	case KindList, kindTuple, KindString:
+		if key.k == KindInt || key.k == KindBool || key.k == kindBig {
 			n := 0
-			if obj.k == jkStr {
-				n = jStrLen(obj.s)
+			if obj.k == KindString {
+				n = strLen(obj.s)
 			} else {
 				n = len(obj.list().items)
 			}
-			if key.k != jkBig {
+			if key.k != kindBig {
 				i := key.n
 				if i < 0 {
 					i += int64(n)
 				}
 				if i >= 0 && i < int64(n) {
-					if obj.k == jkStr {
-						return jStrV(jStrIndex(obj.s, int(i))), nil
+					if obj.k == KindString {
+						return StringValue(runeAt(obj.s, int(i))), nil
 					}
 					return obj.list().items[i], nil
 				}
 			}
-			return jUndefElem(obj, key), nil
+			return undefinedElem(obj, key), nil
 		}
-	case jkLoop, jkNS, jkCycler:
+	case kindLoop, kindNamespace, kindCycler:
 	}
-	if key.k == jkStr {
+	if key.k == KindString {
 		if v, ok := e.attribute(obj, key.s); ok {
 			return v, nil
 		}
-		return jUndefAttr(obj, key.s), nil
+		return undefinedAttr(obj, key.s), nil
 	}
-	return jUndefElem(obj, key), nil
+	return undefinedElem(obj, key), nil
 }
 
-// jStrIndex returns the i-th code point of s as a string.
-func jStrIndex(s string, i int) string {
-	if jIsASCII(s) {
+// runeAt returns the i-th code point of s as a string.
+func runeAt(s string, i int) string {
+	if isASCII(s) {
 		return s[i : i+1]
 	}
 	for pos := range s {
@@ -488,30 +488,30 @@ func jStrIndex(s string, i int) string {
 	return ""
 }
 
-func (e *jEval) slice(obj jv, sl *jeSlice, s *jScope) (jv, error) {
-	var bounds [3]jv
-	for i, x := range []jExpr{sl.start, sl.stop, sl.step} {
+func (e *evaluator) slice(obj Value, sl *sliceExpr, s *scope) (Value, error) {
+	var bounds [3]Value
+	for i, x := range []expr{sl.start, sl.stop, sl.step} {
 		if x == nil {
-			bounds[i] = jvNone
+			bounds[i] = noneValue
 			continue
 		}
 		v, err := e.eval(x, s)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		bounds[i] = v
 	}
 	switch obj.k {
-	case jkUndef:
-		return jv{}, jUndefError(obj)
-	case jkList, jkTuple, jkStr:
+	case KindUndefined:
+		return Value{}, undefinedError(obj)
+	case KindList, kindTuple, KindString:
 	default:
-		return jUndefElem(obj, jvNone), nil
+		return undefinedElem(obj, noneValue), nil
 	}
 	var n int
 	var runes []rune
-	if obj.k == jkStr {
-		if jIsASCII(obj.s) {
+	if obj.k == KindString {
+		if isASCII(obj.s) {
 			n = len(obj.s)
 		} else {
 			runes = []rune(obj.s)
@@ -523,33 +523,33 @@ func (e *jEval) slice(obj jv, sl *jeSlice, s *jScope) (jv, error) {
 	idx := make([]int64, 3)
 	for i, b := range bounds {
 		switch b.k {
-		case jkNone:
+		case KindNone:
 			idx[i] = math.MinInt64
-		case jkInt, jkBool:
+		case KindInt, KindBool:
 			idx[i] = b.n
-		case jkBig:
+		case kindBig:
 			if b.o.(*big.Int).Sign() > 0 {
 				idx[i] = math.MaxInt64 / 2
 			} else {
 				idx[i] = -math.MaxInt64 / 2
 			}
-		case jkUndef:
-			return jv{}, jUndefError(b)
+		case KindUndefined:
+			return Value{}, undefinedError(b)
 		default:
-			return jv{}, jErrorf("TypeError", "slice indices must be integers or None or have an __index__ method")
+			return Value{}, errorf("TypeError", "slice indices must be integers or None or have an __index__ method")
 		}
 	}
-	start, stop, step, err := jSliceIndices(idx[0], idx[1], idx[2], n)
+	start, stop, step, err := sliceIndices(idx[0], idx[1], idx[2], n)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	switch obj.k {
-	case jkStr:
+	case KindString:
 		if runes == nil && step == 1 {
 			if stop < start {
-				return jvEmptyStr, nil
+				return emptyString, nil
 			}
-			return jStrV(obj.s[start:stop]), nil
+			return StringValue(obj.s[start:stop]), nil
 		}
 		if runes == nil {
 			runes = []rune(obj.s)
@@ -558,28 +558,28 @@ func (e *jEval) slice(obj jv, sl *jeSlice, s *jScope) (jv, error) {
 		for i := start; (step > 0 && i < stop) || (step < 0 && i > stop); i += step {
 			b.WriteRune(runes[i])
 		}
-		return jStrV(b.String()), nil
+		return StringValue(b.String()), nil
 	default:
 		src := obj.list().items
-		var out []jv
+		var out []Value
 		for i := start; (step > 0 && i < stop) || (step < 0 && i > stop); i += step {
 			out = append(out, src[i])
 		}
-		if obj.k == jkTuple {
-			return jTupleV(out), nil
+		if obj.k == kindTuple {
+			return tupleValue(out), nil
 		}
-		return jListV(out), nil
+		return ListValue(out), nil
 	}
 }
 
-// jSliceIndices is slice.indices(n); absent bounds are math.MinInt64.
-func jSliceIndices(start, stop, step int64, n int) (int, int, int, error) {
+// sliceIndices is slice.indices(n); absent bounds are math.MinInt64.
+func sliceIndices(start, stop, step int64, n int) (int, int, int, error) {
 	st := int64(1)
 	if step != math.MinInt64 {
 		st = step
 	}
 	if st == 0 {
-		return 0, 0, 0, jErrorf("ValueError", "slice step cannot be zero")
+		return 0, 0, 0, errorf("ValueError", "slice step cannot be zero")
 	}
 	ln := int64(n)
 	clamp := func(v int64, def int64) int64 {

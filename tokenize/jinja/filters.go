@@ -12,57 +12,57 @@ import (
 	"unicode/utf8"
 )
 
-func jfAbs(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	if _, err := jBind("abs", nil, args, kw); err != nil {
-		return jv{}, err
+func filterAbs(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	if _, err := bind("abs", nil, args, kw); err != nil {
+		return Value{}, err
 	}
 	switch v.k {
-	case jkInt, jkBool:
+	case KindInt, KindBool:
 		if v.n < 0 {
-			return jNeg(v)
+			return negate(v)
 		}
-		return jIntV(v.n), nil
-	case jkBig:
-		return jBigV(new(big.Int).Abs(v.o.(*big.Int))), nil
-	case jkFloat:
-		return jFloatV(math.Abs(v.f)), nil
-	case jkUndef:
-		return jv{}, jUndefError(v)
+		return intValue(v.n), nil
+	case kindBig:
+		return bigValue(new(big.Int).Abs(v.o.(*big.Int))), nil
+	case KindFloat:
+		return floatValue(math.Abs(v.f)), nil
+	case KindUndefined:
+		return Value{}, undefinedError(v)
 	}
-	return jv{}, jErrorf("TypeError", "bad operand type for abs(): '%s'", jValueTypeName(v))
+	return Value{}, errorf("TypeError", "bad operand type for abs(): '%s'", v.TypeName())
 }
 
-func jfCapitalize(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	return jStrV(jCapitalizeStr(jSoftStr(v))), nil
+func filterCapitalize(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(pyCapitalize(softStr(v))), nil
 }
 
-func jfCenter(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("center", []string{"width"}, args, kw)
+func filterCenter(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("center", []string{"width"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	w := 80
-	if a[0].k != jkMissing {
-		if w, err = jWantInt("center", a[0]); err != nil {
-			return jv{}, err
+	if a[0].k != kindMissing {
+		if w, err = wantInt("center", a[0]); err != nil {
+			return Value{}, err
 		}
 	}
-	return jStrV(jCenterStr(jSoftStr(v), w, " ")), nil
+	return StringValue(pyCenter(softStr(v), w, " ")), nil
 }
 
-func jfDefault(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("default", []string{"default_value", "boolean"}, args, kw)
+func filterDefault(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("default", []string{"default_value", "boolean"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	def := jOr(a[0], jvEmptyStr)
-	if v.k == jkUndef || (jTruthy(jOr(a[1], jvFalse)) && !jTruthy(v)) {
+	def := orDefault(a[0], emptyString)
+	if v.k == KindUndefined || (orDefault(a[1], falseValue).Truth() && !v.Truth()) {
 		return def, nil
 	}
 	return v, nil
 }
 
-func jHTMLEscape(s string) string {
+func htmlEscape(s string) string {
 	if !strings.ContainsAny(s, "&<>'\"") {
 		return s
 	}
@@ -70,14 +70,14 @@ func jHTMLEscape(s string) string {
 	return r.Replace(s)
 }
 
-func jfEscape(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	return jStrV(jHTMLEscape(jSoftStr(v))), nil
+func filterEscape(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(htmlEscape(softStr(v))), nil
 }
 
-// jPyFloatFromString is Python's float(str).
-func jPyFloatFromString(s string) (float64, bool) {
-	t := strings.ReplaceAll(jPyStrip(s), "_", "")
-	if strings.Contains(jPyStrip(s), "__") || strings.HasPrefix(jPyStrip(s), "_") || strings.HasSuffix(jPyStrip(s), "_") {
+// pyFloatFromString is Python's float(str).
+func pyFloatFromString(s string) (float64, bool) {
+	t := strings.ReplaceAll(pyStrip(s), "_", "")
+	if strings.Contains(pyStrip(s), "__") || strings.HasPrefix(pyStrip(s), "_") || strings.HasSuffix(pyStrip(s), "_") {
 		return 0, false
 	}
 	switch strings.ToLower(strings.TrimLeft(t, "+-")) {
@@ -92,61 +92,61 @@ func jPyFloatFromString(s string) (float64, bool) {
 	if strings.ContainsAny(t, "xXpP") {
 		return 0, false
 	}
-	f, err := jParseFloat(t)
+	f, err := parseFloat(t)
 	if err != nil {
 		return 0, false
 	}
 	return f, true
 }
 
-func jfFloat(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("float", []string{"default"}, args, kw)
+func filterFloat(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("float", []string{"default"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	def := jOr(a[0], jFloatV(0))
+	def := orDefault(a[0], floatValue(0))
 	switch v.k {
-	case jkFloat:
+	case KindFloat:
 		return v, nil
-	case jkInt, jkBool, jkBig:
-		f, err := jAsFloat(v)
+	case KindInt, KindBool, kindBig:
+		f, err := asFloat(v)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jFloatV(f), nil
-	case jkStr:
-		if f, ok := jPyFloatFromString(v.s); ok {
-			return jFloatV(f), nil
+		return floatValue(f), nil
+	case KindString:
+		if f, ok := pyFloatFromString(v.s); ok {
+			return floatValue(f), nil
 		}
-	case jkUndef:
-		return jv{}, jUndefError(v)
+	case KindUndefined:
+		return Value{}, undefinedError(v)
 	}
 	return def, nil
 }
 
-func jfFormat(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
+func filterFormat(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
 	if len(args) > 0 && len(kw.names) > 0 {
-		return jv{}, jErrorf("FilterArgumentError", "can't handle positional and keyword arguments at the same time")
+		return Value{}, errorf("FilterArgumentError", "can't handle positional and keyword arguments at the same time")
 	}
-	var arg jv
+	var arg Value
 	if len(kw.names) > 0 {
-		d := jNewDict(len(kw.names))
+		d := NewDict(len(kw.names))
 		for i, n := range kw.names {
-			d.set(jStrV(n), kw.vals[i])
+			d.set(StringValue(n), kw.vals[i])
 		}
-		arg = jDictV(d)
+		arg = DictValue(d)
 	} else {
-		arg = jTupleV(args)
+		arg = tupleValue(args)
 	}
-	s, err := jPercentFormat(jSoftStr(v), arg)
+	s, err := percentFormat(softStr(v), arg)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(s), nil
+	return StringValue(s), nil
 }
 
-// jSplitlines is Python's str.splitlines(keepends).
-func jSplitlines(s string, keepends bool) []string {
+// splitlines is Python's str.splitlines(keepends).
+func splitlines(s string, keepends bool) []string {
 	var out []string
 	start := 0
 	for i := 0; i < len(s); {
@@ -179,30 +179,30 @@ func jSplitlines(s string, keepends bool) []string {
 	return out
 }
 
-func jfIndent(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("indent", []string{"width", "first", "blank"}, args, kw)
+func filterIndent(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("indent", []string{"width", "first", "blank"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	indention := "    "
 	switch w := a[0]; w.k {
-	case jkMissing:
-	case jkStr:
+	case kindMissing:
+	case KindString:
 		indention = w.s
 	default:
-		n, err := jWantInt("indent", w)
+		n, err := wantInt("indent", w)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if n < 0 {
 			n = 0
 		}
 		indention = strings.Repeat(" ", n)
 	}
-	s := jSoftStr(v) + "\n"
-	lines := jSplitlines(s, false)
+	s := softStr(v) + "\n"
+	lines := splitlines(s, false)
 	var rv string
-	if jTruthy(jOr(a[2], jvFalse)) {
+	if orDefault(a[2], falseValue).Truth() {
 		rv = strings.Join(lines, "\n"+indention)
 	} else {
 		rv = lines[0]
@@ -222,15 +222,15 @@ func jfIndent(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
 			rv = b.String()
 		}
 	}
-	if jTruthy(jOr(a[1], jvFalse)) {
+	if orDefault(a[1], falseValue).Truth() {
 		rv = indention + rv
 	}
-	return jStrV(rv), nil
+	return StringValue(rv), nil
 }
 
-// jPyIntFromString is Python's int(str, base).
-func jPyIntFromString(s string, base int) (jv, bool) {
-	t := jPyStrip(s)
+// pyIntFromString is Python's int(str, base).
+func pyIntFromString(s string, base int) (Value, bool) {
+	t := pyStrip(s)
 	neg := false
 	if strings.HasPrefix(t, "+") || strings.HasPrefix(t, "-") {
 		neg = t[0] == '-'
@@ -256,159 +256,161 @@ func jPyIntFromString(s string, base int) (jv, bool) {
 		} else if base == 0 {
 			base = 10
 			if len(t) > 1 && t[0] == '0' && strings.Trim(t, "0_") != "" {
-				return jv{}, false
+				return Value{}, false
 			}
 		}
 	}
 	if t == "" || strings.HasPrefix(t, "_") || strings.HasSuffix(t, "_") || strings.Contains(t, "__") {
-		return jv{}, false
+		return Value{}, false
 	}
 	t = strings.ReplaceAll(t, "_", "")
 	if base < 2 || base > 36 {
-		return jv{}, false
+		return Value{}, false
 	}
 	b, ok := new(big.Int).SetString(t, base)
 	if !ok {
-		return jv{}, false
+		return Value{}, false
 	}
 	if neg {
 		b.Neg(b)
 	}
-	return jBigV(b), true
+	return bigValue(b), true
 }
 
-func jfInt(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("int", []string{"default", "base"}, args, kw)
+func filterInt(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("int", []string{"default", "base"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	def := jOr(a[0], jIntV(0))
+	def := orDefault(a[0], intValue(0))
 	base := 10
-	if a[1].k != jkMissing {
-		if base, err = jWantInt("int", a[1]); err != nil {
-			return jv{}, err
+	if a[1].k != kindMissing {
+		if base, err = wantInt("int", a[1]); err != nil {
+			return Value{}, err
 		}
 	}
 	switch v.k {
-	case jkInt, jkBig:
+	case KindInt, kindBig:
 		return v, nil
-	case jkBool:
-		return jIntV(v.n), nil
-	case jkFloat:
+	case KindBool:
+		return intValue(v.n), nil
+	case KindFloat:
 		if math.IsInf(v.f, 0) {
-			return jv{}, jErrorf("OverflowError", "cannot convert float infinity to integer")
+			return Value{}, errorf("OverflowError", "cannot convert float infinity to integer")
 		}
 		if math.IsNaN(v.f) {
 			return def, nil
 		}
 		b, _ := new(big.Float).SetFloat64(math.Trunc(v.f)).Int(nil)
-		return jBigV(b), nil
-	case jkStr:
-		if r, ok := jPyIntFromString(v.s, base); ok {
+		return bigValue(b), nil
+	case KindString:
+		if r, ok := pyIntFromString(v.s, base); ok {
 			return r, nil
 		}
-		if f, ok := jPyFloatFromString(v.s); ok {
+		if f, ok := pyFloatFromString(v.s); ok {
 			if math.IsInf(f, 0) {
-				return jv{}, jErrorf("OverflowError", "cannot convert float infinity to integer")
+				return Value{}, errorf("OverflowError", "cannot convert float infinity to integer")
 			}
 			if math.IsNaN(f) {
 				return def, nil
 			}
 			b, _ := new(big.Float).SetFloat64(math.Trunc(f)).Int(nil)
-			return jBigV(b), nil
+			return bigValue(b), nil
 		}
-	case jkUndef:
-		return jv{}, jUndefError(v)
+	case KindUndefined:
+		return Value{}, undefinedError(v)
 	}
 	return def, nil
 }
 
-func jfLower(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	return jStrV(jLowerStr(jSoftStr(v))), nil
+func filterLower(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(pyLower(softStr(v))), nil
 }
 
-func jfUpper(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	return jStrV(jUpperStr(jSoftStr(v))), nil
+func filterUpper(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(pyUpper(softStr(v))), nil
 }
 
-func jfPprint(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) { return jStrV(jRepr(v)), nil }
+func filterPprint(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(v.Repr()), nil
+}
 
-func jfReplace(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("replace", []string{"old", "new", "count"}, args, kw)
+func filterReplace(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("replace", []string{"old", "new", "count"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if a[0].k == jkMissing || a[1].k == jkMissing {
-		return jv{}, jErrorf("TypeError", "do_replace() missing required arguments")
+	if a[0].k == kindMissing || a[1].k == kindMissing {
+		return Value{}, errorf("TypeError", "do_replace() missing required arguments")
 	}
 	n := -1
-	if a[2].k != jkMissing && a[2].k != jkNone {
-		if n, err = jWantInt("replace", a[2]); err != nil {
-			return jv{}, err
+	if a[2].k != kindMissing && a[2].k != KindNone {
+		if n, err = wantInt("replace", a[2]); err != nil {
+			return Value{}, err
 		}
 	}
-	return jStrV(jPyReplace(jSoftStr(v), jSoftStr(a[0]), jSoftStr(a[1]), n)), nil
+	return StringValue(pyReplace(softStr(v), softStr(a[0]), softStr(a[1]), n)), nil
 }
 
-func jPyReplace(s, old, repl string, n int) string {
+func pyReplace(s, old, repl string, n int) string {
 	if n < 0 {
 		n = -1
 	}
 	return strings.Replace(s, old, repl, n)
 }
 
-func jfRound(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("round", []string{"precision", "method"}, args, kw)
+func filterRound(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("round", []string{"precision", "method"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	prec := 0
-	if a[0].k != jkMissing {
-		if prec, err = jWantInt("round", a[0]); err != nil {
-			return jv{}, err
+	if a[0].k != kindMissing {
+		if prec, err = wantInt("round", a[0]); err != nil {
+			return Value{}, err
 		}
 	}
 	method := "common"
-	if a[1].k != jkMissing {
-		if method, err = jWantStr("round", a[1]); err != nil {
-			return jv{}, err
+	if a[1].k != kindMissing {
+		if method, err = wantStr("round", a[1]); err != nil {
+			return Value{}, err
 		}
 	}
 	if method != "common" && method != "ceil" && method != "floor" {
-		return jv{}, jErrorf("FilterArgumentError", "method must be common, ceil or floor")
+		return Value{}, errorf("FilterArgumentError", "method must be common, ceil or floor")
 	}
 	if !v.isNumber() {
-		if v.k == jkUndef {
-			return jv{}, jUndefError(v)
+		if v.k == KindUndefined {
+			return Value{}, undefinedError(v)
 		}
-		return jv{}, jErrorf("TypeError", "type %s doesn't define __round__ method", jValueTypeName(v))
+		return Value{}, errorf("TypeError", "type %s doesn't define __round__ method", v.TypeName())
 	}
 	if method == "common" {
-		if v.k != jkFloat {
+		if v.k != KindFloat {
 			if prec >= 0 {
-				return jPos(v)
+				return unaryPlus(v)
 			}
-			f, _ := jAsFloat(v)
+			f, _ := asFloat(v)
 			p := math.Pow(10, float64(-prec))
 			r := math.RoundToEven(f/p) * p
 			b, _ := new(big.Float).SetFloat64(r).Int(nil)
-			return jBigV(b), nil
+			return bigValue(b), nil
 		}
-		return jFloatV(jPyRound(v.f, prec)), nil
+		return floatValue(pyRound(v.f, prec)), nil
 	}
-	f, err := jAsFloat(v)
+	f, err := asFloat(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	p := math.Pow(10, float64(prec))
 	if method == "ceil" {
-		return jFloatV(math.Ceil(f*p) / p), nil
+		return floatValue(math.Ceil(f*p) / p), nil
 	}
-	return jFloatV(math.Floor(f*p) / p), nil
+	return floatValue(math.Floor(f*p) / p), nil
 }
 
-// jPyRound is Python's round(float, ndigits): correctly rounded, ties to even.
-func jPyRound(f float64, nd int) float64 {
+// pyRound is Python's round(float, ndigits): correctly rounded, ties to even.
+func pyRound(f float64, nd int) float64 {
 	if math.IsInf(f, 0) || math.IsNaN(f) || f == 0 {
 		return f
 	}
@@ -427,17 +429,19 @@ func jPyRound(f float64, nd int) float64 {
 	return math.RoundToEven(f/p) * p
 }
 
-func jfSafe(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) { return v, nil }
+func filterSafe(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) { return v, nil }
 
-func jfString(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) { return jStrV(jSoftStr(v)), nil }
+func filterString(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	return StringValue(softStr(v)), nil
+}
 
-// jfTitle is jinja2's do_title: capitalise after runs of "-", whitespace, "(", "{",
+// filterTitle is jinja2's do_title: capitalise after runs of "-", whitespace, "(", "{",
 // "[" and "<" (not str.title).
-func jfTitle(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	s := jSoftStr(v)
+func filterTitle(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	s := softStr(v)
 	var b strings.Builder
 	isSep := func(r rune) bool {
-		return r == '-' || r == '(' || r == '{' || r == '[' || r == '<' || jPyIsSpace(r)
+		return r == '-' || r == '(' || r == '{' || r == '[' || r == '<' || pyIsSpace(r)
 	}
 	i := 0
 	for i < len(s) {
@@ -457,126 +461,126 @@ func jfTitle(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
 		}
 		word := s[i:j]
 		_, fs := utf8.DecodeRuneInString(word)
-		b.WriteString(jUpperStr(word[:fs]))
-		b.WriteString(jLowerStr(word[fs:]))
+		b.WriteString(pyUpper(word[:fs]))
+		b.WriteString(pyLower(word[fs:]))
 		i = j
 	}
-	return jStrV(b.String()), nil
+	return StringValue(b.String()), nil
 }
 
-func jfToJSON(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("tojson", []string{"ensure_ascii", "indent", "separators", "sort_keys"}, args, kw)
+func filterToJSON(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("tojson", []string{"ensure_ascii", "indent", "separators", "sort_keys"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	opt := jDumpOptions{itemSep: ", ", keySep: ": "}
-	opt.ensureASCII = jTruthy(jOr(a[0], jvFalse))
-	switch ind := jOr(a[1], jvNone); ind.k {
-	case jkNone:
-	case jkStr:
+	opt := dumpOptions{itemSep: ", ", keySep: ": "}
+	opt.ensureASCII = orDefault(a[0], falseValue).Truth()
+	switch ind := orDefault(a[1], noneValue); ind.k {
+	case KindNone:
+	case KindString:
 		s := ind.s
 		opt.indent = &s
-	case jkInt, jkBool:
+	case KindInt, KindBool:
 		n := int(ind.n)
 		if n < 0 {
 			n = 0
 		}
 		if n > 1000 {
-			return jv{}, jErrorf("ValueError", "indent too large")
+			return Value{}, errorf("ValueError", "indent too large")
 		}
 		s := strings.Repeat(" ", n)
 		opt.indent = &s
 	default:
-		return jv{}, jErrorf("TypeError", "indent must be an int or a str, not %s", jValueTypeName(ind))
+		return Value{}, errorf("TypeError", "indent must be an int or a str, not %s", ind.TypeName())
 	}
 	if opt.indent != nil {
 		opt.itemSep = ","
 	}
-	if sep := jOr(a[2], jvNone); sep.k != jkNone {
-		items, err := jIterate(sep)
-		if err != nil || len(items) != 2 || items[0].k != jkStr || items[1].k != jkStr {
-			return jv{}, jErrorf("ValueError", "separators must be a (item_separator, key_separator) pair of strings")
+	if sep := orDefault(a[2], noneValue); sep.k != KindNone {
+		items, err := iterate(sep)
+		if err != nil || len(items) != 2 || items[0].k != KindString || items[1].k != KindString {
+			return Value{}, errorf("ValueError", "separators must be a (item_separator, key_separator) pair of strings")
 		}
 		opt.itemSep, opt.keySep = items[0].s, items[1].s
 	}
-	opt.sortKeys = jTruthy(jOr(a[3], jvFalse))
-	s, err := jDumpJSON(v, &opt)
+	opt.sortKeys = orDefault(a[3], falseValue).Truth()
+	s, err := dumpJSON(v, &opt)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(s), nil
+	return StringValue(s), nil
 }
 
-func jfTrim(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("trim", []string{"chars"}, args, kw)
+func filterTrim(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("trim", []string{"chars"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	s := jSoftStr(v)
-	if c := jOr(a[0], jvNone); c.k != jkNone {
-		cs, err := jWantStr("trim", c)
+	s := softStr(v)
+	if c := orDefault(a[0], noneValue); c.k != KindNone {
+		cs, err := wantStr("trim", c)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jStrV(strings.Trim(s, cs)), nil
+		return StringValue(strings.Trim(s, cs)), nil
 	}
-	return jStrV(jPyStrip(s)), nil
+	return StringValue(pyStrip(s)), nil
 }
 
-func jfTruncate(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("truncate", []string{"length", "killwords", "end", "leeway"}, args, kw)
+func filterTruncate(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("truncate", []string{"length", "killwords", "end", "leeway"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	s := jSoftStr(v)
+	s := softStr(v)
 	length := 255
-	if a[0].k != jkMissing {
-		if length, err = jWantInt("truncate", a[0]); err != nil {
-			return jv{}, err
+	if a[0].k != kindMissing {
+		if length, err = wantInt("truncate", a[0]); err != nil {
+			return Value{}, err
 		}
 	}
 	end := "..."
-	if a[2].k != jkMissing {
-		end = jSoftStr(a[2])
+	if a[2].k != kindMissing {
+		end = softStr(a[2])
 	}
 	leeway := 5
-	if a[3].k != jkMissing && a[3].k != jkNone {
-		if leeway, err = jWantInt("truncate", a[3]); err != nil {
-			return jv{}, err
+	if a[3].k != kindMissing && a[3].k != KindNone {
+		if leeway, err = wantInt("truncate", a[3]); err != nil {
+			return Value{}, err
 		}
 	}
-	endLen := jStrLen(end)
+	endLen := strLen(end)
 	if length < endLen {
-		return jv{}, jErrorf("AssertionError", "expected length >= %d, got %d", endLen, length)
+		return Value{}, errorf("AssertionError", "expected length >= %d, got %d", endLen, length)
 	}
 	if leeway < 0 {
-		return jv{}, jErrorf("AssertionError", "expected leeway >= 0, got %d", leeway)
+		return Value{}, errorf("AssertionError", "expected leeway >= 0, got %d", leeway)
 	}
 	r := []rune(s)
 	if len(r) <= length+leeway {
-		return jStrV(s), nil
+		return StringValue(s), nil
 	}
 	cut := string(r[:length-endLen])
-	if jTruthy(jOr(a[1], jvFalse)) {
-		return jStrV(cut + end), nil
+	if orDefault(a[1], falseValue).Truth() {
+		return StringValue(cut + end), nil
 	}
 	if i := strings.LastIndexByte(cut, ' '); i >= 0 {
 		cut = cut[:i]
 	} else {
 		cut = ""
 	}
-	return jStrV(cut + end), nil
+	return StringValue(cut + end), nil
 }
 
-func jfWordcount(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
+func filterWordcount(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
 	n := 0
 	in := false
-	for _, r := range jSoftStr(v) {
+	for _, r := range softStr(v) {
 		w := unicode.IsLetter(r) || unicode.IsDigit(r) || r == '_' || unicode.Is(unicode.Mn, r) || unicode.IsNumber(r)
 		if w && !in {
 			n++
 		}
 		in = w
 	}
-	return jIntV(int64(n)), nil
+	return intValue(int64(n)), nil
 }

@@ -5,47 +5,47 @@ package jinja
 
 import "strings"
 
-func jfAttr(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("attr", []string{"name"}, args, kw)
+func filterAttr(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("attr", []string{"name"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	name, err := jWantStr("attr", a[0])
+	name, err := wantStr("attr", a[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if v.k == jkUndef {
-		return jv{}, jUndefError(v)
+	if v.k == KindUndefined {
+		return Value{}, undefinedError(v)
 	}
 	if r, ok := e.attribute(v, name); ok {
 		return r, nil
 	}
-	return jUndefAttr(v, name), nil
+	return undefinedAttr(v, name), nil
 }
 
-func jfBatch(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("batch", []string{"linecount", "fill_with"}, args, kw)
+func filterBatch(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("batch", []string{"linecount", "fill_with"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	n, err := jWantInt("batch", a[0])
+	n, err := wantInt("batch", a[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if n <= 0 {
-		return jv{}, jErrorf("ValueError", "batch size must be positive")
+		return Value{}, errorf("ValueError", "batch size must be positive")
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	var out []jv
+	var out []Value
 	for i := 0; i < len(items); i += n {
 		end := i + n
-		var row []jv
+		var row []Value
 		if end > len(items) {
 			row = append(row, items[i:]...)
-			if a[1].k != jkMissing && a[1].k != jkNone {
+			if a[1].k != kindMissing && a[1].k != KindNone {
 				for len(row) < n {
 					row = append(row, a[1])
 				}
@@ -53,53 +53,53 @@ func jfBatch(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
 		} else {
 			row = append(row, items[i:end]...)
 		}
-		out = append(out, jListV(row))
+		out = append(out, ListValue(row))
 	}
-	return jGenV(out, "do_batch"), nil
+	return generatorValue(out, "do_batch"), nil
 }
 
-func jfDictsort(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("dictsort", []string{"case_sensitive", "by", "reverse"}, args, kw)
+func filterDictsort(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("dictsort", []string{"case_sensitive", "by", "reverse"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if v.k != jkDict {
-		if v.k == jkUndef {
-			return jv{}, jUndefError(v)
+	if v.k != KindDict {
+		if v.k == KindUndefined {
+			return Value{}, undefinedError(v)
 		}
-		return jv{}, jErrorf("AttributeError", "'%s' object has no attribute 'items'", jValueTypeName(v))
+		return Value{}, errorf("AttributeError", "'%s' object has no attribute 'items'", v.TypeName())
 	}
 	pos := 0
-	switch by := jOr(a[1], jStrV("key")); {
-	case by.k == jkStr && by.s == "key":
-	case by.k == jkStr && by.s == "value":
+	switch by := orDefault(a[1], StringValue("key")); {
+	case by.k == KindString && by.s == "key":
+	case by.k == KindString && by.s == "value":
 		pos = 1
 	default:
-		return jv{}, jErrorf("FilterArgumentError", "You can only sort by either \"key\" or \"value\"")
+		return Value{}, errorf("FilterArgumentError", "You can only sort by either \"key\" or \"value\"")
 	}
-	cs := jTruthy(jOr(a[0], jvFalse))
+	cs := orDefault(a[0], falseValue).Truth()
 	d := v.dict()
-	pairs := make([]jv, len(d.keys))
+	pairs := make([]Value, len(d.keys))
 	for i := range d.keys {
-		pairs[i] = jTupleV([]jv{d.keys[i], d.vals[i]})
+		pairs[i] = tupleValue([]Value{d.keys[i], d.vals[i]})
 	}
-	key := func(p jv) jv {
+	key := func(p Value) Value {
 		k := p.list().items[pos]
 		if !cs {
-			k = jIgnoreCase(k)
+			k = ignoreCase(k)
 		}
 		return k
 	}
-	out, err := jSortValues(pairs, key, jTruthy(jOr(a[2], jvFalse)))
+	out, err := sortValues(pairs, key, orDefault(a[2], falseValue).Truth())
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jListV(out), nil
+	return ListValue(out), nil
 }
 
-// jSortValues is Python's sorted(items, key=key, reverse=reverse) (stable).
-func jSortValues(items []jv, key func(jv) jv, reverse bool) ([]jv, error) {
-	keys := make([]jv, len(items))
+// sortValues is Python's sorted(items, key=key, reverse=reverse) (stable).
+func sortValues(items []Value, key func(Value) Value, reverse bool) ([]Value, error) {
+	keys := make([]Value, len(items))
 	for i, it := range items {
 		keys[i] = key(it)
 	}
@@ -116,7 +116,7 @@ func jSortValues(items []jv, key func(jv) jv, reverse bool) ([]jv, error) {
 		if reverse {
 			a, b = b, a
 		}
-		c, err := jCompare("<", a, b)
+		c, err := compare("<", a, b)
 		if err == errNaNCompare {
 			return false
 		}
@@ -126,87 +126,87 @@ func jSortValues(items []jv, key func(jv) jv, reverse bool) ([]jv, error) {
 		}
 		return c < 0
 	}
-	jSortInts(idx, less)
+	sortInts(idx, less)
 	if cmpErr != nil {
 		return nil, cmpErr
 	}
-	out := make([]jv, len(items))
+	out := make([]Value, len(items))
 	for i, j := range idx {
 		out[i] = items[j]
 	}
 	return out, nil
 }
 
-func jfFirst(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	if v.k == jkGen {
-		g := v.o.(*jGen)
+func filterFirst(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	if v.k == kindGenerator {
+		g := v.o.(*generator)
 		if g.pos < len(g.items) {
 			g.pos++
 			return g.items[g.pos-1], nil
 		}
-		return jUndefHinted("No first item, sequence was empty.", false), nil
+		return undefinedHinted("No first item, sequence was empty.", false), nil
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if len(items) == 0 {
-		return jUndefHinted("No first item, sequence was empty.", false), nil
+		return undefinedHinted("No first item, sequence was empty.", false), nil
 	}
 	return items[0], nil
 }
 
-func jfLast(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	if v.k == jkGen {
-		return jv{}, jErrorf("TypeError", "'%s' object is not reversible", jValueTypeName(v))
+func filterLast(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	if v.k == kindGenerator {
+		return Value{}, errorf("TypeError", "'%s' object is not reversible", v.TypeName())
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if len(items) == 0 {
-		return jUndefHinted("No last item, sequence was empty.", false), nil
+		return undefinedHinted("No last item, sequence was empty.", false), nil
 	}
 	return items[len(items)-1], nil
 }
 
-func jfGroupby(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("groupby", []string{"attribute", "default", "case_sensitive"}, args, kw)
+func filterGroupby(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("groupby", []string{"attribute", "default", "case_sensitive"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if a[0].k == jkMissing {
-		return jv{}, jErrorf("TypeError", "groupby() missing 1 required positional argument: 'attribute'")
+	if a[0].k == kindMissing {
+		return Value{}, errorf("TypeError", "groupby() missing 1 required positional argument: 'attribute'")
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	parts := jAttrParts(a[0])
-	cs := jTruthy(jOr(a[2], jvFalse))
-	def := jOr(a[1], jvNone)
-	key := func(it jv) jv {
+	parts := attrParts(a[0])
+	cs := orDefault(a[2], falseValue).Truth()
+	def := orDefault(a[1], noneValue)
+	key := func(it Value) Value {
 		k, err2 := e.attrGet(it, parts, def)
 		if err2 != nil {
 			err = err2
 		}
 		if !cs {
-			k = jIgnoreCase(k)
+			k = ignoreCase(k)
 		}
 		return k
 	}
-	sorted, err2 := jSortValues(items, key, false)
+	sorted, err2 := sortValues(items, key, false)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if err2 != nil {
-		return jv{}, err2
+		return Value{}, err2
 	}
-	var out []jv
+	var out []Value
 	for i := 0; i < len(sorted); {
 		k := key(sorted[i])
 		j := i + 1
-		for j < len(sorted) && jEqual(key(sorted[j]), k) {
+		for j < len(sorted) && equal(key(sorted[j]), k) {
 			j++
 		}
 		grouper := k
@@ -214,167 +214,167 @@ func jfGroupby(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
 			// the grouper is the value of the first item of the group
 			g, err := e.attrGet(sorted[i], parts, def)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			grouper = g
 		}
-		out = append(out, jTupleV([]jv{grouper, jListV(append([]jv(nil), sorted[i:j]...))}))
+		out = append(out, tupleValue([]Value{grouper, ListValue(append([]Value(nil), sorted[i:j]...))}))
 		i = j
 	}
-	return jListV(out), nil
+	return ListValue(out), nil
 }
 
-func jfItems(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
+func filterItems(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
 	switch v.k {
-	case jkUndef:
-		return jGenV(nil, "do_items"), nil
-	case jkDict:
+	case KindUndefined:
+		return generatorValue(nil, "do_items"), nil
+	case KindDict:
 		d := v.dict()
-		out := make([]jv, len(d.keys))
+		out := make([]Value, len(d.keys))
 		for i := range d.keys {
-			out[i] = jTupleV([]jv{d.keys[i], d.vals[i]})
+			out[i] = tupleValue([]Value{d.keys[i], d.vals[i]})
 		}
-		return jGenV(out, "do_items"), nil
+		return generatorValue(out, "do_items"), nil
 	}
-	return jv{}, jErrorf("TypeError", "Can only get item pairs from a mapping.")
+	return Value{}, errorf("TypeError", "Can only get item pairs from a mapping.")
 }
 
-func jfJoin(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("join", []string{"d", "attribute"}, args, kw)
+func filterJoin(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("join", []string{"d", "attribute"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if a[1].k != jkMissing && a[1].k != jkNone {
-		parts := jAttrParts(a[1])
-		mapped := make([]jv, len(items))
+	if a[1].k != kindMissing && a[1].k != KindNone {
+		parts := attrParts(a[1])
+		mapped := make([]Value, len(items))
 		for i, it := range items {
-			if mapped[i], err = e.attrGet(it, parts, jv{k: jkMissing}); err != nil {
-				return jv{}, err
+			if mapped[i], err = e.attrGet(it, parts, Value{k: kindMissing}); err != nil {
+				return Value{}, err
 			}
 		}
 		items = mapped
 	}
-	sep := jSoftStr(jOr(a[0], jvEmptyStr))
+	sep := softStr(orDefault(a[0], emptyString))
 	var b strings.Builder
 	for i, it := range items {
 		if i > 0 {
 			b.WriteString(sep)
 		}
-		jWriteStr(&b, it)
+		writeStr(&b, it)
 	}
-	return jStrV(b.String()), nil
+	return StringValue(b.String()), nil
 }
 
-func jfLength(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	n, err := jLen(v)
+func filterLength(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	n, err := pyLen(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jIntV(int64(n)), nil
+	return intValue(int64(n)), nil
 }
 
-func jfList(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	items, err := jIterate(v)
+func filterList(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jListV(append([]jv(nil), items...)), nil
+	return ListValue(append([]Value(nil), items...)), nil
 }
 
-func jfMap(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	items, err := jIterate(v)
+func filterMap(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	out := make([]jv, len(items))
+	out := make([]Value, len(items))
 	if len(args) == 0 {
 		attr, ok := kw.get("attribute")
 		if !ok {
-			return jv{}, jErrorf("FilterArgumentError", "map requires a filter argument")
+			return Value{}, errorf("FilterArgumentError", "map requires a filter argument")
 		}
-		def := jv{k: jkMissing}
+		def := Value{k: kindMissing}
 		for i, n := range kw.names {
 			switch n {
 			case "attribute":
 			case "default":
 				def = kw.vals[i]
 			default:
-				return jv{}, jErrorf("FilterArgumentError", "Unexpected keyword argument %s", jPyQuote(n))
+				return Value{}, errorf("FilterArgumentError", "Unexpected keyword argument %s", pyQuote(n))
 			}
 		}
-		parts := jAttrParts(attr)
+		parts := attrParts(attr)
 		for i, it := range items {
 			if out[i], err = e.attrGet(it, parts, def); err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 		}
-		return jGenV(out, "do_map"), nil
+		return generatorValue(out, "do_map"), nil
 	}
-	name, err := jWantStr("map", args[0])
+	name, err := wantStr("map", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	for i, it := range items {
 		if out[i], err = e.callFilter(name, it, args[1:], kw); err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 	}
-	return jGenV(out, "do_map"), nil
+	return generatorValue(out, "do_map"), nil
 }
 
-func jMinMax(e *jEval, v jv, args []jv, kw jKw, fname string, wantMax bool) (jv, error) {
-	a, err := jBind(fname, []string{"case_sensitive", "attribute"}, args, kw)
+func minMax(e *evaluator, v Value, args []Value, kw kwargs, fname string, wantMax bool) (Value, error) {
+	a, err := bind(fname, []string{"case_sensitive", "attribute"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if len(items) == 0 {
-		return jUndefHinted("No aggregated item, sequence was empty.", false), nil
+		return undefinedHinted("No aggregated item, sequence was empty.", false), nil
 	}
-	cs := jTruthy(jOr(a[0], jvFalse))
-	var parts []jv
-	if a[1].k != jkMissing && a[1].k != jkNone {
-		parts = jAttrParts(a[1])
+	cs := orDefault(a[0], falseValue).Truth()
+	var parts []Value
+	if a[1].k != kindMissing && a[1].k != KindNone {
+		parts = attrParts(a[1])
 	}
-	key := func(it jv) (jv, error) {
+	key := func(it Value) (Value, error) {
 		k := it
 		if parts != nil {
 			var err error
-			if k, err = e.attrGet(it, parts, jv{k: jkMissing}); err != nil {
-				return jv{}, err
+			if k, err = e.attrGet(it, parts, Value{k: kindMissing}); err != nil {
+				return Value{}, err
 			}
 		}
 		if !cs {
-			k = jIgnoreCase(k)
+			k = ignoreCase(k)
 		}
 		return k, nil
 	}
 	best := items[0]
 	bestKey, err := key(best)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	for _, it := range items[1:] {
 		k, err := key(it)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		var c int
 		if wantMax {
-			c, err = jCompare(">", k, bestKey)
+			c, err = compare(">", k, bestKey)
 		} else {
-			c, err = jCompare("<", k, bestKey)
+			c, err = compare("<", k, bestKey)
 			c = -c
 		}
 		if err != nil && err != errNaNCompare {
-			return jv{}, err
+			return Value{}, err
 		}
 		if err == nil && c > 0 {
 			best, bestKey = it, k
@@ -383,253 +383,253 @@ func jMinMax(e *jEval, v jv, args []jv, kw jKw, fname string, wantMax bool) (jv,
 	return best, nil
 }
 
-func jfMax(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	return jMinMax(e, v, args, kw, "max", true)
+func filterMax(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	return minMax(e, v, args, kw, "max", true)
 }
-func jfMin(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	return jMinMax(e, v, args, kw, "min", false)
+func filterMin(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	return minMax(e, v, args, kw, "min", false)
 }
 
-func (e *jEval) selectOrReject(v jv, args []jv, kw jKw, attr, keep bool) (jv, error) {
-	items, err := jIterate(v)
+func (e *evaluator) selectOrReject(v Value, args []Value, kw kwargs, attr, keep bool) (Value, error) {
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	off := 0
-	var parts []jv
+	var parts []Value
 	if attr {
 		if len(args) == 0 {
-			return jv{}, jErrorf("FilterArgumentError", "Missing parameter for attribute name")
+			return Value{}, errorf("FilterArgumentError", "Missing parameter for attribute name")
 		}
-		parts = jAttrParts(args[0])
+		parts = attrParts(args[0])
 		off = 1
 	}
 	testName := ""
-	var testArgs []jv
+	var testArgs []Value
 	if len(args) > off {
-		if testName, err = jWantStr("select", args[off]); err != nil {
-			return jv{}, err
+		if testName, err = wantStr("select", args[off]); err != nil {
+			return Value{}, err
 		}
 		testArgs = args[off+1:]
 	}
-	var out []jv
+	var out []Value
 	for _, it := range items {
 		x := it
 		if attr {
-			if x, err = e.attrGet(it, parts, jv{k: jkMissing}); err != nil {
-				return jv{}, err
+			if x, err = e.attrGet(it, parts, Value{k: kindMissing}); err != nil {
+				return Value{}, err
 			}
 		}
 		var ok bool
 		if testName == "" {
-			ok = jTruthy(x)
+			ok = x.Truth()
 		} else if ok, err = e.callTest(testName, x, testArgs, kw); err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if ok == keep {
 			out = append(out, it)
 		}
 	}
-	return jGenV(out, "select_or_reject"), nil
+	return generatorValue(out, "select_or_reject"), nil
 }
 
-func jfSelect(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
+func filterSelect(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
 	return e.selectOrReject(v, args, kw, false, true)
 }
-func jfReject(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
+func filterReject(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
 	return e.selectOrReject(v, args, kw, false, false)
 }
-func jfSelectattr(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
+func filterSelectattr(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
 	return e.selectOrReject(v, args, kw, true, true)
 }
-func jfRejectattr(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
+func filterRejectattr(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
 	return e.selectOrReject(v, args, kw, true, false)
 }
 
-func jfReverse(_ *jEval, v jv, _ []jv, _ jKw) (jv, error) {
-	if v.k == jkStr {
+func filterReverse(_ *evaluator, v Value, _ []Value, _ kwargs) (Value, error) {
+	if v.k == KindString {
 		r := []rune(v.s)
 		for i, j := 0, len(r)-1; i < j; i, j = i+1, j-1 {
 			r[i], r[j] = r[j], r[i]
 		}
-		return jStrV(string(r)), nil
+		return StringValue(string(r)), nil
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, jErrorf("FilterArgumentError", "argument must be iterable")
+		return Value{}, errorf("FilterArgumentError", "argument must be iterable")
 	}
-	out := make([]jv, len(items))
+	out := make([]Value, len(items))
 	for i, it := range items {
 		out[len(items)-1-i] = it
 	}
 	switch v.k {
-	case jkGen:
-		return jListV(out), nil // reversed() fails on iterators; jinja2 falls back to a list
-	case jkList:
-		return jv{k: jkGen, o: &jGen{items: out, name: "list_reverseiterator"}}, nil
-	case jkDict, jkView:
-		return jv{k: jkGen, o: &jGen{items: out, name: "dict_reversekeyiterator"}}, nil
+	case kindGenerator:
+		return ListValue(out), nil // reversed() fails on iterators; jinja2 falls back to a list
+	case KindList:
+		return Value{k: kindGenerator, o: &generator{items: out, name: "list_reverseiterator"}}, nil
+	case KindDict, kindView:
+		return Value{k: kindGenerator, o: &generator{items: out, name: "dict_reversekeyiterator"}}, nil
 	}
-	return jv{k: jkGen, o: &jGen{items: out, name: "reversed"}}, nil
+	return Value{k: kindGenerator, o: &generator{items: out, name: "reversed"}}, nil
 }
 
-func jfSlice(_ *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("slice", []string{"slices", "fill_with"}, args, kw)
+func filterSlice(_ *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("slice", []string{"slices", "fill_with"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	n, err := jWantInt("slice", a[0])
+	n, err := wantInt("slice", a[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if n <= 0 {
-		return jv{}, jErrorf("ZeroDivisionError", "integer division or modulo by zero")
+		return Value{}, errorf("ZeroDivisionError", "integer division or modulo by zero")
 	}
-	seq, err := jIterate(v)
+	seq, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	length := len(seq)
 	per := length / n
 	extra := length % n
 	offset := 0
-	var out []jv
+	var out []Value
 	for i := 0; i < n; i++ {
 		start := offset + i*per
 		if i < extra {
 			offset++
 		}
 		end := offset + (i+1)*per
-		tmp := append([]jv(nil), seq[start:end]...)
-		if a[1].k != jkMissing && a[1].k != jkNone && i >= extra {
+		tmp := append([]Value(nil), seq[start:end]...)
+		if a[1].k != kindMissing && a[1].k != KindNone && i >= extra {
 			tmp = append(tmp, a[1])
 		}
-		out = append(out, jListV(tmp))
+		out = append(out, ListValue(tmp))
 	}
-	return jGenV(out, "sync_do_slice"), nil
+	return generatorValue(out, "sync_do_slice"), nil
 }
 
-func jfSort(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("sort", []string{"reverse", "case_sensitive", "attribute"}, args, kw)
+func filterSort(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("sort", []string{"reverse", "case_sensitive", "attribute"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	cs := jTruthy(jOr(a[1], jvFalse))
-	var attrs [][]jv
-	if a[2].k != jkMissing && a[2].k != jkNone {
-		if a[2].k == jkStr {
+	cs := orDefault(a[1], falseValue).Truth()
+	var attrs [][]Value
+	if a[2].k != kindMissing && a[2].k != KindNone {
+		if a[2].k == KindString {
 			for _, part := range strings.Split(a[2].s, ",") {
-				attrs = append(attrs, jAttrParts(jStrV(part)))
+				attrs = append(attrs, attrParts(StringValue(part)))
 			}
 		} else {
-			attrs = [][]jv{{a[2]}}
+			attrs = [][]Value{{a[2]}}
 		}
 	}
 	var kerr error
-	key := func(it jv) jv {
+	key := func(it Value) Value {
 		if attrs == nil {
 			if !cs {
-				return jIgnoreCase(it)
+				return ignoreCase(it)
 			}
 			return it
 		}
-		ks := make([]jv, len(attrs))
+		ks := make([]Value, len(attrs))
 		for i, p := range attrs {
-			k, err := e.attrGet(it, p, jv{k: jkMissing})
+			k, err := e.attrGet(it, p, Value{k: kindMissing})
 			if err != nil {
 				kerr = err
 			}
 			if !cs {
-				k = jIgnoreCase(k)
+				k = ignoreCase(k)
 			}
 			ks[i] = k
 		}
 		if len(ks) == 1 {
 			return ks[0]
 		}
-		return jListV(ks)
+		return ListValue(ks)
 	}
-	out, err := jSortValues(items, key, jTruthy(jOr(a[0], jvFalse)))
+	out, err := sortValues(items, key, orDefault(a[0], falseValue).Truth())
 	if kerr != nil {
-		return jv{}, kerr
+		return Value{}, kerr
 	}
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jListV(out), nil
+	return ListValue(out), nil
 }
 
-func jfSum(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("sum", []string{"attribute", "start"}, args, kw)
+func filterSum(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("sum", []string{"attribute", "start"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	acc := jOr(a[1], jIntV(0))
-	var parts []jv
-	if a[0].k != jkMissing && a[0].k != jkNone {
-		parts = jAttrParts(a[0])
+	acc := orDefault(a[1], intValue(0))
+	var parts []Value
+	if a[0].k != kindMissing && a[0].k != KindNone {
+		parts = attrParts(a[0])
 	}
 	for _, it := range items {
 		if parts != nil {
-			if it, err = e.attrGet(it, parts, jv{k: jkMissing}); err != nil {
-				return jv{}, err
+			if it, err = e.attrGet(it, parts, Value{k: kindMissing}); err != nil {
+				return Value{}, err
 			}
 		}
-		if acc.k == jkStr {
-			return jv{}, jErrorf("TypeError", "sum() can't sum strings [use ''.join(seq) instead]")
+		if acc.k == KindString {
+			return Value{}, errorf("TypeError", "sum() can't sum strings [use ''.join(seq) instead]")
 		}
-		if acc, err = jAdd(acc, it); err != nil {
-			return jv{}, err
+		if acc, err = add(acc, it); err != nil {
+			return Value{}, err
 		}
 	}
 	return acc, nil
 }
 
-func jfUnique(e *jEval, v jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("unique", []string{"case_sensitive", "attribute"}, args, kw)
+func filterUnique(e *evaluator, v Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("unique", []string{"case_sensitive", "attribute"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	items, err := jIterate(v)
+	items, err := iterate(v)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	cs := jTruthy(jOr(a[0], jvFalse))
-	var parts []jv
-	if a[1].k != jkMissing && a[1].k != jkNone {
-		parts = jAttrParts(a[1])
+	cs := orDefault(a[0], falseValue).Truth()
+	var parts []Value
+	if a[1].k != kindMissing && a[1].k != KindNone {
+		parts = attrParts(a[1])
 	}
-	var seen []jv
-	var out []jv
+	var seen []Value
+	var out []Value
 outer:
 	for _, it := range items {
 		k := it
 		if parts != nil {
-			if k, err = e.attrGet(it, parts, jv{k: jkMissing}); err != nil {
-				return jv{}, err
+			if k, err = e.attrGet(it, parts, Value{k: kindMissing}); err != nil {
+				return Value{}, err
 			}
 		}
 		if !cs {
-			k = jIgnoreCase(k)
+			k = ignoreCase(k)
 		}
-		if !jHashable(k) {
-			return jv{}, jErrorf("TypeError", "unhashable type: '%s'", jValueTypeName(k))
+		if !hashable(k) {
+			return Value{}, errorf("TypeError", "unhashable type: '%s'", k.TypeName())
 		}
 		for _, s := range seen {
-			if jEqual(s, k) {
+			if equal(s, k) {
 				continue outer
 			}
 		}
 		seen = append(seen, k)
 		out = append(out, it)
 	}
-	return jGenV(out, "do_unique"), nil
+	return generatorValue(out, "do_unique"), nil
 }

@@ -9,10 +9,10 @@ import (
 	"strings"
 )
 
-// jStrFormat is str.format as jinja2's sandboxed formatter runs it: replacement fields
+// vformat is str.format as jinja2's sandboxed formatter runs it: replacement fields
 // with automatic or explicit indexes, keyword names, .attr and [key] lookups (through
 // the sandbox), !s/!r conversions and a format spec.
-func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
+func vformat(e *evaluator, f string, args []Value, kw kwargs) (string, error) {
 	var b strings.Builder
 	auto := 0
 	for i := 0; i < len(f); i++ {
@@ -23,7 +23,7 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 				i++
 				continue
 			}
-			return "", jErrorf("ValueError", "Single '}' encountered in format string")
+			return "", errorf("ValueError", "Single '}' encountered in format string")
 		}
 		if c != '{' {
 			b.WriteByte(c)
@@ -47,7 +47,7 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 			}
 		}
 		if j >= len(f) {
-			return "", jErrorf("ValueError", "expected '}' before end of string")
+			return "", errorf("ValueError", "expected '}' before end of string")
 		}
 		field := f[i+1 : j]
 		i = j
@@ -58,7 +58,7 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 		}
 		if k := strings.IndexByte(field, '!'); k >= 0 {
 			if k+2 != len(field) {
-				return "", jErrorf("ValueError", "expected ':' after conversion specifier")
+				return "", errorf("ValueError", "expected ':' after conversion specifier")
 			}
 			conv = field[k+1]
 			field = field[:k]
@@ -69,34 +69,34 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 			k++
 		}
 		head, rest := field[:k], field[k:]
-		var v jv
+		var v Value
 		switch {
 		case head == "":
 			if auto < 0 {
-				return "", jErrorf("ValueError", "cannot switch from manual field specification to automatic field numbering")
+				return "", errorf("ValueError", "cannot switch from manual field specification to automatic field numbering")
 			}
 			if auto >= len(args) {
-				return "", jErrorf("IndexError", "Replacement index %d out of range for positional args tuple", auto)
+				return "", errorf("IndexError", "Replacement index %d out of range for positional args tuple", auto)
 			}
 			v = args[auto]
 			auto++
 		case head[0] >= '0' && head[0] <= '9':
 			n, err := strconv.Atoi(head)
 			if err != nil {
-				return "", jErrorf("ValueError", "invalid field name %s", head)
+				return "", errorf("ValueError", "invalid field name %s", head)
 			}
 			if auto > 0 {
-				return "", jErrorf("ValueError", "cannot switch from automatic field numbering to manual field specification")
+				return "", errorf("ValueError", "cannot switch from automatic field numbering to manual field specification")
 			}
 			auto = -1
 			if n >= len(args) {
-				return "", jErrorf("IndexError", "Replacement index %d out of range for positional args tuple", n)
+				return "", errorf("IndexError", "Replacement index %d out of range for positional args tuple", n)
 			}
 			v = args[n]
 		default:
 			x, ok := kw.get(head)
 			if !ok {
-				return "", jErrorf("KeyError", "%s", jPyQuote(head))
+				return "", errorf("KeyError", "%s", pyQuote(head))
 			}
 			v = x
 		}
@@ -115,12 +115,12 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 			}
 			end := strings.IndexByte(rest, ']')
 			if end < 0 {
-				return "", jErrorf("ValueError", "Missing ']' in format string")
+				return "", errorf("ValueError", "Missing ']' in format string")
 			}
 			key := rest[1:end]
-			var kv jv = jStrV(key)
+			var kv Value = StringValue(key)
 			if n, err := strconv.Atoi(key); err == nil {
-				kv = jIntV(int64(n))
+				kv = intValue(int64(n))
 			}
 			if v, err = e.getitem(v, kv); err != nil {
 				return "", err
@@ -130,21 +130,21 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 		switch conv {
 		case 0, 's':
 			if conv == 's' {
-				v = jStrV(jStr(v))
+				v = StringValue(v.String())
 			}
 		case 'r', 'a':
-			v = jStrV(jRepr(v))
+			v = StringValue(v.Repr())
 		default:
-			return "", jErrorf("ValueError", "Unknown conversion specifier %c", conv)
+			return "", errorf("ValueError", "Unknown conversion specifier %c", conv)
 		}
 		if strings.Contains(spec, "{") {
-			inner, err := jStrFormat(e, spec, args, kw)
+			inner, err := vformat(e, spec, args, kw)
 			if err != nil {
 				return "", err
 			}
 			spec = inner
 		}
-		out, err := jFormatSpec(v, spec)
+		out, err := formatSpec(v, spec)
 		if err != nil {
 			return "", err
 		}
@@ -153,13 +153,13 @@ func jStrFormat(e *jEval, f string, args []jv, kw jKw) (string, error) {
 	return b.String(), nil
 }
 
-// jFormatSpec is format(v, spec) for the common spec mini-language.
-func jFormatSpec(v jv, spec string) (string, error) {
+// formatSpec is format(v, spec) for the common spec mini-language.
+func formatSpec(v Value, spec string) (string, error) {
 	if spec == "" {
-		if v.k == jkUndef {
+		if v.k == KindUndefined {
 			return "", nil
 		}
-		return jStr(v), nil
+		return v.String(), nil
 	}
 	fill, align := " ", byte(0)
 	rs := []rune(spec)
@@ -209,45 +209,45 @@ func jFormatSpec(v jv, spec string) (string, error) {
 	if len(rest) == 1 {
 		typ = rest[0]
 	} else if rest != "" {
-		return "", jErrorf("ValueError", "Invalid format specifier")
+		return "", errorf("ValueError", "Invalid format specifier")
 	}
 	var body string
 	neg := false
 	switch {
-	case v.k == jkStr || (typ == 's'):
-		if v.k != jkStr {
-			return "", jErrorf("ValueError", "Unknown format code 's' for object of type '%s'", jValueTypeName(v))
+	case v.k == KindString || (typ == 's'):
+		if v.k != KindString {
+			return "", errorf("ValueError", "Unknown format code 's' for object of type '%s'", v.TypeName())
 		}
 		body = v.s
 		if prec >= 0 {
-			body = jTruncRunes(body, prec)
+			body = truncRunes(body, prec)
 		}
 		if align == 0 {
 			align = '<'
 		}
 	case v.isNumber():
-		if typ == 0 && v.k != jkFloat {
+		if typ == 0 && v.k != KindFloat {
 			typ = 'd'
 		}
 		switch typ {
 		case 'd', 'n':
-			if v.k == jkFloat {
-				return "", jErrorf("ValueError", "Unknown format code 'd' for object of type 'float'")
+			if v.k == KindFloat {
+				return "", errorf("ValueError", "Unknown format code 'd' for object of type 'float'")
 			}
-			n := jBigOf(v)
-			if v.k == jkBool {
+			n := bigOf(v)
+			if v.k == KindBool {
 				n = big.NewInt(v.n)
 			}
 			neg = n.Sign() < 0
 			body = new(big.Int).Abs(n).String()
 			if grouping != "" {
-				body = jGroupDigits(body, grouping)
+				body = groupDigits(body, grouping)
 			}
 		case 'x', 'X', 'o', 'b':
-			if v.k == jkFloat {
-				return "", jErrorf("ValueError", "Unknown format code '%c' for object of type 'float'", typ)
+			if v.k == KindFloat {
+				return "", errorf("ValueError", "Unknown format code '%c' for object of type 'float'", typ)
 			}
-			n := jBigOf(v)
+			n := bigOf(v)
 			neg = n.Sign() < 0
 			base := map[byte]int{'x': 16, 'X': 16, 'o': 8, 'b': 2}[typ]
 			body = new(big.Int).Abs(n).Text(base)
@@ -258,7 +258,7 @@ func jFormatSpec(v jv, spec string) (string, error) {
 				body = "0" + string(typ) + body
 			}
 		case 'f', 'F', 'e', 'E', 'g', 'G', '%', 0:
-			f, err := jAsFloat(v)
+			f, err := asFloat(v)
 			if err != nil {
 				return "", err
 			}
@@ -269,37 +269,37 @@ func jFormatSpec(v jv, spec string) (string, error) {
 				if prec < 0 {
 					prec = 6
 				}
-				body = jFormatFloat(f*100, 'f', prec, alt) + "%"
+				body = formatFloat(f*100, 'f', prec, alt) + "%"
 			case 0:
 				if prec < 0 {
-					body = jFloatRepr(f)
+					body = floatRepr(f)
 				} else {
-					body = jFormatFloat(f, 'g', prec, alt)
+					body = formatFloat(f, 'g', prec, alt)
 				}
 			default:
 				if prec < 0 {
 					prec = 6
 				}
-				body = jFormatFloat(f, typ, prec, alt)
+				body = formatFloat(f, typ, prec, alt)
 			}
 			if grouping != "" {
 				intPart, frac, _ := strings.Cut(body, ".")
-				body = jGroupDigits(intPart, grouping)
+				body = groupDigits(intPart, grouping)
 				if frac != "" || strings.Contains(body, ".") {
 					body += "." + frac
 				}
 			}
 		default:
-			return "", jErrorf("ValueError", "Unknown format code '%c' for object of type '%s'", typ, jValueTypeName(v))
+			return "", errorf("ValueError", "Unknown format code '%c' for object of type '%s'", typ, v.TypeName())
 		}
 		if align == 0 {
 			align = '>'
 		}
 	default:
 		if typ != 0 {
-			return "", jErrorf("TypeError", "unsupported format string passed to %s.__format__", jValueTypeName(v))
+			return "", errorf("TypeError", "unsupported format string passed to %s.__format__", v.TypeName())
 		}
-		body = jStr(v)
+		body = v.String()
 		if align == 0 {
 			align = '<'
 		}
@@ -313,7 +313,7 @@ func jFormatSpec(v jv, spec string) (string, error) {
 	case sign == ' ':
 		signStr = " "
 	}
-	total := jStrLen(signStr) + jStrLen(body)
+	total := strLen(signStr) + strLen(body)
 	if width <= total {
 		return signStr + body, nil
 	}
@@ -330,7 +330,7 @@ func jFormatSpec(v jv, spec string) (string, error) {
 	return strings.Repeat(fill, left) + signStr + body + strings.Repeat(fill, pad-left), nil
 }
 
-func jGroupDigits(s, sep string) string {
+func groupDigits(s, sep string) string {
 	if len(s) <= 3 {
 		return s
 	}

@@ -10,18 +10,18 @@ import (
 	"time"
 )
 
-func jgRange(_ *jEval, args []jv, kw jKw) (jv, error) {
+func globalRange(_ *evaluator, args []Value, kw kwargs) (Value, error) {
 	if len(kw.names) > 0 {
-		return jv{}, jErrorf("TypeError", "range() takes no keyword arguments")
+		return Value{}, errorf("TypeError", "range() takes no keyword arguments")
 	}
 	var start, stop, step int64 = 0, 0, 1
 	ints := make([]int64, len(args))
 	for i, a := range args {
-		if a.k != jkInt && a.k != jkBool {
-			if a.k == jkUndef {
-				return jv{}, jUndefError(a)
+		if a.k != KindInt && a.k != KindBool {
+			if a.k == KindUndefined {
+				return Value{}, undefinedError(a)
 			}
-			return jv{}, jErrorf("TypeError", "'%s' object cannot be interpreted as an integer", jValueTypeName(a))
+			return Value{}, errorf("TypeError", "'%s' object cannot be interpreted as an integer", a.TypeName())
 		}
 		ints[i] = a.n
 	}
@@ -33,10 +33,10 @@ func jgRange(_ *jEval, args []jv, kw jKw) (jv, error) {
 	case 3:
 		start, stop, step = ints[0], ints[1], ints[2]
 	default:
-		return jv{}, jErrorf("TypeError", "range expected at most 3 arguments, got %d", len(args))
+		return Value{}, errorf("TypeError", "range expected at most 3 arguments, got %d", len(args))
 	}
 	if step == 0 {
-		return jv{}, jErrorf("ValueError", "range() arg 3 must not be zero")
+		return Value{}, errorf("ValueError", "range() arg 3 must not be zero")
 	}
 	var n int64
 	if step > 0 && stop > start {
@@ -45,126 +45,126 @@ func jgRange(_ *jEval, args []jv, kw jKw) (jv, error) {
 		n = (start - stop - step - 1) / -step
 	}
 	if n > 100000 {
-		return jv{}, jErrorf("OverflowError", "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).")
+		return Value{}, errorf("OverflowError", "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).")
 	}
-	out := make([]jv, n)
+	out := make([]Value, n)
 	for i := int64(0); i < n; i++ {
-		out[i] = jIntV(start + i*step)
+		out[i] = intValue(start + i*step)
 	}
-	return jListV(out), nil
+	return ListValue(out), nil
 }
 
-// jDictFrom is dict(*args, **kwargs).
-func jDictFrom(fname string, args []jv, kw jKw) (*jDict, error) {
+// dictFrom is dict(*args, **kwargs).
+func dictFrom(fname string, args []Value, kw kwargs) (*Dict, error) {
 	if len(args) > 1 {
-		return nil, jErrorf("TypeError", "%s expected at most 1 argument, got %d", fname, len(args))
+		return nil, errorf("TypeError", "%s expected at most 1 argument, got %d", fname, len(args))
 	}
-	d := jNewDict(len(kw.names))
+	d := NewDict(len(kw.names))
 	if len(args) == 1 {
 		src := args[0]
 		switch src.k {
-		case jkDict:
+		case KindDict:
 			s := src.dict()
 			for i := range s.keys {
 				d.set(s.keys[i], s.vals[i])
 			}
 		default:
-			items, err := jIterate(src)
+			items, err := iterate(src)
 			if err != nil {
 				return nil, err
 			}
 			for i, it := range items {
-				pair, err := jIterate(it)
+				pair, err := iterate(it)
 				if err != nil {
-					return nil, jErrorf("TypeError", "cannot convert dictionary update sequence element #%d to a sequence", i)
+					return nil, errorf("TypeError", "cannot convert dictionary update sequence element #%d to a sequence", i)
 				}
 				if len(pair) != 2 {
-					return nil, jErrorf("ValueError", "dictionary update sequence element #%d has length %d; 2 is required", i, len(pair))
+					return nil, errorf("ValueError", "dictionary update sequence element #%d has length %d; 2 is required", i, len(pair))
 				}
-				if !jHashable(pair[0]) {
-					return nil, jErrorf("TypeError", "unhashable type: '%s'", jValueTypeName(pair[0]))
+				if !hashable(pair[0]) {
+					return nil, errorf("TypeError", "unhashable type: '%s'", pair[0].TypeName())
 				}
 				d.set(pair[0], pair[1])
 			}
 		}
 	}
 	for i, n := range kw.names {
-		d.set(jStrV(n), kw.vals[i])
+		d.set(StringValue(n), kw.vals[i])
 	}
 	return d, nil
 }
 
-func jgDict(_ *jEval, args []jv, kw jKw) (jv, error) {
-	d, err := jDictFrom("dict", args, kw)
+func globalDict(_ *evaluator, args []Value, kw kwargs) (Value, error) {
+	d, err := dictFrom("dict", args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jDictV(d), nil
+	return DictValue(d), nil
 }
 
-func jgNamespace(_ *jEval, args []jv, kw jKw) (jv, error) {
-	d, err := jDictFrom("dict", args, kw)
+func globalNamespace(_ *evaluator, args []Value, kw kwargs) (Value, error) {
+	d, err := dictFrom("dict", args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	ns := &jNamespace{}
+	ns := &namespace{}
 	for i, k := range d.keys {
-		if k.k != jkStr {
-			return jv{}, jErrorf("TypeError", "keywords must be strings")
+		if k.k != KindString {
+			return Value{}, errorf("TypeError", "keywords must be strings")
 		}
 		ns.keys = append(ns.keys, k.s)
 		ns.vals = append(ns.vals, d.vals[i])
 	}
-	return jv{k: jkNS, o: ns}, nil
+	return Value{k: kindNamespace, o: ns}, nil
 }
 
-func jgCycler(_ *jEval, args []jv, kw jKw) (jv, error) {
+func globalCycler(_ *evaluator, args []Value, kw kwargs) (Value, error) {
 	if len(kw.names) > 0 {
-		return jv{}, jErrorf("TypeError", "cycler() got an unexpected keyword argument '%s'", kw.names[0])
+		return Value{}, errorf("TypeError", "cycler() got an unexpected keyword argument '%s'", kw.names[0])
 	}
 	if len(args) == 0 {
-		return jv{}, jErrorf("RuntimeError", "at least one item has to be provided")
+		return Value{}, errorf("RuntimeError", "at least one item has to be provided")
 	}
-	return jv{k: jkCycler, o: &jCyclerState{items: append([]jv(nil), args...)}}, nil
+	return Value{k: kindCycler, o: &cyclerState{items: append([]Value(nil), args...)}}, nil
 }
 
-func jgJoiner(_ *jEval, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("joiner", []string{"sep"}, args, kw)
+func globalJoiner(_ *evaluator, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("joiner", []string{"sep"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jv{k: jkJoiner, o: &jJoinerState{sep: jSoftStr(jOr(a[0], jStrV(", ")))}}, nil
+	return Value{k: kindJoiner, o: &joinerState{sep: softStr(orDefault(a[0], StringValue(", ")))}}, nil
 }
 
-func jgRaiseException(_ *jEval, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("raise_exception", []string{"message"}, args, kw)
+func globalRaiseException(_ *evaluator, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("raise_exception", []string{"message"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if a[0].k == jkMissing {
-		return jv{}, jErrorf("TypeError", "raise_exception() missing 1 required positional argument: 'message'")
+	if a[0].k == kindMissing {
+		return Value{}, errorf("TypeError", "raise_exception() missing 1 required positional argument: 'message'")
 	}
-	return jv{}, &Error{Type: "TemplateError", Message: jStr(a[0])}
+	return Value{}, &Error{Type: "TemplateError", Message: a[0].String()}
 }
 
-func jgStrftimeNow(e *jEval, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("strftime_now", []string{"format"}, args, kw)
+func globalStrftimeNow(e *evaluator, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("strftime_now", []string{"format"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	f, err := jWantStr("strftime", a[0])
+	f, err := wantStr("strftime", a[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	now := time.Now
 	if e.now != nil {
 		now = e.now
 	}
-	return jStrV(jStrftime(now(), f)), nil
+	return StringValue(strftime(now(), f)), nil
 }
 
-// jStrftime is datetime.strftime for a naive local datetime (C locale).
-func jStrftime(t time.Time, f string) string {
+// strftime is datetime.strftime for a naive local datetime (C locale).
+func strftime(t time.Time, f string) string {
 	var b strings.Builder
 	for i := 0; i < len(f); i++ {
 		c := f[i]

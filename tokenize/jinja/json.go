@@ -25,40 +25,41 @@ import (
 	"unicode/utf8"
 )
 
-const jJSONMaxDepth = 1000
+const jsonMaxDepth = 1000
 
-type jJSONDecoder struct {
+type jsonDecoder struct {
 	data  string
 	pos   int
 	depth int
 }
 
-// DecodeJSON decodes one JSON document as Python's json.loads does (see above).
-func DecodeJSON(data []byte) (Value, error) { return jDecodeJSON(data) }
-
-// jDecodeJSON decodes one JSON document.
-func jDecodeJSON(data []byte) (jv, error) {
+// DecodeJSON decodes one JSON document as Python's json.loads does: objects keep their
+// keys in order (a repeated key keeps its first position and its last value), integers
+// are exact at any size, numbers with a fraction or exponent are floats, and NaN and
+// ±Infinity are accepted. Invalid UTF-8 is an error; a lone UTF-16 surrogate escape
+// becomes U+FFFD.
+func DecodeJSON(data []byte) (Value, error) {
 	if !utf8.Valid(data) {
-		return jv{}, errors.New("json: invalid UTF-8")
+		return Value{}, errors.New("json: invalid UTF-8")
 	}
-	d := &jJSONDecoder{data: string(data)}
+	d := &jsonDecoder{data: string(data)}
 	d.skipWS()
 	v, err := d.value()
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	d.skipWS()
 	if d.pos != len(d.data) {
-		return jv{}, d.errorf("Extra data")
+		return Value{}, d.errorf("Extra data")
 	}
 	return v, nil
 }
 
-func (d *jJSONDecoder) errorf(format string, args ...any) error {
+func (d *jsonDecoder) errorf(format string, args ...any) error {
 	return fmt.Errorf("json: %s at offset %d", fmt.Sprintf(format, args...), d.pos)
 }
 
-func (d *jJSONDecoder) skipWS() {
+func (d *jsonDecoder) skipWS() {
 	for d.pos < len(d.data) {
 		switch d.data[d.pos] {
 		case ' ', '\t', '\n', '\r':
@@ -69,9 +70,9 @@ func (d *jJSONDecoder) skipWS() {
 	}
 }
 
-func (d *jJSONDecoder) value() (jv, error) {
+func (d *jsonDecoder) value() (Value, error) {
 	if d.pos >= len(d.data) {
-		return jv{}, d.errorf("Expecting value")
+		return Value{}, d.errorf("Expecting value")
 	}
 	switch c := d.data[d.pos]; {
 	case c == '{':
@@ -81,73 +82,73 @@ func (d *jJSONDecoder) value() (jv, error) {
 	case c == '"':
 		s, err := d.str()
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		return jStrV(s), nil
+		return StringValue(s), nil
 	case c == '-' || (c >= '0' && c <= '9'):
 		if strings.HasPrefix(d.data[d.pos:], "-Infinity") {
 			d.pos += len("-Infinity")
-			return jFloatV(math.Inf(-1)), nil
+			return floatValue(math.Inf(-1)), nil
 		}
 		return d.number()
 	case strings.HasPrefix(d.data[d.pos:], "true"):
 		d.pos += 4
-		return jvTrue, nil
+		return trueValue, nil
 	case strings.HasPrefix(d.data[d.pos:], "false"):
 		d.pos += 5
-		return jvFalse, nil
+		return falseValue, nil
 	case strings.HasPrefix(d.data[d.pos:], "null"):
 		d.pos += 4
-		return jvNone, nil
+		return noneValue, nil
 	case strings.HasPrefix(d.data[d.pos:], "NaN"):
 		d.pos += 3
-		return jFloatV(math.NaN()), nil
+		return floatValue(math.NaN()), nil
 	case strings.HasPrefix(d.data[d.pos:], "Infinity"):
 		d.pos += len("Infinity")
-		return jFloatV(math.Inf(1)), nil
+		return floatValue(math.Inf(1)), nil
 	}
-	return jv{}, d.errorf("Expecting value")
+	return Value{}, d.errorf("Expecting value")
 }
 
-func (d *jJSONDecoder) enter() error {
+func (d *jsonDecoder) enter() error {
 	d.depth++
-	if d.depth > jJSONMaxDepth {
+	if d.depth > jsonMaxDepth {
 		return d.errorf("maximum nesting depth exceeded")
 	}
 	return nil
 }
 
-func (d *jJSONDecoder) object() (jv, error) {
+func (d *jsonDecoder) object() (Value, error) {
 	if err := d.enter(); err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	defer func() { d.depth-- }()
 	d.pos++ // {
-	dict := &jDict{}
+	dict := &Dict{}
 	var index map[string]int
 	d.skipWS()
 	if d.pos < len(d.data) && d.data[d.pos] == '}' {
 		d.pos++
-		return jDictV(dict), nil
+		return DictValue(dict), nil
 	}
 	for {
 		d.skipWS()
 		if d.pos >= len(d.data) || d.data[d.pos] != '"' {
-			return jv{}, d.errorf("Expecting property name enclosed in double quotes")
+			return Value{}, d.errorf("Expecting property name enclosed in double quotes")
 		}
 		key, err := d.str()
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		d.skipWS()
 		if d.pos >= len(d.data) || d.data[d.pos] != ':' {
-			return jv{}, d.errorf("Expecting ':' delimiter")
+			return Value{}, d.errorf("Expecting ':' delimiter")
 		}
 		d.pos++
 		d.skipWS()
 		val, err := d.value()
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		// a repeated key keeps its first position and takes the last value
 		dup := -1
@@ -166,7 +167,7 @@ func (d *jJSONDecoder) object() (jv, error) {
 		if dup >= 0 {
 			dict.vals[dup] = val
 		} else {
-			dict.keys = append(dict.keys, jStrV(key))
+			dict.keys = append(dict.keys, StringValue(key))
 			dict.vals = append(dict.vals, val)
 			if index != nil {
 				index[key] = len(dict.keys) - 1
@@ -179,56 +180,56 @@ func (d *jJSONDecoder) object() (jv, error) {
 		}
 		d.skipWS()
 		if d.pos >= len(d.data) {
-			return jv{}, d.errorf("Expecting ',' delimiter")
+			return Value{}, d.errorf("Expecting ',' delimiter")
 		}
 		switch d.data[d.pos] {
 		case ',':
 			d.pos++
 		case '}':
 			d.pos++
-			return jDictV(dict), nil
+			return DictValue(dict), nil
 		default:
-			return jv{}, d.errorf("Expecting ',' delimiter")
+			return Value{}, d.errorf("Expecting ',' delimiter")
 		}
 	}
 }
 
-func (d *jJSONDecoder) array() (jv, error) {
+func (d *jsonDecoder) array() (Value, error) {
 	if err := d.enter(); err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	defer func() { d.depth-- }()
 	d.pos++ // [
-	var items []jv
+	var items []Value
 	d.skipWS()
 	if d.pos < len(d.data) && d.data[d.pos] == ']' {
 		d.pos++
-		return jListV(items), nil
+		return ListValue(items), nil
 	}
 	for {
 		d.skipWS()
 		v, err := d.value()
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		items = append(items, v)
 		d.skipWS()
 		if d.pos >= len(d.data) {
-			return jv{}, d.errorf("Expecting ',' delimiter")
+			return Value{}, d.errorf("Expecting ',' delimiter")
 		}
 		switch d.data[d.pos] {
 		case ',':
 			d.pos++
 		case ']':
 			d.pos++
-			return jListV(items), nil
+			return ListValue(items), nil
 		default:
-			return jv{}, d.errorf("Expecting ',' delimiter")
+			return Value{}, d.errorf("Expecting ',' delimiter")
 		}
 	}
 }
 
-func (d *jJSONDecoder) number() (jv, error) {
+func (d *jsonDecoder) number() (Value, error) {
 	s := d.data
 	start := d.pos
 	i := start
@@ -243,7 +244,7 @@ func (d *jJSONDecoder) number() (jv, error) {
 			i++
 		}
 	default:
-		return jv{}, d.errorf("Expecting value")
+		return Value{}, d.errorf("Expecting value")
 	}
 	isFloat := false
 	if i+1 < len(s) && s[i] == '.' && s[i+1] >= '0' && s[i+1] <= '9' {
@@ -269,21 +270,21 @@ func (d *jJSONDecoder) number() (jv, error) {
 	d.pos = i
 	text := s[start:i]
 	if isFloat {
-		f, err := jParseFloat(text)
+		f, err := parseFloat(text)
 		if err != nil {
-			return jv{}, d.errorf("invalid number %s", text)
+			return Value{}, d.errorf("invalid number %s", text)
 		}
-		return jFloatV(f), nil
+		return floatValue(f), nil
 	}
-	v, ok := jParseIntBase(text, 10)
+	v, ok := parseIntBase(text, 10)
 	if !ok {
-		return jv{}, d.errorf("invalid number %s", text)
+		return Value{}, d.errorf("invalid number %s", text)
 	}
 	return v, nil
 }
 
-// jParseFloat is Python's float() of a decimal literal: overflow gives ±inf.
-func jParseFloat(text string) (float64, error) {
+// parseFloat is Python's float() of a decimal literal: overflow gives ±inf.
+func parseFloat(text string) (float64, error) {
 	f, err := strconv.ParseFloat(text, 64)
 	if err != nil {
 		var ne *strconv.NumError
@@ -295,19 +296,19 @@ func jParseFloat(text string) (float64, error) {
 	return f, nil
 }
 
-// jParseIntBase parses an optionally signed integer of any size.
-func jParseIntBase(text string, base int) (jv, bool) {
+// parseIntBase parses an optionally signed integer of any size.
+func parseIntBase(text string, base int) (Value, bool) {
 	if n, err := strconv.ParseInt(text, base, 64); err == nil {
-		return jIntV(n), true
+		return intValue(n), true
 	}
 	b, ok := new(big.Int).SetString(text, base)
 	if !ok {
-		return jv{}, false
+		return Value{}, false
 	}
-	return jBigV(b), true
+	return bigValue(b), true
 }
 
-func (d *jJSONDecoder) str() (string, error) {
+func (d *jsonDecoder) str() (string, error) {
 	s := d.data
 	d.pos++ // opening quote
 	start := d.pos
@@ -382,7 +383,7 @@ func (d *jJSONDecoder) str() (string, error) {
 		case 't':
 			b.WriteByte('\t')
 		case 'u':
-			r, ok := jHex4(s, i)
+			r, ok := hex4(s, i)
 			if !ok {
 				d.pos = i
 				return "", d.errorf("Invalid \\uXXXX escape")
@@ -390,7 +391,7 @@ func (d *jJSONDecoder) str() (string, error) {
 			i += 4
 			if utf16.IsSurrogate(r) {
 				if r < 0xdc00 && i+6 <= len(s) && s[i] == '\\' && s[i+1] == 'u' {
-					if r2, ok := jHex4(s, i+2); ok && r2 >= 0xdc00 && r2 <= 0xdfff {
+					if r2, ok := hex4(s, i+2); ok && r2 >= 0xdc00 && r2 <= 0xdfff {
 						r = utf16.DecodeRune(r, r2)
 						i += 6
 						b.WriteRune(r)
@@ -407,7 +408,7 @@ func (d *jJSONDecoder) str() (string, error) {
 	}
 }
 
-func jHex4(s string, i int) (rune, bool) {
+func hex4(s string, i int) (rune, bool) {
 	if i+4 > len(s) {
 		return 0, false
 	}
@@ -428,9 +429,9 @@ func jHex4(s string, i int) (rune, bool) {
 
 // ---- encoding: Python json.dumps ----
 
-// jDumpOptions are the arguments of transformers' tojson filter (json.dumps with
+// dumpOptions are the arguments of transformers' tojson filter (json.dumps with
 // ensure_ascii=False by default).
-type jDumpOptions struct {
+type dumpOptions struct {
 	ensureASCII bool
 	indent      *string // nil: no indentation
 	itemSep     string
@@ -438,34 +439,34 @@ type jDumpOptions struct {
 	sortKeys    bool
 }
 
-// jDumpJSON is json.dumps(v, ...).
-func jDumpJSON(v jv, opt *jDumpOptions) (string, error) {
+// dumpJSON is json.dumps(v, ...).
+func dumpJSON(v Value, opt *dumpOptions) (string, error) {
 	var b strings.Builder
-	if err := jDump(&b, v, opt, 0); err != nil {
+	if err := dump(&b, v, opt, 0); err != nil {
 		return "", err
 	}
 	return b.String(), nil
 }
 
-func jDump(b *strings.Builder, v jv, opt *jDumpOptions, level int) error {
+func dump(b *strings.Builder, v Value, opt *dumpOptions, level int) error {
 	switch v.k {
-	case jkNone:
+	case KindNone:
 		b.WriteString("null")
-	case jkBool:
+	case KindBool:
 		if v.n != 0 {
 			b.WriteString("true")
 		} else {
 			b.WriteString("false")
 		}
-	case jkInt:
+	case KindInt:
 		b.WriteString(strconv.FormatInt(v.n, 10))
-	case jkBig:
+	case kindBig:
 		b.WriteString(v.o.(*big.Int).String())
-	case jkFloat:
-		b.WriteString(jJSONFloat(v.f))
-	case jkStr:
-		jDumpString(b, v.s, opt.ensureASCII)
-	case jkList, jkTuple:
+	case KindFloat:
+		b.WriteString(jsonFloat(v.f))
+	case KindString:
+		dumpString(b, v.s, opt.ensureASCII)
+	case KindList, kindTuple:
 		items := v.list().items
 		if len(items) == 0 {
 			b.WriteString("[]")
@@ -476,14 +477,14 @@ func jDump(b *strings.Builder, v jv, opt *jDumpOptions, level int) error {
 			if i > 0 {
 				b.WriteString(opt.itemSep)
 			}
-			jDumpNewline(b, opt, level+1)
-			if err := jDump(b, it, opt, level+1); err != nil {
+			dumpNewline(b, opt, level+1)
+			if err := dump(b, it, opt, level+1); err != nil {
 				return err
 			}
 		}
-		jDumpNewline(b, opt, level)
+		dumpNewline(b, opt, level)
 		b.WriteByte(']')
-	case jkDict:
+	case KindDict:
 		d := v.dict()
 		if len(d.keys) == 0 {
 			b.WriteString("{}")
@@ -496,49 +497,49 @@ func jDump(b *strings.Builder, v jv, opt *jDumpOptions, level int) error {
 		keys := make([]string, len(d.keys))
 		for i, k := range d.keys {
 			switch k.k {
-			case jkStr:
+			case KindString:
 				keys[i] = k.s
-			case jkFloat:
-				keys[i] = jJSONFloat(k.f)
-			case jkInt, jkBig:
-				keys[i] = jStr(k)
-			case jkBool:
+			case KindFloat:
+				keys[i] = jsonFloat(k.f)
+			case KindInt, kindBig:
+				keys[i] = k.String()
+			case KindBool:
 				keys[i] = map[bool]string{true: "true", false: "false"}[k.n != 0]
-			case jkNone:
+			case KindNone:
 				keys[i] = "null"
 			default:
-				return jErrorf("TypeError", "keys must be str, int, float, bool or None, not %s", jValueTypeName(k))
+				return errorf("TypeError", "keys must be str, int, float, bool or None, not %s", k.TypeName())
 			}
 		}
 		if opt.sortKeys {
 			for _, k := range d.keys {
-				if k.k != jkStr {
-					return jErrorf("TypeError", "'<' not supported between instances of '%s' and 'str'", jValueTypeName(k))
+				if k.k != KindString {
+					return errorf("TypeError", "'<' not supported between instances of '%s' and 'str'", k.TypeName())
 				}
 			}
-			jSortInts(order, func(a, b int) bool { return keys[a] < keys[b] })
+			sortInts(order, func(a, b int) bool { return keys[a] < keys[b] })
 		}
 		b.WriteByte('{')
 		for n, i := range order {
 			if n > 0 {
 				b.WriteString(opt.itemSep)
 			}
-			jDumpNewline(b, opt, level+1)
-			jDumpString(b, keys[i], opt.ensureASCII)
+			dumpNewline(b, opt, level+1)
+			dumpString(b, keys[i], opt.ensureASCII)
 			b.WriteString(opt.keySep)
-			if err := jDump(b, d.vals[i], opt, level+1); err != nil {
+			if err := dump(b, d.vals[i], opt, level+1); err != nil {
 				return err
 			}
 		}
-		jDumpNewline(b, opt, level)
+		dumpNewline(b, opt, level)
 		b.WriteByte('}')
 	default:
-		return jErrorf("TypeError", "Object of type %s is not JSON serializable", jValueTypeName(v))
+		return errorf("TypeError", "Object of type %s is not JSON serializable", v.TypeName())
 	}
 	return nil
 }
 
-func jDumpNewline(b *strings.Builder, opt *jDumpOptions, level int) {
+func dumpNewline(b *strings.Builder, opt *dumpOptions, level int) {
 	if opt.indent == nil {
 		return
 	}
@@ -548,8 +549,8 @@ func jDumpNewline(b *strings.Builder, opt *jDumpOptions, level int) {
 	}
 }
 
-// jJSONFloat is float.__repr__ with json's spellings of the non-finite values.
-func jJSONFloat(f float64) string {
+// jsonFloat is float.__repr__ with json's spellings of the non-finite values.
+func jsonFloat(f float64) string {
 	switch {
 	case math.IsNaN(f):
 		return "NaN"
@@ -558,11 +559,11 @@ func jJSONFloat(f float64) string {
 	case math.IsInf(f, -1):
 		return "-Infinity"
 	}
-	return jFloatRepr(f)
+	return floatRepr(f)
 }
 
-// jDumpString writes a JSON string the way json.dumps does.
-func jDumpString(b *strings.Builder, s string, ensureASCII bool) {
+// dumpString writes a JSON string the way json.dumps does.
+func dumpString(b *strings.Builder, s string, ensureASCII bool) {
 	b.WriteByte('"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -576,9 +577,9 @@ func jDumpString(b *strings.Builder, s string, ensureASCII bool) {
 			r, size := utf8.DecodeRuneInString(s[i:])
 			if r >= 0x10000 {
 				r1, r2 := utf16.EncodeRune(r)
-				b.WriteString(`\u` + jHex(uint32(r1), 4) + `\u` + jHex(uint32(r2), 4))
+				b.WriteString(`\u` + hex(uint32(r1), 4) + `\u` + hex(uint32(r2), 4))
 			} else {
-				b.WriteString(`\u` + jHex(uint32(r), 4))
+				b.WriteString(`\u` + hex(uint32(r), 4))
 			}
 			i += size
 			start = i
@@ -600,7 +601,7 @@ func jDumpString(b *strings.Builder, s string, ensureASCII bool) {
 		case '\f':
 			b.WriteString(`\f`)
 		default:
-			b.WriteString(`\u00` + jHex(uint32(c), 2))
+			b.WriteString(`\u00` + hex(uint32(c), 2))
 		}
 		i++
 		start = i
@@ -609,16 +610,16 @@ func jDumpString(b *strings.Builder, s string, ensureASCII bool) {
 	b.WriteByte('"')
 }
 
-// jSortInts is a stable insertion/merge sort of indexes (Python's sort is stable).
-func jSortInts(a []int, less func(x, y int) bool) {
+// sortInts is a stable insertion/merge sort of indexes (Python's sort is stable).
+func sortInts(a []int, less func(x, y int) bool) {
 	if len(a) < 2 {
 		return
 	}
 	tmp := make([]int, len(a))
-	jMergeSort(a, tmp, less)
+	mergeSort(a, tmp, less)
 }
 
-func jMergeSort(a, tmp []int, less func(x, y int) bool) {
+func mergeSort(a, tmp []int, less func(x, y int) bool) {
 	if len(a) <= 12 {
 		for i := 1; i < len(a); i++ {
 			for j := i; j > 0 && less(a[j], a[j-1]); j-- {
@@ -628,8 +629,8 @@ func jMergeSort(a, tmp []int, less func(x, y int) bool) {
 		return
 	}
 	m := len(a) / 2
-	jMergeSort(a[:m], tmp[:m], less)
-	jMergeSort(a[m:], tmp[m:], less)
+	mergeSort(a[:m], tmp[:m], less)
+	mergeSort(a[m:], tmp[m:], less)
 	copy(tmp, a)
 	i, j, k := 0, m, 0
 	for i < m && j < len(a) {

@@ -5,9 +5,9 @@ import (
 	"testing"
 )
 
-func jsonDumpsDefault(t *testing.T, v jv) string {
+func jsonDumpsDefault(t *testing.T, v Value) string {
 	t.Helper()
-	s, err := jDumpJSON(v, &jDumpOptions{itemSep: ", ", keySep: ": "})
+	s, err := dumpJSON(v, &dumpOptions{itemSep: ", ", keySep: ": "})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestJSONRoundTripLikePython(t *testing.T) {
 		{`{"a\u0000b": "\u001f\u007f\u2028"}`, "{\"a\\u0000b\": \"\\u001f\u007f\u2028\"}"},
 		{`"\ud800x"`, "\"\uFFFDx\""}, // Python keeps the lone surrogate; Go cannot
 	} {
-		v, err := jDecodeJSON([]byte(tc.in))
+		v, err := DecodeJSON([]byte(tc.in))
 		if err != nil {
 			t.Errorf("%s: %v", tc.in, err)
 			continue
@@ -39,29 +39,29 @@ func TestJSONRoundTripLikePython(t *testing.T) {
 
 func TestJSONDecodeErrors(t *testing.T) {
 	for _, in := range []string{`[1,]`, `{"a":1,}`, `01`, `[1] x`, `"abc`, `{"a" 1}`, "\"\x01\"", `tru`, ``, `-`, `1.`, `.5`, `+1`, `"\x"`, `{'a':1}`, `[1 2]`, `"\u12"`, "\"\xff\"", strings.Repeat("[", 1001) + strings.Repeat("]", 1001)} {
-		if v, err := jDecodeJSON([]byte(in)); err == nil {
-			t.Errorf("%q: want an error, got %s", in, jRepr(v))
+		if v, err := DecodeJSON([]byte(in)); err == nil {
+			t.Errorf("%q: want an error, got %s", in, v.Repr())
 		}
 	}
-	if _, err := jDecodeJSON([]byte(strings.Repeat("[", 1000) + strings.Repeat("]", 1000))); err != nil {
+	if _, err := DecodeJSON([]byte(strings.Repeat("[", 1000) + strings.Repeat("]", 1000))); err != nil {
 		t.Errorf("nesting 1000: %v", err)
 	}
 }
 
 func TestJSONValueKinds(t *testing.T) {
-	v, err := jDecodeJSON([]byte(`{"i": 1, "f": 1.0, "e": 1e2, "big": -123456789012345678901234567890, "s": "x", "n": null, "t": true, "l": [], "o": {}}`))
+	v, err := DecodeJSON([]byte(`{"i": 1, "f": 1.0, "e": 1e2, "big": -123456789012345678901234567890, "s": "x", "n": null, "t": true, "l": [], "o": {}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := v.dict()
-	want := map[string]jKind{"i": jkInt, "f": jkFloat, "e": jkFloat, "big": jkBig, "s": jkStr, "n": jkNone, "t": jkBool, "l": jkList, "o": jkDict}
+	want := map[string]Kind{"i": KindInt, "f": KindFloat, "e": KindFloat, "big": kindBig, "s": KindString, "n": KindNone, "t": KindBool, "l": KindList, "o": KindDict}
 	for k, kind := range want {
-		got, ok := d.getStr(k)
+		got, ok := d.Get(k)
 		if !ok || got.k != kind {
 			t.Errorf("%s: kind %v, want %v", k, got.k, kind)
 		}
 	}
-	if got := jStr(mustGet(t, d, "big")); got != "-123456789012345678901234567890" {
+	if got := mustGet(t, d, "big").String(); got != "-123456789012345678901234567890" {
 		t.Errorf("big int printed as %s", got)
 	}
 	var keys []string
@@ -80,7 +80,7 @@ func TestJSONDuplicateKeysMany(t *testing.T) {
 		b.WriteString(`"k` + string(rune('a'+i%26)) + string(rune('a'+i/26)) + `": 1, `)
 	}
 	b.WriteString(`"ka": 2, "kb": 3, "ka": 4}`)
-	v, err := jDecodeJSON([]byte(b.String()))
+	v, err := DecodeJSON([]byte(b.String()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,9 +96,9 @@ func TestJSONDuplicateKeysMany(t *testing.T) {
 	}
 }
 
-func mustGet(t *testing.T, d *jDict, k string) jv {
+func mustGet(t *testing.T, d *Dict, k string) Value {
 	t.Helper()
-	v, ok := d.getStr(k)
+	v, ok := d.Get(k)
 	if !ok {
 		t.Fatalf("missing key %s", k)
 	}
@@ -106,22 +106,22 @@ func mustGet(t *testing.T, d *jDict, k string) jv {
 }
 
 func TestJSONDumpOptions(t *testing.T) {
-	v, err := jDecodeJSON([]byte(`{"b": [1, {"c": "é"}], "a": {}}`))
+	v, err := DecodeJSON([]byte(`{"b": [1, {"c": "é"}], "a": {}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	two := "  "
 	for _, tc := range []struct {
-		opt  jDumpOptions
+		opt  dumpOptions
 		want string
 	}{
-		{jDumpOptions{itemSep: ", ", keySep: ": "}, `{"b": [1, {"c": "é"}], "a": {}}`},
-		{jDumpOptions{itemSep: ",", keySep: ":"}, `{"b":[1,{"c":"é"}],"a":{}}`},
-		{jDumpOptions{itemSep: ", ", keySep: ": ", ensureASCII: true}, `{"b": [1, {"c": "\u00e9"}], "a": {}}`},
-		{jDumpOptions{itemSep: ", ", keySep: ": ", sortKeys: true}, `{"a": {}, "b": [1, {"c": "é"}]}`},
-		{jDumpOptions{itemSep: ",", keySep: ": ", indent: &two}, "{\n  \"b\": [\n    1,\n    {\n      \"c\": \"é\"\n    }\n  ],\n  \"a\": {}\n}"},
+		{dumpOptions{itemSep: ", ", keySep: ": "}, `{"b": [1, {"c": "é"}], "a": {}}`},
+		{dumpOptions{itemSep: ",", keySep: ":"}, `{"b":[1,{"c":"é"}],"a":{}}`},
+		{dumpOptions{itemSep: ", ", keySep: ": ", ensureASCII: true}, `{"b": [1, {"c": "\u00e9"}], "a": {}}`},
+		{dumpOptions{itemSep: ", ", keySep: ": ", sortKeys: true}, `{"a": {}, "b": [1, {"c": "é"}]}`},
+		{dumpOptions{itemSep: ",", keySep: ": ", indent: &two}, "{\n  \"b\": [\n    1,\n    {\n      \"c\": \"é\"\n    }\n  ],\n  \"a\": {}\n}"},
 	} {
-		got, err := jDumpJSON(v, &tc.opt)
+		got, err := dumpJSON(v, &tc.opt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func TestJSONDumpOptions(t *testing.T) {
 			t.Errorf("got %q, want %q", got, tc.want)
 		}
 	}
-	if _, err := jDumpJSON(jvUndefined, &jDumpOptions{}); err == nil || err.Error() != "Object of type Undefined is not JSON serializable" {
+	if _, err := dumpJSON(undefinedValue, &dumpOptions{}); err == nil || err.Error() != "Object of type Undefined is not JSON serializable" {
 		t.Errorf("undefined: %v", err)
 	}
 }
@@ -140,7 +140,7 @@ func TestFloatRepr(t *testing.T) {
 		1e-4: "0.0001", 1e-5: "1e-05", 123456789.123: "123456789.123", 1.5e300: "1.5e+300", 5e-324: "5e-324",
 		12345678901234567.0: "1.2345678901234568e+16", 0.30000000000000004: "0.30000000000000004",
 	} {
-		if got := jFloatRepr(f); got != want {
+		if got := floatRepr(f); got != want {
 			t.Errorf("repr(%v) = %s, want %s", f, got, want)
 		}
 	}

@@ -12,72 +12,72 @@ import (
 	"unicode/utf8"
 )
 
-type jTokType uint8
+type tokenType uint8
 
 const (
-	jtEOF jTokType = iota
-	jtData
-	jtVarBegin
-	jtVarEnd
-	jtBlockBegin
-	jtBlockEnd
-	jtName
-	jtString
-	jtInt
-	jtFloat
-	jtOp
+	tokEOF tokenType = iota
+	tokData
+	tokVarBegin
+	tokVarEnd
+	tokBlockBegin
+	tokBlockEnd
+	tokName
+	tokString
+	tokInt
+	tokFloat
+	tokOp
 )
 
-type jToken struct {
-	t    jTokType
+type token struct {
+	t    tokenType
 	s    string // data text, name, decoded string literal or operator
-	v    jv     // value of an integer or float literal
+	v    Value  // value of an integer or float literal
 	line int
 }
 
-func (t jToken) describe() string {
+func (t token) describe() string {
 	switch t.t {
-	case jtEOF:
+	case tokEOF:
 		return "end of template"
-	case jtData:
+	case tokData:
 		return "template data"
-	case jtVarBegin:
+	case tokVarBegin:
 		return "begin of print statement"
-	case jtVarEnd:
+	case tokVarEnd:
 		return "end of print statement"
-	case jtBlockBegin:
+	case tokBlockBegin:
 		return "begin of statement block"
-	case jtBlockEnd:
+	case tokBlockEnd:
 		return "end of statement block"
-	case jtString:
+	case tokString:
 		return "string"
-	case jtInt:
+	case tokInt:
 		return "integer"
-	case jtFloat:
+	case tokFloat:
 		return "float"
 	}
 	return t.s
 }
 
-// jSyntaxError is a template that does not parse (jinja2.TemplateSyntaxError).
-type jSyntaxError struct {
+// syntaxError is a template that does not parse (jinja2.TemplateSyntaxError).
+type syntaxError struct {
 	msg  string
 	line int
 }
 
-func (e *jSyntaxError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
+func (e *syntaxError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.msg) }
 
-type jLexer struct {
+type lexer struct {
 	src     string
 	pos     int
 	line    int
-	toks    []jToken
+	toks    []token
 	balance []byte
 }
 
-// jNormalizeSource applies jinja2's newline handling: \r\n and \r become \n and, since
+// normalizeSource applies jinja2's newline handling: \r\n and \r become \n and, since
 // keep_trailing_newline is off, one trailing newline is dropped.
-func jNormalizeSource(src string) string {
+func normalizeSource(src string) string {
 	if strings.IndexByte(src, '\r') >= 0 {
 		src = strings.ReplaceAll(src, "\r\n", "\n")
 		src = strings.ReplaceAll(src, "\r", "\n")
@@ -85,36 +85,36 @@ func jNormalizeSource(src string) string {
 	return strings.TrimSuffix(src, "\n")
 }
 
-func jLex(src string) ([]jToken, error) {
-	lx := &jLexer{src: jNormalizeSource(src), line: 1}
+func lex(src string) ([]token, error) {
+	lx := &lexer{src: normalizeSource(src), line: 1}
 	if err := lx.run(); err != nil {
 		return nil, err
 	}
 	return lx.toks, nil
 }
 
-func (lx *jLexer) errorf(format string, args ...any) error {
-	return &jSyntaxError{msg: fmt.Sprintf(format, args...), line: lx.line}
+func (lx *lexer) errorf(format string, args ...any) error {
+	return &syntaxError{msg: fmt.Sprintf(format, args...), line: lx.line}
 }
 
-func (lx *jLexer) emit(t jTokType, s string) {
-	lx.toks = append(lx.toks, jToken{t: t, s: s, line: lx.line})
+func (lx *lexer) emit(t tokenType, s string) {
+	lx.toks = append(lx.toks, token{t: t, s: s, line: lx.line})
 }
 
-func (lx *jLexer) emitData(s string) {
+func (lx *lexer) emitData(s string) {
 	if s != "" {
-		lx.toks = append(lx.toks, jToken{t: jtData, s: s, line: lx.line})
+		lx.toks = append(lx.toks, token{t: tokData, s: s, line: lx.line})
 	}
 	lx.line += strings.Count(s, "\n")
 }
 
 // advance moves pos to p, counting newlines.
-func (lx *jLexer) advance(p int) {
+func (lx *lexer) advance(p int) {
 	lx.line += strings.Count(lx.src[lx.pos:p], "\n")
 	lx.pos = p
 }
 
-func (lx *jLexer) run() error {
+func (lx *lexer) run() error {
 	src := lx.src
 	lineStarting := true
 	for lx.pos < len(src) {
@@ -144,7 +144,7 @@ func (lx *jLexer) run() error {
 		// whitespace control of the text before the tag
 		switch {
 		case sign == '-':
-			text = jPyRStrip(text)
+			text = pyRStrip(text)
 		case sign != '+' && kind != '{':
 			lpos := strings.LastIndexByte(text, '\n') + 1
 			if lpos > 0 || lineStarting {
@@ -168,25 +168,25 @@ func (lx *jLexer) run() error {
 		case rawEnd >= 0:
 			lineStarting, err = lx.lexRaw(rawEnd)
 		case kind == '#':
-			lineStarting, err = lx.lexComment(start + 2 + jBoolInt(sign != 0))
+			lineStarting, err = lx.lexComment(start + 2 + boolInt(sign != 0))
 		case kind == '{':
-			lx.pos = start + 2 + jBoolInt(sign != 0)
-			lx.emit(jtVarBegin, "")
+			lx.pos = start + 2 + boolInt(sign != 0)
+			lx.emit(tokVarBegin, "")
 			lineStarting, err = lx.lexExpr(false)
 		default:
-			lx.pos = start + 2 + jBoolInt(sign != 0)
-			lx.emit(jtBlockBegin, "")
+			lx.pos = start + 2 + boolInt(sign != 0)
+			lx.emit(tokBlockBegin, "")
 			lineStarting, err = lx.lexExpr(true)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	lx.toks = append(lx.toks, jToken{t: jtEOF, line: lx.line})
+	lx.toks = append(lx.toks, token{t: tokEOF, line: lx.line})
 	return nil
 }
 
-func jBoolInt(b bool) int {
+func boolInt(b bool) int {
 	if b {
 		return 1
 	}
@@ -194,10 +194,10 @@ func jBoolInt(b bool) int {
 }
 
 // skipSpace returns the index after the Python-\s* run at i.
-func (lx *jLexer) skipSpace(i int) int {
+func (lx *lexer) skipSpace(i int) int {
 	for i < len(lx.src) {
 		r, size := utf8.DecodeRuneInString(lx.src[i:])
-		if !jPyIsSpace(r) {
+		if !pyIsSpace(r) {
 			break
 		}
 		i += size
@@ -207,7 +207,7 @@ func (lx *jLexer) skipSpace(i int) int {
 
 // matchRawBegin matches {%[-+]?\s*raw\s*(-%}\s*|%}) at start and returns the end of
 // the match, or -1.
-func (lx *jLexer) matchRawBegin(start int) int {
+func (lx *lexer) matchRawBegin(start int) int {
 	src := lx.src
 	i := start + 2
 	if i < len(src) && (src[i] == '-' || src[i] == '+') {
@@ -228,7 +228,7 @@ func (lx *jLexer) matchRawBegin(start int) int {
 }
 
 // lexRaw handles {% raw %}...{% endraw %}, starting after the raw begin tag.
-func (lx *jLexer) lexRaw(from int) (bool, error) {
+func (lx *lexer) lexRaw(from int) (bool, error) {
 	src := lx.src
 	lx.advance(from)
 	for i := from; i+1 < len(src); i++ {
@@ -264,7 +264,7 @@ func (lx *jLexer) lexRaw(from int) (bool, error) {
 		text := src[from:i]
 		switch {
 		case sign == '-':
-			text = jPyRStrip(text)
+			text = pyRStrip(text)
 		case sign != '+':
 			lpos := strings.LastIndexByte(text, '\n') + 1
 			if lpos > 0 {
@@ -290,7 +290,7 @@ func (lx *jLexer) lexRaw(from int) (bool, error) {
 }
 
 // lexComment skips a comment whose text starts at from.
-func (lx *jLexer) lexComment(from int) (bool, error) {
+func (lx *lexer) lexComment(from int) (bool, error) {
 	src := lx.src
 	q := strings.Index(src[from:], "#}")
 	if q < 0 {
@@ -312,7 +312,7 @@ func (lx *jLexer) lexComment(from int) (bool, error) {
 }
 
 // lexExpr lexes the inside of {% %} (block) or {{ }} and the closing delimiter.
-func (lx *jLexer) lexExpr(block bool) (bool, error) {
+func (lx *lexer) lexExpr(block bool) (bool, error) {
 	src := lx.src
 	for {
 		if lx.pos >= len(src) {
@@ -337,7 +337,7 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 					}
 				}
 				if end >= 0 {
-					lx.emit(jtBlockEnd, "")
+					lx.emit(tokBlockEnd, "")
 					lx.advance(end)
 					return strings.HasSuffix(src[p:end], "\n"), nil
 				}
@@ -350,7 +350,7 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 					end = p + 2
 				}
 				if end >= 0 {
-					lx.emit(jtVarEnd, "")
+					lx.emit(tokVarEnd, "")
 					lx.advance(end)
 					return strings.HasSuffix(src[p:end], "\n"), nil
 				}
@@ -359,7 +359,7 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 		c := src[p]
 		r, size := utf8.DecodeRuneInString(src[p:])
 		switch {
-		case jPyIsSpace(r):
+		case pyIsSpace(r):
 			lx.advance(lx.skipSpace(p))
 		case c >= '0' && c <= '9':
 			if err := lx.lexNumber(); err != nil {
@@ -375,7 +375,7 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 				}
 				break
 			}
-			lx.emit(jtName, src[p:j])
+			lx.emit(tokName, src[p:j])
 			lx.pos = j
 		case c == '\'' || c == '"':
 			if err := lx.lexString(c); err != nil {
@@ -393,7 +393,7 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 				op = src[p : p+1]
 			}
 			if op == "" {
-				return false, lx.errorf("unexpected char %s at %d", jPyQuote(string(r)), p)
+				return false, lx.errorf("unexpected char %s at %d", pyQuote(string(r)), p)
 			}
 			switch op {
 			case "(":
@@ -412,13 +412,13 @@ func (lx *jLexer) lexExpr(block bool) (bool, error) {
 					return false, lx.errorf("unexpected '%s', expected '%c'", op, want)
 				}
 			}
-			lx.emit(jtOp, op)
+			lx.emit(tokOp, op)
 			lx.pos = p + len(op)
 		}
 	}
 }
 
-func jIsDigitBase(c byte, base int) bool {
+func isDigitBase(c byte, base int) bool {
 	switch base {
 	case 2:
 		return c == '0' || c == '1'
@@ -432,7 +432,7 @@ func jIsDigitBase(c byte, base int) bool {
 
 // scanDigits matches (\d+_)*\d+ (or the (_?d)* tail when leadingDigit is false) at i
 // and returns the end, or i when nothing matched.
-func (lx *jLexer) scanDigitRun(i int) int {
+func (lx *lexer) scanDigitRun(i int) int {
 	src := lx.src
 	j := i
 	for j < len(src) && src[j] >= '0' && src[j] <= '9' {
@@ -444,7 +444,7 @@ func (lx *jLexer) scanDigitRun(i int) int {
 	return j
 }
 
-func (lx *jLexer) lexNumber() error {
+func (lx *lexer) lexNumber() error {
 	src := lx.src
 	p := lx.pos
 	// float: (?<!\.)(\d+_)*\d+((\.(\d+_)*\d+)?e[+\-]?(\d+_)*\d+|\.(\d+_)*\d+)
@@ -478,11 +478,11 @@ func (lx *jLexer) lexNumber() error {
 		}
 		if end > 0 {
 			text := strings.ReplaceAll(src[p:end], "_", "")
-			f, err := jParseFloat(text)
+			f, err := parseFloat(text)
 			if err != nil {
 				return lx.errorf("invalid float literal %s", text)
 			}
-			lx.toks = append(lx.toks, jToken{t: jtFloat, s: src[p:end], v: jFloatV(f), line: lx.line})
+			lx.toks = append(lx.toks, token{t: tokFloat, s: src[p:end], v: floatValue(f), line: lx.line})
 			lx.pos = end
 			return nil
 		}
@@ -503,11 +503,11 @@ func (lx *jLexer) lexNumber() error {
 	if base != 10 {
 		k := p + 2
 		for k < len(src) {
-			if src[k] == '_' && k+1 < len(src) && jIsDigitBase(src[k+1], base) {
+			if src[k] == '_' && k+1 < len(src) && isDigitBase(src[k+1], base) {
 				k += 2
 				continue
 			}
-			if jIsDigitBase(src[k], base) {
+			if isDigitBase(src[k], base) {
 				k++
 				continue
 			}
@@ -540,16 +540,16 @@ func (lx *jLexer) lexNumber() error {
 	if base != 10 {
 		digits = text[2:]
 	}
-	v, ok := jParseIntBase(digits, base)
+	v, ok := parseIntBase(digits, base)
 	if !ok {
 		return lx.errorf("invalid integer literal %s", text)
 	}
-	lx.toks = append(lx.toks, jToken{t: jtInt, s: src[p:j], v: v, line: lx.line})
+	lx.toks = append(lx.toks, token{t: tokInt, s: src[p:j], v: v, line: lx.line})
 	lx.pos = j
 	return nil
 }
 
-func (lx *jLexer) lexString(q byte) error {
+func (lx *lexer) lexString(q byte) error {
 	src := lx.src
 	p := lx.pos
 	i := p + 1
@@ -560,22 +560,22 @@ func (lx *jLexer) lexString(q byte) error {
 			continue
 		case q:
 			raw := src[p+1 : i]
-			val, err := jUnescapeString(raw)
+			val, err := unescapeString(raw)
 			if err != nil {
 				return lx.errorf("%s", err.Error())
 			}
-			lx.toks = append(lx.toks, jToken{t: jtString, s: val, line: lx.line})
+			lx.toks = append(lx.toks, token{t: tokString, s: val, line: lx.line})
 			lx.advance(i + 1)
 			return nil
 		}
 		i++
 	}
-	return lx.errorf("unexpected char %s at %d", jPyQuote(string(q)), p)
+	return lx.errorf("unexpected char %s at %d", pyQuote(string(q)), p)
 }
 
-// jUnescapeString reproduces value.encode("ascii", "backslashreplace").decode(
+// unescapeString reproduces value.encode("ascii", "backslashreplace").decode(
 // "unicode-escape"), which is how jinja2 decodes string literals.
-func jUnescapeString(raw string) (string, error) {
+func unescapeString(raw string) (string, error) {
 	if strings.IndexByte(raw, '\\') < 0 {
 		return raw, nil
 	}
@@ -586,11 +586,11 @@ func jUnescapeString(raw string) (string, error) {
 		case r < 0x80:
 			ascii.WriteRune(r)
 		case r < 0x100:
-			ascii.WriteString(`\x` + jHex(uint32(r), 2))
+			ascii.WriteString(`\x` + hex(uint32(r), 2))
 		case r < 0x10000:
-			ascii.WriteString(`\u` + jHex(uint32(r), 4))
+			ascii.WriteString(`\u` + hex(uint32(r), 4))
 		default:
-			ascii.WriteString(`\U` + jHex(uint32(r), 8))
+			ascii.WriteString(`\U` + hex(uint32(r), 8))
 		}
 	}
 	s := ascii.String()
@@ -634,7 +634,7 @@ func jUnescapeString(raw string) (string, error) {
 			n := map[byte]int{'x': 2, 'u': 4, 'U': 8}[c]
 			var v rune
 			for k := 1; k <= n; k++ {
-				if i+k >= len(s) || !jIsDigitBase(s[i+k], 16) {
+				if i+k >= len(s) || !isDigitBase(s[i+k], 16) {
 					return "", fmt.Errorf("truncated \\%c escape", c)
 				}
 				d := s[i+k]

@@ -10,124 +10,124 @@ import (
 	"strings"
 )
 
-func jNumOperands(a, b jv) bool { return a.isNumber() && b.isNumber() }
+func numOperands(a, b Value) bool { return a.isNumber() && b.isNumber() }
 
-func jAsFloat(v jv) (float64, error) {
+func asFloat(v Value) (float64, error) {
 	switch v.k {
-	case jkFloat:
+	case KindFloat:
 		return v.f, nil
-	case jkInt, jkBool:
+	case KindInt, KindBool:
 		return float64(v.n), nil
-	case jkBig:
+	case kindBig:
 		f, _ := new(big.Float).SetInt(v.o.(*big.Int)).Float64()
 		if math.IsInf(f, 0) {
-			return 0, jErrorf("OverflowError", "int too large to convert to float")
+			return 0, errorf("OverflowError", "int too large to convert to float")
 		}
 		return f, nil
 	}
-	return 0, jErrorf("TypeError", "must be real number, not %s", jValueTypeName(v))
+	return 0, errorf("TypeError", "must be real number, not %s", v.TypeName())
 }
 
-func jUnsupported(op string, a, b jv) error {
-	if a.k == jkUndef {
-		return jUndefError(a)
+func unsupportedOperands(op string, a, b Value) error {
+	if a.k == KindUndefined {
+		return undefinedError(a)
 	}
-	if b.k == jkUndef {
-		return jUndefError(b)
+	if b.k == KindUndefined {
+		return undefinedError(b)
 	}
-	return jErrorf("TypeError", "unsupported operand type(s) for %s: '%s' and '%s'", op, jValueTypeName(a), jValueTypeName(b))
+	return errorf("TypeError", "unsupported operand type(s) for %s: '%s' and '%s'", op, a.TypeName(), b.TypeName())
 }
 
-func jAdd(a, b jv) (jv, error) {
-	if jNumOperands(a, b) {
-		if a.k == jkFloat || b.k == jkFloat {
-			x, err := jAsFloat(a)
+func add(a, b Value) (Value, error) {
+	if numOperands(a, b) {
+		if a.k == KindFloat || b.k == KindFloat {
+			x, err := asFloat(a)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			y, err := jAsFloat(b)
+			y, err := asFloat(b)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			return jFloatV(x + y), nil
+			return floatValue(x + y), nil
 		}
-		if a.k != jkBig && b.k != jkBig {
+		if a.k != kindBig && b.k != kindBig {
 			s := a.n + b.n
 			if (s > a.n) == (b.n > 0) {
-				return jIntV(s), nil
+				return intValue(s), nil
 			}
 		}
-		return jBigV(new(big.Int).Add(jBigOf(a), jBigOf(b))), nil
+		return bigValue(new(big.Int).Add(bigOf(a), bigOf(b))), nil
 	}
 	switch {
-	case a.k == jkUndef:
-		return jv{}, jUndefError(a)
-	case b.k == jkUndef:
-		return jv{}, jUndefError(b)
-	case a.k == jkStr && b.k == jkStr:
-		if len(a.s)+len(b.s) > jMaxOutput {
-			return jv{}, jErrorf("MemoryError", "string too large")
+	case a.k == KindUndefined:
+		return Value{}, undefinedError(a)
+	case b.k == KindUndefined:
+		return Value{}, undefinedError(b)
+	case a.k == KindString && b.k == KindString:
+		if len(a.s)+len(b.s) > maxOutput {
+			return Value{}, errorf("MemoryError", "string too large")
 		}
-		return jStrV(a.s + b.s), nil
-	case a.k == jkStr:
-		return jv{}, jErrorf("TypeError", "can only concatenate str (not \"%s\") to str", jValueTypeName(b))
-	case (a.k == jkList && b.k == jkList) || (a.k == jkTuple && b.k == jkTuple):
-		if len(a.list().items)+len(b.list().items) > jMaxItems {
-			return jv{}, jErrorf("MemoryError", "sequence too large")
+		return StringValue(a.s + b.s), nil
+	case a.k == KindString:
+		return Value{}, errorf("TypeError", "can only concatenate str (not \"%s\") to str", b.TypeName())
+	case (a.k == KindList && b.k == KindList) || (a.k == kindTuple && b.k == kindTuple):
+		if len(a.list().items)+len(b.list().items) > maxItems {
+			return Value{}, errorf("MemoryError", "sequence too large")
 		}
 	}
 	switch {
-	case a.k == jkList && b.k == jkList:
+	case a.k == KindList && b.k == KindList:
 		x, y := a.list().items, b.list().items
-		out := make([]jv, 0, len(x)+len(y))
-		return jListV(append(append(out, x...), y...)), nil
-	case a.k == jkList:
-		return jv{}, jErrorf("TypeError", "can only concatenate list (not \"%s\") to list", jValueTypeName(b))
-	case a.k == jkTuple && b.k == jkTuple:
+		out := make([]Value, 0, len(x)+len(y))
+		return ListValue(append(append(out, x...), y...)), nil
+	case a.k == KindList:
+		return Value{}, errorf("TypeError", "can only concatenate list (not \"%s\") to list", b.TypeName())
+	case a.k == kindTuple && b.k == kindTuple:
 		x, y := a.list().items, b.list().items
-		out := make([]jv, 0, len(x)+len(y))
-		return jTupleV(append(append(out, x...), y...)), nil
-	case a.k == jkTuple:
-		return jv{}, jErrorf("TypeError", "can only concatenate tuple (not \"%s\") to tuple", jValueTypeName(b))
+		out := make([]Value, 0, len(x)+len(y))
+		return tupleValue(append(append(out, x...), y...)), nil
+	case a.k == kindTuple:
+		return Value{}, errorf("TypeError", "can only concatenate tuple (not \"%s\") to tuple", b.TypeName())
 	}
-	return jv{}, jUnsupported("+", a, b)
+	return Value{}, unsupportedOperands("+", a, b)
 }
 
-func jNeg(v jv) (jv, error) {
+func negate(v Value) (Value, error) {
 	switch v.k {
-	case jkInt, jkBool:
+	case KindInt, KindBool:
 		if v.n == math.MinInt64 {
-			return jBigV(new(big.Int).Neg(jBigOf(v))), nil
+			return bigValue(new(big.Int).Neg(bigOf(v))), nil
 		}
-		return jIntV(-v.n), nil
-	case jkBig:
-		return jBigV(new(big.Int).Neg(v.o.(*big.Int))), nil
-	case jkFloat:
-		return jFloatV(-v.f), nil
-	case jkUndef:
-		return jv{}, jUndefError(v)
+		return intValue(-v.n), nil
+	case kindBig:
+		return bigValue(new(big.Int).Neg(v.o.(*big.Int))), nil
+	case KindFloat:
+		return floatValue(-v.f), nil
+	case KindUndefined:
+		return Value{}, undefinedError(v)
 	}
-	return jv{}, jErrorf("TypeError", "bad operand type for unary -: '%s'", jValueTypeName(v))
+	return Value{}, errorf("TypeError", "bad operand type for unary -: '%s'", v.TypeName())
 }
 
-func jPos(v jv) (jv, error) {
+func unaryPlus(v Value) (Value, error) {
 	switch v.k {
-	case jkInt, jkBool:
-		return jIntV(v.n), nil
-	case jkBig, jkFloat:
+	case KindInt, KindBool:
+		return intValue(v.n), nil
+	case kindBig, KindFloat:
 		return v, nil
-	case jkUndef:
-		return jv{}, jUndefError(v)
+	case KindUndefined:
+		return Value{}, undefinedError(v)
 	}
-	return jv{}, jErrorf("TypeError", "bad operand type for unary +: '%s'", jValueTypeName(v))
+	return Value{}, errorf("TypeError", "bad operand type for unary +: '%s'", v.TypeName())
 }
 
-func jRepeat(seq jv, count jv) (jv, error) {
-	if count.k == jkBig {
+func repeat(seq Value, count Value) (Value, error) {
+	if count.k == kindBig {
 		if count.o.(*big.Int).Sign() < 0 {
-			count = jIntV(0)
+			count = intValue(0)
 		} else {
-			return jv{}, jErrorf("OverflowError", "cannot fit 'int' into an index-sized integer")
+			return Value{}, errorf("OverflowError", "cannot fit 'int' into an index-sized integer")
 		}
 	}
 	n := count.n
@@ -135,152 +135,152 @@ func jRepeat(seq jv, count jv) (jv, error) {
 		n = 0
 	}
 	switch seq.k {
-	case jkStr:
-		if int64(len(seq.s))*n > jMaxOutput {
-			return jv{}, jErrorf("MemoryError", "repeated string too large")
+	case KindString:
+		if int64(len(seq.s))*n > maxOutput {
+			return Value{}, errorf("MemoryError", "repeated string too large")
 		}
-		return jStrV(strings.Repeat(seq.s, int(n))), nil
+		return StringValue(strings.Repeat(seq.s, int(n))), nil
 	default:
 		items := seq.list().items
-		if int64(len(items))*n > jMaxItems {
-			return jv{}, jErrorf("MemoryError", "repeated sequence too large")
+		if int64(len(items))*n > maxItems {
+			return Value{}, errorf("MemoryError", "repeated sequence too large")
 		}
-		out := make([]jv, 0, int64(len(items))*n)
+		out := make([]Value, 0, int64(len(items))*n)
 		for i := int64(0); i < n; i++ {
 			out = append(out, items...)
 		}
-		if seq.k == jkTuple {
-			return jTupleV(out), nil
+		if seq.k == kindTuple {
+			return tupleValue(out), nil
 		}
-		return jListV(out), nil
+		return ListValue(out), nil
 	}
 }
 
-func jBinary(op string, a, b jv) (jv, error) {
+func binaryOp(op string, a, b Value) (Value, error) {
 	switch op {
 	case "+":
-		return jAdd(a, b)
+		return add(a, b)
 	case "-":
-		if !jNumOperands(a, b) {
-			return jv{}, jUnsupported("-", a, b)
+		if !numOperands(a, b) {
+			return Value{}, unsupportedOperands("-", a, b)
 		}
-		if a.k == jkFloat || b.k == jkFloat {
-			x, err := jAsFloat(a)
+		if a.k == KindFloat || b.k == KindFloat {
+			x, err := asFloat(a)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			y, err := jAsFloat(b)
+			y, err := asFloat(b)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			return jFloatV(x - y), nil
+			return floatValue(x - y), nil
 		}
-		if a.k != jkBig && b.k != jkBig {
+		if a.k != kindBig && b.k != kindBig {
 			d := a.n - b.n
 			if (d < a.n) == (b.n > 0) {
-				return jIntV(d), nil
+				return intValue(d), nil
 			}
 		}
-		return jBigV(new(big.Int).Sub(jBigOf(a), jBigOf(b))), nil
+		return bigValue(new(big.Int).Sub(bigOf(a), bigOf(b))), nil
 	case "*":
 		switch {
-		case jNumOperands(a, b):
-			if a.k == jkFloat || b.k == jkFloat {
-				x, err := jAsFloat(a)
+		case numOperands(a, b):
+			if a.k == KindFloat || b.k == KindFloat {
+				x, err := asFloat(a)
 				if err != nil {
-					return jv{}, err
+					return Value{}, err
 				}
-				y, err := jAsFloat(b)
+				y, err := asFloat(b)
 				if err != nil {
-					return jv{}, err
+					return Value{}, err
 				}
-				return jFloatV(x * y), nil
+				return floatValue(x * y), nil
 			}
-			if a.k != jkBig && b.k != jkBig {
+			if a.k != kindBig && b.k != kindBig {
 				if a.n == 0 || b.n == 0 {
-					return jIntV(0), nil
+					return intValue(0), nil
 				}
 				p := a.n * b.n
 				if p/b.n == a.n && !(a.n == -1 && b.n == math.MinInt64) && !(b.n == -1 && a.n == math.MinInt64) {
-					return jIntV(p), nil
+					return intValue(p), nil
 				}
 			}
-			return jBigV(new(big.Int).Mul(jBigOf(a), jBigOf(b))), nil
-		case (a.k == jkStr || a.isSeq()) && b.isInteger():
-			return jRepeat(a, b)
-		case a.isInteger() && (b.k == jkStr || b.isSeq()):
-			return jRepeat(b, a)
+			return bigValue(new(big.Int).Mul(bigOf(a), bigOf(b))), nil
+		case (a.k == KindString || a.isSeq()) && b.isInteger():
+			return repeat(a, b)
+		case a.isInteger() && (b.k == KindString || b.isSeq()):
+			return repeat(b, a)
 		}
-		if (a.k == jkStr || a.isSeq()) && b.k != jkUndef && b.k != jkFloat {
-			return jv{}, jErrorf("TypeError", "can't multiply sequence by non-int of type '%s'", jValueTypeName(b))
+		if (a.k == KindString || a.isSeq()) && b.k != KindUndefined && b.k != KindFloat {
+			return Value{}, errorf("TypeError", "can't multiply sequence by non-int of type '%s'", b.TypeName())
 		}
-		return jv{}, jUnsupported("*", a, b)
+		return Value{}, unsupportedOperands("*", a, b)
 	case "/":
-		if !jNumOperands(a, b) {
-			return jv{}, jUnsupported("/", a, b)
+		if !numOperands(a, b) {
+			return Value{}, unsupportedOperands("/", a, b)
 		}
-		x, err := jAsFloat(a)
+		x, err := asFloat(a)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		y, err := jAsFloat(b)
+		y, err := asFloat(b)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if y == 0 {
-			if a.k == jkFloat || b.k == jkFloat {
-				return jv{}, jErrorf("ZeroDivisionError", "float division by zero")
+			if a.k == KindFloat || b.k == KindFloat {
+				return Value{}, errorf("ZeroDivisionError", "float division by zero")
 			}
-			return jv{}, jErrorf("ZeroDivisionError", "division by zero")
+			return Value{}, errorf("ZeroDivisionError", "division by zero")
 		}
-		return jFloatV(x / y), nil
+		return floatValue(x / y), nil
 	case "//", "%":
-		if op == "%" && a.k == jkStr {
-			s, err := jPercentFormat(a.s, b)
+		if op == "%" && a.k == KindString {
+			s, err := percentFormat(a.s, b)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			return jStrV(s), nil
+			return StringValue(s), nil
 		}
-		if !jNumOperands(a, b) {
-			return jv{}, jUnsupported(op, a, b)
+		if !numOperands(a, b) {
+			return Value{}, unsupportedOperands(op, a, b)
 		}
-		if a.k == jkFloat || b.k == jkFloat {
-			x, err := jAsFloat(a)
+		if a.k == KindFloat || b.k == KindFloat {
+			x, err := asFloat(a)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
-			y, err := jAsFloat(b)
+			y, err := asFloat(b)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			if y == 0 {
 				if op == "%" {
-					return jv{}, jErrorf("ZeroDivisionError", "float modulo")
+					return Value{}, errorf("ZeroDivisionError", "float modulo")
 				}
-				return jv{}, jErrorf("ZeroDivisionError", "float floor division by zero")
+				return Value{}, errorf("ZeroDivisionError", "float floor division by zero")
 			}
-			div, mod := jFloatDivmod(x, y)
+			div, mod := floatDivmod(x, y)
 			if op == "%" {
-				return jFloatV(mod), nil
+				return floatValue(mod), nil
 			}
-			return jFloatV(div), nil
+			return floatValue(div), nil
 		}
-		if (b.k != jkBig && b.n == 0) || (b.k == jkBig && b.o.(*big.Int).Sign() == 0) {
-			return jv{}, jErrorf("ZeroDivisionError", "integer division or modulo by zero")
+		if (b.k != kindBig && b.n == 0) || (b.k == kindBig && b.o.(*big.Int).Sign() == 0) {
+			return Value{}, errorf("ZeroDivisionError", "integer division or modulo by zero")
 		}
-		if a.k != jkBig && b.k != jkBig && !(a.n == math.MinInt64 && b.n == -1) {
+		if a.k != kindBig && b.k != kindBig && !(a.n == math.MinInt64 && b.n == -1) {
 			q, r := a.n/b.n, a.n%b.n
 			if r != 0 && (r < 0) != (b.n < 0) {
 				q--
 				r += b.n
 			}
 			if op == "%" {
-				return jIntV(r), nil
+				return intValue(r), nil
 			}
-			return jIntV(q), nil
+			return intValue(q), nil
 		}
-		x, y := jBigOf(a), jBigOf(b)
+		x, y := bigOf(a), bigOf(b)
 		q, m := new(big.Int), new(big.Int)
 		q.DivMod(x, y, m) // Euclidean: 0 <= m < |y|
 		if m.Sign() != 0 && y.Sign() < 0 {
@@ -288,50 +288,50 @@ func jBinary(op string, a, b jv) (jv, error) {
 			q.Add(q, big.NewInt(1))
 		}
 		if op == "%" {
-			return jBigV(m), nil
+			return bigValue(m), nil
 		}
-		return jBigV(q), nil
+		return bigValue(q), nil
 	case "**":
-		if !jNumOperands(a, b) {
-			return jv{}, jUnsupported("** or pow()", a, b)
+		if !numOperands(a, b) {
+			return Value{}, unsupportedOperands("** or pow()", a, b)
 		}
-		if a.k != jkFloat && b.k != jkFloat {
-			exp := jBigOf(b)
+		if a.k != KindFloat && b.k != KindFloat {
+			exp := bigOf(b)
 			if exp.Sign() >= 0 {
-				base := jBigOf(a)
+				base := bigOf(a)
 				if exp.BitLen() > 32 || int64(base.BitLen())*exp.Int64() > 1<<20 {
 					if base.BitLen() > 1 || base.Sign() < 0 && base.BitLen() > 1 {
-						return jv{}, jErrorf("OverflowError", "integer power result too large")
+						return Value{}, errorf("OverflowError", "integer power result too large")
 					}
 				}
-				return jBigV(new(big.Int).Exp(base, exp, nil)), nil
+				return bigValue(new(big.Int).Exp(base, exp, nil)), nil
 			}
 		}
-		x, err := jAsFloat(a)
+		x, err := asFloat(a)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		y, err := jAsFloat(b)
+		y, err := asFloat(b)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if x == 0 && y < 0 {
-			return jv{}, jErrorf("ZeroDivisionError", "0.0 cannot be raised to a negative power")
+			return Value{}, errorf("ZeroDivisionError", "0.0 cannot be raised to a negative power")
 		}
 		if x < 0 && y != math.Trunc(y) {
-			return jv{}, jErrorf("ValueError", "complex results are not supported")
+			return Value{}, errorf("ValueError", "complex results are not supported")
 		}
 		r := math.Pow(x, y)
 		if math.IsInf(r, 0) && !math.IsInf(x, 0) && !math.IsInf(y, 0) {
-			return jv{}, jErrorf("OverflowError", "(34, 'Numerical result out of range')")
+			return Value{}, errorf("OverflowError", "(34, 'Numerical result out of range')")
 		}
-		return jFloatV(r), nil
+		return floatValue(r), nil
 	}
-	return jv{}, fmt.Errorf("internal: operator %s", op)
+	return Value{}, fmt.Errorf("internal: operator %s", op)
 }
 
-// jFloatDivmod is Python's float divmod.
-func jFloatDivmod(vx, wx float64) (float64, float64) {
+// floatDivmod is Python's float divmod.
+func floatDivmod(vx, wx float64) (float64, float64) {
 	mod := math.Mod(vx, wx)
 	div := (vx - mod) / wx
 	if mod != 0 {

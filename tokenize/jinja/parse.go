@@ -14,8 +14,8 @@ import (
 
 // ---- parser ----
 
-type jParser struct {
-	toks []jToken
+type parser struct {
+	toks []token
 	pos  int
 	soft int // >0 inside if/conditional expressions: unknown filters fail at run time
 	// endStack holds the names that end the blocks being parsed, for error messages.
@@ -24,36 +24,36 @@ type jParser struct {
 	depth    int // nesting of expressions and statements, bounded like Python's recursion
 }
 
-// jMaxNesting bounds expression and statement nesting (jinja2 would hit Python's
+// maxNesting bounds expression and statement nesting (jinja2 would hit Python's
 // recursion limit on pathological templates).
-const jMaxNesting = 256
+const maxNesting = 256
 
-func jParse(src string) ([]jNode, error) {
-	toks, err := jLex(src)
+func parse(src string) ([]stmt, error) {
+	toks, err := lex(src)
 	if err != nil {
 		return nil, err
 	}
-	p := &jParser{toks: toks}
+	p := &parser{toks: toks}
 	body, err := p.subparse(nil)
 	if err != nil {
 		return nil, err
 	}
-	if p.cur().t != jtEOF {
+	if p.cur().t != tokEOF {
 		return nil, p.fail("unexpected %s", p.cur().describe())
 	}
 	return body, nil
 }
 
-func (p *jParser) cur() jToken { return p.toks[p.pos] }
+func (p *parser) cur() token { return p.toks[p.pos] }
 
-func (p *jParser) look() jToken {
+func (p *parser) look() token {
 	if p.pos+1 < len(p.toks) {
 		return p.toks[p.pos+1]
 	}
 	return p.toks[len(p.toks)-1]
 }
 
-func (p *jParser) next() jToken {
+func (p *parser) next() token {
 	t := p.toks[p.pos]
 	if p.pos < len(p.toks)-1 {
 		p.pos++
@@ -61,21 +61,21 @@ func (p *jParser) next() jToken {
 	return t
 }
 
-func (p *jParser) fail(format string, args ...any) error {
-	return &jSyntaxError{msg: fmt.Sprintf(format, args...), line: p.cur().line}
+func (p *parser) fail(format string, args ...any) error {
+	return &syntaxError{msg: fmt.Sprintf(format, args...), line: p.cur().line}
 }
 
-func (p *jParser) isOp(op string) bool {
+func (p *parser) isOp(op string) bool {
 	t := p.cur()
-	return t.t == jtOp && t.s == op
+	return t.t == tokOp && t.s == op
 }
 
-func (p *jParser) isName(name string) bool {
+func (p *parser) isName(name string) bool {
 	t := p.cur()
-	return t.t == jtName && t.s == name
+	return t.t == tokName && t.s == name
 }
 
-func (p *jParser) skipOp(op string) bool {
+func (p *parser) skipOp(op string) bool {
 	if p.isOp(op) {
 		p.next()
 		return true
@@ -83,7 +83,7 @@ func (p *jParser) skipOp(op string) bool {
 	return false
 }
 
-func (p *jParser) skipName(name string) bool {
+func (p *parser) skipName(name string) bool {
 	if p.isName(name) {
 		p.next()
 		return true
@@ -91,23 +91,23 @@ func (p *jParser) skipName(name string) bool {
 	return false
 }
 
-func (p *jParser) expectOp(op string) error {
+func (p *parser) expectOp(op string) error {
 	if !p.skipOp(op) {
 		return p.fail("expected token '%s', got '%s'", op, p.cur().describe())
 	}
 	return nil
 }
 
-func (p *jParser) expectName() (string, error) {
+func (p *parser) expectName() (string, error) {
 	t := p.cur()
-	if t.t != jtName {
+	if t.t != tokName {
 		return "", p.fail("expected token 'name', got '%s'", t.describe())
 	}
 	p.next()
 	return t.s, nil
 }
 
-func (p *jParser) expect(tt jTokType, what string) error {
+func (p *parser) expect(tt tokenType, what string) error {
 	if p.cur().t != tt {
 		return p.fail("expected token '%s', got '%s'", what, p.cur().describe())
 	}
@@ -117,8 +117,8 @@ func (p *jParser) expect(tt jTokType, what string) error {
 
 // subparse parses template data and statements until a block whose first name is one
 // of end (the block_begin is consumed; the name token is current).
-func (p *jParser) subparse(end []string) ([]jNode, error) {
-	var body []jNode
+func (p *parser) subparse(end []string) ([]stmt, error) {
+	var body []stmt
 	if end != nil {
 		p.endStack = append(p.endStack, end)
 		defer func() { p.endStack = p.endStack[:len(p.endStack)-1] }()
@@ -126,24 +126,24 @@ func (p *jParser) subparse(end []string) ([]jNode, error) {
 	for {
 		t := p.cur()
 		switch t.t {
-		case jtEOF:
+		case tokEOF:
 			return body, nil
-		case jtData:
-			body = append(body, &jnData{s: t.s})
+		case tokData:
+			body = append(body, &dataStmt{s: t.s})
 			p.next()
-		case jtVarBegin:
+		case tokVarBegin:
 			p.next()
 			e, err := p.parseTuple(false, true, nil, false)
 			if err != nil {
 				return nil, err
 			}
-			body = append(body, &jnOutput{e: e})
-			if err := p.expect(jtVarEnd, "end of print statement"); err != nil {
+			body = append(body, &outputStmt{e: e})
+			if err := p.expect(tokVarEnd, "end of print statement"); err != nil {
 				return nil, err
 			}
-		case jtBlockBegin:
+		case tokBlockBegin:
 			p.next()
-			if end != nil && p.cur().t == jtName {
+			if end != nil && p.cur().t == tokName {
 				for _, e := range end {
 					if p.cur().s == e {
 						return body, nil
@@ -157,7 +157,7 @@ func (p *jParser) subparse(end []string) ([]jNode, error) {
 			if n != nil {
 				body = append(body, n)
 			}
-			if err := p.expect(jtBlockEnd, "end of statement block"); err != nil {
+			if err := p.expect(tokBlockEnd, "end of statement block"); err != nil {
 				return nil, err
 			}
 		default:
@@ -168,16 +168,16 @@ func (p *jParser) subparse(end []string) ([]jNode, error) {
 
 // parseStatements parses the body of a block statement: the current token must be the
 // end of the opening tag; it stops at one of end. With drop the end name is consumed.
-func (p *jParser) parseStatements(end []string, drop bool) ([]jNode, error) {
+func (p *parser) parseStatements(end []string, drop bool) ([]stmt, error) {
 	p.skipOp(":")
-	if err := p.expect(jtBlockEnd, "end of statement block"); err != nil {
+	if err := p.expect(tokBlockEnd, "end of statement block"); err != nil {
 		return nil, err
 	}
 	body, err := p.subparse(end)
 	if err != nil {
 		return nil, err
 	}
-	if p.cur().t == jtEOF {
+	if p.cur().t == tokEOF {
 		return nil, p.fail("Unexpected end of template. Jinja was looking for the following tags: %s. The innermost block that needs to be closed is '%s'.",
 			strings.Join(quoteAll(end), " or "), strings.TrimPrefix(end[0], "end"))
 	}
@@ -195,14 +195,14 @@ func quoteAll(s []string) []string {
 	return out
 }
 
-func (p *jParser) parseStatement() (jNode, error) {
+func (p *parser) parseStatement() (stmt, error) {
 	p.depth++
 	defer func() { p.depth-- }()
-	if p.depth > jMaxNesting {
+	if p.depth > maxNesting {
 		return nil, p.fail("template nesting too deep")
 	}
 	t := p.cur()
-	if t.t != jtName {
+	if t.t != tokName {
 		return nil, p.fail("tag name expected")
 	}
 	switch t.s {
@@ -222,8 +222,8 @@ func (p *jParser) parseStatement() (jNode, error) {
 		return p.parseWith()
 	case "print":
 		p.next()
-		var items []jExpr
-		for p.cur().t != jtBlockEnd {
+		var items []expr
+		for p.cur().t != tokBlockEnd {
 			if len(items) > 0 {
 				if err := p.expectOp(","); err != nil {
 					return nil, err
@@ -236,25 +236,25 @@ func (p *jParser) parseStatement() (jNode, error) {
 			items = append(items, e)
 		}
 		if len(items) == 1 {
-			return &jnOutput{e: items[0]}, nil
+			return &outputStmt{e: items[0]}, nil
 		}
-		return &jnOutput{e: &jeConcat{args: items}}, nil
+		return &outputStmt{e: &concatExpr{args: items}}, nil
 	case "break", "continue":
 		p.next()
 		if p.loops == 0 {
 			return nil, p.fail("'%s' outside of a loop", t.s)
 		}
 		if t.s == "break" {
-			return &jnBreak{}, nil
+			return &breakStmt{}, nil
 		}
-		return &jnContinue{}, nil
+		return &continueStmt{}, nil
 	case "generation":
 		p.next()
 		body, err := p.parseStatements([]string{"endgeneration"}, true)
 		if err != nil {
 			return nil, err
 		}
-		return &jnGeneration{body: body}, nil
+		return &generationStmt{body: body}, nil
 	case "block":
 		p.next()
 		if _, err := p.expectName(); err != nil {
@@ -266,10 +266,10 @@ func (p *jParser) parseStatement() (jNode, error) {
 		if err != nil {
 			return nil, err
 		}
-		if p.cur().t == jtName {
+		if p.cur().t == tokName {
 			p.next() // {% endblock name %}
 		}
-		return &jnBlock{body: body}, nil
+		return &blockStmt{body: body}, nil
 	case "autoescape":
 		p.next()
 		if _, err := p.parseExpression(true); err != nil {
@@ -279,14 +279,14 @@ func (p *jParser) parseStatement() (jNode, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &jnBlock{body: body}, nil
+		return &blockStmt{body: body}, nil
 	case "include", "import", "from", "extends":
 		// These need a template loader; transformers has none, so they fail when run.
 		p.next()
-		for p.cur().t != jtBlockEnd && p.cur().t != jtEOF {
+		for p.cur().t != tokBlockEnd && p.cur().t != tokEOF {
 			p.next()
 		}
-		return &jnUnsupported{msg: "no loader for this environment specified"}, nil
+		return &unsupportedStmt{msg: "no loader for this environment specified"}, nil
 	}
 	if strings.HasPrefix(t.s, "end") || t.s == "else" || t.s == "elif" {
 		if len(p.endStack) > 0 {
@@ -296,9 +296,9 @@ func (p *jParser) parseStatement() (jNode, error) {
 	return nil, p.fail("Encountered unknown tag '%s'.", t.s)
 }
 
-func (p *jParser) parseIf() (jNode, error) {
+func (p *parser) parseIf() (stmt, error) {
 	p.next() // if
-	n := &jnIf{}
+	n := &ifStmt{}
 	p.soft++
 	defer func() { p.soft-- }()
 	for {
@@ -327,7 +327,7 @@ func (p *jParser) parseIf() (jNode, error) {
 	}
 }
 
-func (p *jParser) parseFor() (jNode, error) {
+func (p *parser) parseFor() (stmt, error) {
 	p.next() // for
 	target, err := p.parseAssignTarget(true, false, []string{"in"}, false)
 	if err != nil {
@@ -340,7 +340,7 @@ func (p *jParser) parseFor() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &jnFor{target: target, iter: iter}
+	n := &forStmt{target: target, iter: iter}
 	if p.skipName("if") {
 		if n.cond, err = p.parseExpression(true); err != nil {
 			return nil, err
@@ -358,15 +358,15 @@ func (p *jParser) parseFor() (jNode, error) {
 			return nil, err
 		}
 	}
-	n.fresh = jDefinesMacro(n.body)
+	n.fresh = definesMacro(n.body)
 	return n, nil
 }
 
-func jDefinesMacro(body []jNode) bool {
+func definesMacro(body []stmt) bool {
 	found := false
-	jWalkStmts(body, func(n jNode) bool {
+	walkStmts(body, func(n stmt) bool {
 		switch n.(type) {
-		case *jnMacro, *jnCallBlock:
+		case *macroStmt, *callBlockStmt:
 			found = true
 		}
 		return !found
@@ -374,7 +374,7 @@ func jDefinesMacro(body []jNode) bool {
 	return found
 }
 
-func (p *jParser) parseSet() (jNode, error) {
+func (p *parser) parseSet() (stmt, error) {
 	p.next() // set
 	target, err := p.parseAssignTarget(true, false, nil, true)
 	if err != nil {
@@ -385,7 +385,7 @@ func (p *jParser) parseSet() (jNode, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &jnSet{target: target, e: e}, nil
+		return &setStmt{target: target, e: e}, nil
 	}
 	filter, err := p.parseFilter(nil, false)
 	if err != nil {
@@ -395,13 +395,13 @@ func (p *jParser) parseSet() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &jnSetBlock{target: target, filter: filter, body: body}, nil
+	return &setBlockStmt{target: target, filter: filter, body: body}, nil
 }
 
-func (p *jParser) parseWith() (jNode, error) {
+func (p *parser) parseWith() (stmt, error) {
 	p.next() // with
-	n := &jnWith{}
-	for p.cur().t != jtBlockEnd {
+	n := &withStmt{}
+	for p.cur().t != tokBlockEnd {
 		if len(n.targets) > 0 {
 			if err := p.expectOp(","); err != nil {
 				return nil, err
@@ -429,7 +429,7 @@ func (p *jParser) parseWith() (jNode, error) {
 	return n, nil
 }
 
-func (p *jParser) parseSignature(m *jMacro) error {
+func (p *parser) parseSignature(m *macro) error {
 	if err := p.expectOp("("); err != nil {
 		return err
 	}
@@ -460,13 +460,13 @@ func (p *jParser) parseSignature(m *jMacro) error {
 	return nil
 }
 
-func (p *jParser) parseMacro() (jNode, error) {
+func (p *parser) parseMacro() (stmt, error) {
 	p.next() // macro
 	name, err := p.expectName()
 	if err != nil {
 		return nil, err
 	}
-	m := &jMacro{name: name}
+	m := &macro{name: name}
 	if err := p.parseSignature(m); err != nil {
 		return nil, err
 	}
@@ -477,15 +477,15 @@ func (p *jParser) parseMacro() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	jMacroFlags(m)
-	return &jnMacro{m: m}, nil
+	macroFlags(m)
+	return &macroStmt{m: m}, nil
 }
 
-// jMacroFlags records whether the body references varargs, kwargs or caller
+// macroFlags records whether the body references varargs, kwargs or caller
 // (jinja2 enables those only for macros that use them).
-func jMacroFlags(m *jMacro) {
-	jWalkExprsInStmts(m.body, func(e jExpr) {
-		if n, ok := e.(*jeName); ok {
+func macroFlags(m *macro) {
+	walkExprsInStmts(m.body, func(e expr) {
+		if n, ok := e.(*nameExpr); ok {
 			switch n.name {
 			case "varargs":
 				m.catchVarargs = true
@@ -498,9 +498,9 @@ func jMacroFlags(m *jMacro) {
 	})
 }
 
-func (p *jParser) parseCallBlock() (jNode, error) {
+func (p *parser) parseCallBlock() (stmt, error) {
 	p.next() // call
-	caller := &jMacro{name: "caller"}
+	caller := &macro{name: "caller"}
 	if p.isOp("(") {
 		if err := p.parseSignature(caller); err != nil {
 			return nil, err
@@ -510,7 +510,7 @@ func (p *jParser) parseCallBlock() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	call, ok := e.(*jeCall)
+	call, ok := e.(*callExpr)
 	if !ok {
 		return nil, p.fail("expected call")
 	}
@@ -521,11 +521,11 @@ func (p *jParser) parseCallBlock() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	jMacroFlags(caller)
-	return &jnCallBlock{call: call, caller: caller}, nil
+	macroFlags(caller)
+	return &callBlockStmt{call: call, caller: caller}, nil
 }
 
-func (p *jParser) parseFilterBlock() (jNode, error) {
+func (p *parser) parseFilterBlock() (stmt, error) {
 	p.next() // filter
 	f, err := p.parseFilter(nil, true)
 	if err != nil {
@@ -535,12 +535,12 @@ func (p *jParser) parseFilterBlock() (jNode, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &jnFilterBlock{filter: f, body: body}, nil
+	return &filterBlockStmt{filter: f, body: body}, nil
 }
 
 // parseAssignTarget mirrors Parser.parse_assign_target.
-func (p *jParser) parseAssignTarget(withTuple, nameOnly bool, extraEnd []string, withNamespace bool) (*jTarget, error) {
-	if withNamespace && p.look().t == jtOp && p.look().s == "." {
+func (p *parser) parseAssignTarget(withTuple, nameOnly bool, extraEnd []string, withNamespace bool) (*target, error) {
+	if withNamespace && p.look().t == tokOp && p.look().s == "." {
 		name, err := p.expectName()
 		if err != nil {
 			return nil, err
@@ -550,16 +550,16 @@ func (p *jParser) parseAssignTarget(withTuple, nameOnly bool, extraEnd []string,
 		if err != nil {
 			return nil, err
 		}
-		return &jTarget{name: name, attr: attr}, nil
+		return &target{name: name, attr: attr}, nil
 	}
 	if nameOnly {
 		name, err := p.expectName()
 		if err != nil {
 			return nil, err
 		}
-		return &jTarget{name: name}, nil
+		return &target{name: name}, nil
 	}
-	var e jExpr
+	var e expr
 	var err error
 	if withTuple {
 		e, err = p.parseTuple(true, true, extraEnd, false)
@@ -572,16 +572,16 @@ func (p *jParser) parseAssignTarget(withTuple, nameOnly bool, extraEnd []string,
 	return p.toTarget(e)
 }
 
-func (p *jParser) toTarget(e jExpr) (*jTarget, error) {
+func (p *parser) toTarget(e expr) (*target, error) {
 	switch x := e.(type) {
-	case *jeName:
+	case *nameExpr:
 		switch x.name {
 		case "true", "false", "none", "True", "False", "None":
 			return nil, p.fail("can't assign to 'const'")
 		}
-		return &jTarget{name: x.name}, nil
-	case *jeTuple:
-		t := &jTarget{tuple: true}
+		return &target{name: x.name}, nil
+	case *tupleExpr:
+		t := &target{tuple: true}
 		for _, it := range x.items {
 			sub, err := p.toTarget(it)
 			if err != nil {
@@ -591,20 +591,20 @@ func (p *jParser) toTarget(e jExpr) (*jTarget, error) {
 		}
 		return t, nil
 	}
-	return nil, p.fail("can't assign to %s", jExprKindName(e))
+	return nil, p.fail("can't assign to %s", exprKindName(e))
 }
 
-func jExprKindName(e jExpr) string {
+func exprKindName(e expr) string {
 	switch e.(type) {
-	case *jeConst:
+	case *constExpr:
 		return "'const'"
-	case *jeCall:
+	case *callExpr:
 		return "'call'"
-	case *jeGetattr:
+	case *getattrExpr:
 		return "'getattr'"
-	case *jeGetitem:
+	case *getitemExpr:
 		return "'getitem'"
-	case *jeList:
+	case *listExpr:
 		return "'list'"
 	}
 	return "'expression'"

@@ -4,10 +4,10 @@ package jinja
 // conditional expressions down to primaries, then postfix subscripts, calls, filters
 // and tests).
 
-func (p *jParser) parseExpression(withCondExpr bool) (jExpr, error) {
+func (p *parser) parseExpression(withCondExpr bool) (expr, error) {
 	p.depth++
 	defer func() { p.depth-- }()
-	if p.depth > jMaxNesting {
+	if p.depth > maxNesting {
 		return nil, p.fail("expression nesting too deep")
 	}
 	if withCondExpr {
@@ -16,7 +16,7 @@ func (p *jParser) parseExpression(withCondExpr bool) (jExpr, error) {
 	return p.parseOr()
 }
 
-func (p *jParser) parseCondExpr() (jExpr, error) {
+func (p *parser) parseCondExpr() (expr, error) {
 	e1, err := p.parseOr()
 	if err != nil {
 		return nil, err
@@ -28,7 +28,7 @@ func (p *jParser) parseCondExpr() (jExpr, error) {
 			p.soft--
 			return nil, err
 		}
-		var e3 jExpr
+		var e3 expr
 		if p.skipName("else") {
 			if e3, err = p.parseCondExpr(); err != nil {
 				p.soft--
@@ -36,12 +36,12 @@ func (p *jParser) parseCondExpr() (jExpr, error) {
 			}
 		}
 		p.soft--
-		e1 = &jeCond{test: e2, yes: e1, no: e3}
+		e1 = &condExpr{test: e2, yes: e1, no: e3}
 	}
 	return e1, nil
 }
 
-func (p *jParser) parseOr() (jExpr, error) {
+func (p *parser) parseOr() (expr, error) {
 	l, err := p.parseAnd()
 	if err != nil {
 		return nil, err
@@ -51,12 +51,12 @@ func (p *jParser) parseOr() (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &jeOr{l: l, r: r}
+		l = &orExpr{l: l, r: r}
 	}
 	return l, nil
 }
 
-func (p *jParser) parseAnd() (jExpr, error) {
+func (p *parser) parseAnd() (expr, error) {
 	l, err := p.parseNot()
 	if err != nil {
 		return nil, err
@@ -66,45 +66,45 @@ func (p *jParser) parseAnd() (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &jeAnd{l: l, r: r}
+		l = &andExpr{l: l, r: r}
 	}
 	return l, nil
 }
 
-func (p *jParser) parseNot() (jExpr, error) {
+func (p *parser) parseNot() (expr, error) {
 	if p.skipName("not") {
 		p.depth++
 		defer func() { p.depth-- }()
-		if p.depth > jMaxNesting {
+		if p.depth > maxNesting {
 			return nil, p.fail("expression nesting too deep")
 		}
 		e, err := p.parseNot()
 		if err != nil {
 			return nil, err
 		}
-		return &jeNot{e: e}, nil
+		return &notExpr{e: e}, nil
 	}
 	return p.parseCompare()
 }
 
-func (p *jParser) parseCompare() (jExpr, error) {
+func (p *parser) parseCompare() (expr, error) {
 	e, err := p.parseMath1()
 	if err != nil {
 		return nil, err
 	}
 	var ops []string
-	var rest []jExpr
+	var rest []expr
 	for {
 		t := p.cur()
 		op := ""
 		switch {
-		case t.t == jtOp && (t.s == "==" || t.s == "!=" || t.s == ">" || t.s == ">=" || t.s == "<" || t.s == "<="):
+		case t.t == tokOp && (t.s == "==" || t.s == "!=" || t.s == ">" || t.s == ">=" || t.s == "<" || t.s == "<="):
 			p.next()
 			op = t.s
-		case t.t == jtName && t.s == "in":
+		case t.t == tokName && t.s == "in":
 			p.next()
 			op = "in"
-		case t.t == jtName && t.s == "not" && p.look().t == jtName && p.look().s == "in":
+		case t.t == tokName && t.s == "not" && p.look().t == tokName && p.look().s == "in":
 			p.next()
 			p.next()
 			op = "notin"
@@ -112,7 +112,7 @@ func (p *jParser) parseCompare() (jExpr, error) {
 			if len(ops) == 0 {
 				return e, nil
 			}
-			return &jeCompare{first: e, ops: ops, rest: rest}, nil
+			return &compareExpr{first: e, ops: ops, rest: rest}, nil
 		}
 		r, err := p.parseMath1()
 		if err != nil {
@@ -123,7 +123,7 @@ func (p *jParser) parseCompare() (jExpr, error) {
 	}
 }
 
-func (p *jParser) parseMath1() (jExpr, error) {
+func (p *parser) parseMath1() (expr, error) {
 	l, err := p.parseConcat()
 	if err != nil {
 		return nil, err
@@ -134,12 +134,12 @@ func (p *jParser) parseMath1() (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &jeBin{op: op, l: l, r: r}
+		l = &binExpr{op: op, l: l, r: r}
 	}
 	return l, nil
 }
 
-func (p *jParser) parseConcat() (jExpr, error) {
+func (p *parser) parseConcat() (expr, error) {
 	e, err := p.parseMath2()
 	if err != nil {
 		return nil, err
@@ -147,7 +147,7 @@ func (p *jParser) parseConcat() (jExpr, error) {
 	if !p.isOp("~") {
 		return e, nil
 	}
-	args := []jExpr{e}
+	args := []expr{e}
 	for p.skipOp("~") {
 		e, err := p.parseMath2()
 		if err != nil {
@@ -155,10 +155,10 @@ func (p *jParser) parseConcat() (jExpr, error) {
 		}
 		args = append(args, e)
 	}
-	return &jeConcat{args: args}, nil
+	return &concatExpr{args: args}, nil
 }
 
-func (p *jParser) parseMath2() (jExpr, error) {
+func (p *parser) parseMath2() (expr, error) {
 	l, err := p.parsePow()
 	if err != nil {
 		return nil, err
@@ -169,12 +169,12 @@ func (p *jParser) parseMath2() (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &jeBin{op: op, l: l, r: r}
+		l = &binExpr{op: op, l: l, r: r}
 	}
 	return l, nil
 }
 
-func (p *jParser) parsePow() (jExpr, error) {
+func (p *parser) parsePow() (expr, error) {
 	l, err := p.parseUnary(true)
 	if err != nil {
 		return nil, err
@@ -184,18 +184,18 @@ func (p *jParser) parsePow() (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		l = &jeBin{op: "**", l: l, r: r}
+		l = &binExpr{op: "**", l: l, r: r}
 	}
 	return l, nil
 }
 
-func (p *jParser) parseUnary(withFilter bool) (jExpr, error) {
+func (p *parser) parseUnary(withFilter bool) (expr, error) {
 	p.depth++
 	defer func() { p.depth-- }()
-	if p.depth > jMaxNesting {
+	if p.depth > maxNesting {
 		return nil, p.fail("expression nesting too deep")
 	}
-	var e jExpr
+	var e expr
 	var err error
 	switch {
 	case p.isOp("-"):
@@ -204,14 +204,14 @@ func (p *jParser) parseUnary(withFilter bool) (jExpr, error) {
 		if err != nil {
 			return nil, err
 		}
-		e = &jeNeg{e: inner}
+		e = &negExpr{e: inner}
 	case p.isOp("+"):
 		p.next()
 		inner, err := p.parseUnary(false)
 		if err != nil {
 			return nil, err
 		}
-		e = &jePos{e: inner}
+		e = &posExpr{e: inner}
 	default:
 		if e, err = p.parsePrimary(); err != nil {
 			return nil, err
@@ -226,31 +226,31 @@ func (p *jParser) parseUnary(withFilter bool) (jExpr, error) {
 	return e, nil
 }
 
-func (p *jParser) parsePrimary() (jExpr, error) {
+func (p *parser) parsePrimary() (expr, error) {
 	t := p.cur()
 	switch t.t {
-	case jtName:
+	case tokName:
 		p.next()
 		switch t.s {
 		case "true", "True":
-			return &jeConst{v: jvTrue}, nil
+			return &constExpr{v: trueValue}, nil
 		case "false", "False":
-			return &jeConst{v: jvFalse}, nil
+			return &constExpr{v: falseValue}, nil
 		case "none", "None":
-			return &jeConst{v: jvNone}, nil
+			return &constExpr{v: noneValue}, nil
 		}
-		return &jeName{name: t.s}, nil
-	case jtString:
+		return &nameExpr{name: t.s}, nil
+	case tokString:
 		p.next()
 		s := t.s
-		for p.cur().t == jtString {
+		for p.cur().t == tokString {
 			s += p.next().s
 		}
-		return &jeConst{v: jStrV(s)}, nil
-	case jtInt, jtFloat:
+		return &constExpr{v: StringValue(s)}, nil
+	case tokInt, tokFloat:
 		p.next()
-		return &jeConst{v: t.v}, nil
-	case jtOp:
+		return &constExpr{v: t.v}, nil
+	case tokOp:
 		switch t.s {
 		case "(":
 			p.next()
@@ -271,28 +271,28 @@ func (p *jParser) parsePrimary() (jExpr, error) {
 	return nil, p.fail("unexpected '%s'", t.describe())
 }
 
-func (p *jParser) isTupleEnd(extraEnd []string) bool {
+func (p *parser) isTupleEnd(extraEnd []string) bool {
 	t := p.cur()
 	switch t.t {
-	case jtVarEnd, jtBlockEnd:
+	case tokVarEnd, tokBlockEnd:
 		return true
-	case jtOp:
+	case tokOp:
 		return t.s == ")"
-	case jtName:
+	case tokName:
 		for _, e := range extraEnd {
 			if t.s == e {
 				return true
 			}
 		}
-	case jtEOF:
+	case tokEOF:
 		return true
 	}
 	return false
 }
 
 // parseTuple mirrors Parser.parse_tuple.
-func (p *jParser) parseTuple(simplified, withCondExpr bool, extraEnd []string, explicitParens bool) (jExpr, error) {
-	var items []jExpr
+func (p *parser) parseTuple(simplified, withCondExpr bool, extraEnd []string, explicitParens bool) (expr, error) {
+	var items []expr
 	isTuple := false
 	for {
 		if len(items) > 0 {
@@ -303,7 +303,7 @@ func (p *jParser) parseTuple(simplified, withCondExpr bool, extraEnd []string, e
 		if p.isTupleEnd(extraEnd) {
 			break
 		}
-		var e jExpr
+		var e expr
 		var err error
 		switch {
 		case simplified:
@@ -329,12 +329,12 @@ func (p *jParser) parseTuple(simplified, withCondExpr bool, extraEnd []string, e
 			return nil, p.fail("Expected an expression, got '%s'", p.cur().describe())
 		}
 	}
-	return &jeTuple{items: items}, nil
+	return &tupleExpr{items: items}, nil
 }
 
-func (p *jParser) parseList() (jExpr, error) {
+func (p *parser) parseList() (expr, error) {
 	p.next() // [
-	l := &jeList{}
+	l := &listExpr{}
 	for !p.isOp("]") {
 		if len(l.items) > 0 {
 			if err := p.expectOp(","); err != nil {
@@ -354,9 +354,9 @@ func (p *jParser) parseList() (jExpr, error) {
 	return l, nil
 }
 
-func (p *jParser) parseDict() (jExpr, error) {
+func (p *parser) parseDict() (expr, error) {
 	p.next() // {
-	d := &jeDict{}
+	d := &dictExpr{}
 	for !p.isOp("}") {
 		if len(d.keys) > 0 {
 			if err := p.expectOp(","); err != nil {
@@ -384,7 +384,7 @@ func (p *jParser) parseDict() (jExpr, error) {
 	return d, nil
 }
 
-func (p *jParser) parsePostfix(e jExpr) (jExpr, error) {
+func (p *parser) parsePostfix(e expr) (expr, error) {
 	for {
 		var err error
 		switch {
@@ -401,7 +401,7 @@ func (p *jParser) parsePostfix(e jExpr) (jExpr, error) {
 	}
 }
 
-func (p *jParser) parseFilterExpr(e jExpr) (jExpr, error) {
+func (p *parser) parseFilterExpr(e expr) (expr, error) {
 	for {
 		var err error
 		switch {
@@ -420,21 +420,21 @@ func (p *jParser) parseFilterExpr(e jExpr) (jExpr, error) {
 	}
 }
 
-func (p *jParser) parseSubscript(e jExpr) (jExpr, error) {
+func (p *parser) parseSubscript(e expr) (expr, error) {
 	t := p.next()
 	if t.s == "." {
 		a := p.cur()
 		p.next()
 		switch a.t {
-		case jtName:
-			return &jeGetattr{obj: e, name: a.s}, nil
-		case jtInt:
-			return &jeGetitem{obj: e, key: &jeConst{v: a.v}}, nil
+		case tokName:
+			return &getattrExpr{obj: e, name: a.s}, nil
+		case tokInt:
+			return &getitemExpr{obj: e, key: &constExpr{v: a.v}}, nil
 		}
 		return nil, p.fail("expected name or number")
 	}
 	// [
-	var args []jExpr
+	var args []expr
 	for !p.isOp("]") {
 		if len(args) > 0 {
 			if err := p.expectOp(","); err != nil {
@@ -452,16 +452,16 @@ func (p *jParser) parseSubscript(e jExpr) (jExpr, error) {
 	case 0:
 		return nil, p.fail("expected subscript expression")
 	case 1:
-		return &jeGetitem{obj: e, key: args[0]}, nil
+		return &getitemExpr{obj: e, key: args[0]}, nil
 	}
-	return &jeGetitem{obj: e, key: &jeTuple{items: args}}, nil
+	return &getitemExpr{obj: e, key: &tupleExpr{items: args}}, nil
 }
 
-func (p *jParser) parseSubscribed() (jExpr, error) {
-	var args []jExpr
+func (p *parser) parseSubscribed() (expr, error) {
+	var args []expr
 	if p.isOp(":") {
 		p.next()
-		args = []jExpr{nil}
+		args = []expr{nil}
 	} else {
 		e, err := p.parseExpression(true)
 		if err != nil {
@@ -471,7 +471,7 @@ func (p *jParser) parseSubscribed() (jExpr, error) {
 			return e, nil
 		}
 		p.next()
-		args = []jExpr{e}
+		args = []expr{e}
 	}
 	switch {
 	case p.isOp(":"):
@@ -498,11 +498,11 @@ func (p *jParser) parseSubscribed() (jExpr, error) {
 	} else {
 		args = append(args, nil)
 	}
-	return &jeSlice{start: args[0], stop: args[1], step: args[2]}, nil
+	return &sliceExpr{start: args[0], stop: args[1], step: args[2]}, nil
 }
 
-func (p *jParser) parseCallArgs() (jArgs, error) {
-	var a jArgs
+func (p *parser) parseCallArgs() (callArgs, error) {
+	var a callArgs
 	if err := p.expectOp("("); err != nil {
 		return a, err
 	}
@@ -537,7 +537,7 @@ func (p *jParser) parseCallArgs() (jArgs, error) {
 				return a, err
 			}
 			a.dynKw = e
-		case p.cur().t == jtName && p.look().t == jtOp && p.look().s == "=":
+		case p.cur().t == tokName && p.look().t == tokOp && p.look().s == "=":
 			if a.dynKw != nil {
 				return a, p.fail("invalid syntax for function call expression")
 			}
@@ -565,16 +565,16 @@ func (p *jParser) parseCallArgs() (jArgs, error) {
 	return a, nil
 }
 
-func (p *jParser) parseCall(e jExpr) (jExpr, error) {
+func (p *parser) parseCall(e expr) (expr, error) {
 	args, err := p.parseCallArgs()
 	if err != nil {
 		return nil, err
 	}
-	return &jeCall{fn: e, args: args}, nil
+	return &callExpr{fn: e, args: args}, nil
 }
 
 // parseFilter parses "| name(args) | ..." (startInline: the first "|" is absent).
-func (p *jParser) parseFilter(e jExpr, startInline bool) (jExpr, error) {
+func (p *parser) parseFilter(e expr, startInline bool) (expr, error) {
 	for p.isOp("|") || startInline {
 		if !startInline {
 			p.next()
@@ -591,22 +591,22 @@ func (p *jParser) parseFilter(e jExpr, startInline bool) (jExpr, error) {
 			}
 			name += "." + n
 		}
-		var args jArgs
+		var args callArgs
 		if p.isOp("(") {
 			if args, err = p.parseCallArgs(); err != nil {
 				return nil, err
 			}
 		}
-		fn := jFilters[name]
+		fn := filters[name]
 		if fn == nil && p.soft == 0 {
 			return nil, p.fail("No filter named '%s'.", name)
 		}
-		e = &jeFilter{e: e, name: name, fn: fn, args: args}
+		e = &filterExpr{e: e, name: name, fn: fn, args: args}
 	}
 	return e, nil
 }
 
-func (p *jParser) parseTest(e jExpr) (jExpr, error) {
+func (p *parser) parseTest(e expr) (expr, error) {
 	p.next() // is
 	negated := p.skipName("not")
 	name, err := p.expectName()
@@ -620,16 +620,16 @@ func (p *jParser) parseTest(e jExpr) (jExpr, error) {
 		}
 		name += "." + n
 	}
-	var args jArgs
+	var args callArgs
 	t := p.cur()
 	switch {
 	case p.isOp("("):
 		if args, err = p.parseCallArgs(); err != nil {
 			return nil, err
 		}
-	case (t.t == jtName || t.t == jtString || t.t == jtInt || t.t == jtFloat || (t.t == jtOp && (t.s == "(" || t.s == "[" || t.s == "{"))) &&
-		!(t.t == jtName && (t.s == "else" || t.s == "or" || t.s == "and")):
-		if t.t == jtName && t.s == "is" {
+	case (t.t == tokName || t.t == tokString || t.t == tokInt || t.t == tokFloat || (t.t == tokOp && (t.s == "(" || t.s == "[" || t.s == "{"))) &&
+		!(t.t == tokName && (t.s == "else" || t.s == "or" || t.s == "and")):
+		if t.t == tokName && t.s == "is" {
 			return nil, p.fail("You cannot chain multiple tests with is")
 		}
 		a, err := p.parsePrimary()
@@ -639,15 +639,15 @@ func (p *jParser) parseTest(e jExpr) (jExpr, error) {
 		if a, err = p.parsePostfix(a); err != nil {
 			return nil, err
 		}
-		args.pos = []jExpr{a}
+		args.pos = []expr{a}
 	}
-	fn := jTests[name]
+	fn := tests[name]
 	if fn == nil && p.soft == 0 {
 		return nil, p.fail("No test named '%s'.", name)
 	}
-	var out jExpr = &jeTest{e: e, name: name, fn: fn, args: args}
+	var out expr = &testExpr{e: e, name: name, fn: fn, args: args}
 	if negated {
-		out = &jeNot{e: out}
+		out = &notExpr{e: out}
 	}
 	return out, nil
 }

@@ -9,17 +9,17 @@ import (
 	"strings"
 )
 
-func jPercentFormat(format string, arg jv) (string, error) {
-	var args []jv
-	var mapping *jDict
+func percentFormat(format string, arg Value) (string, error) {
+	var args []Value
+	var mapping *Dict
 	switch arg.k {
-	case jkTuple:
+	case kindTuple:
 		args = arg.list().items
-	case jkDict:
+	case KindDict:
 		mapping = arg.dict()
-		args = []jv{arg}
+		args = []Value{arg}
 	default:
-		args = []jv{arg}
+		args = []Value{arg}
 	}
 	var b strings.Builder
 	ai := 0
@@ -32,22 +32,22 @@ func jPercentFormat(format string, arg jv) (string, error) {
 		}
 		i++
 		if i >= len(format) {
-			return "", jErrorf("ValueError", "incomplete format")
+			return "", errorf("ValueError", "incomplete format")
 		}
-		var val jv
+		var val Value
 		haveVal := false
 		if format[i] == '(' {
 			if mapping == nil {
-				return "", jErrorf("TypeError", "format requires a mapping")
+				return "", errorf("TypeError", "format requires a mapping")
 			}
 			end := strings.IndexByte(format[i:], ')')
 			if end < 0 {
-				return "", jErrorf("ValueError", "incomplete format key")
+				return "", errorf("ValueError", "incomplete format key")
 			}
 			key := format[i+1 : i+end]
-			v, ok := mapping.getStr(key)
+			v, ok := mapping.Get(key)
 			if !ok {
-				return "", jErrorf("KeyError", "%s", jPyQuote(key))
+				return "", errorf("KeyError", "%s", pyQuote(key))
 			}
 			val, haveVal, usedMapping = v, true, true
 			i += end + 1
@@ -60,7 +60,7 @@ func jPercentFormat(format string, arg jv) (string, error) {
 		width := -1
 		if i < len(format) && format[i] == '*' {
 			if ai >= len(args) {
-				return "", jErrorf("TypeError", "not enough arguments for format string")
+				return "", errorf("TypeError", "not enough arguments for format string")
 			}
 			width = int(args[ai].n)
 			ai++
@@ -87,7 +87,7 @@ func jPercentFormat(format string, arg jv) (string, error) {
 			i++
 		}
 		if i >= len(format) {
-			return "", jErrorf("ValueError", "incomplete format")
+			return "", errorf("ValueError", "incomplete format")
 		}
 		conv := format[i]
 		if conv == '%' {
@@ -96,25 +96,25 @@ func jPercentFormat(format string, arg jv) (string, error) {
 		}
 		if !haveVal {
 			if ai >= len(args) {
-				return "", jErrorf("TypeError", "not enough arguments for format string")
+				return "", errorf("TypeError", "not enough arguments for format string")
 			}
 			val = args[ai]
 			ai++
 		}
-		s, err := jFormatOne(conv, flags, prec, val)
+		s, err := formatOne(conv, flags, prec, val)
 		if err != nil {
 			return "", err
 		}
-		b.WriteString(jPad(s, width, flags, conv))
+		b.WriteString(pad(s, width, flags, conv))
 	}
 	if ai < len(args) && !usedMapping && mapping == nil {
-		return "", jErrorf("TypeError", "not all arguments converted during string formatting")
+		return "", errorf("TypeError", "not all arguments converted during string formatting")
 	}
 	return b.String(), nil
 }
 
-func jPad(s string, width int, flags string, conv byte) string {
-	n := jStrLen(s)
+func pad(s string, width int, flags string, conv byte) string {
+	n := strLen(s)
 	if width <= n {
 		return s
 	}
@@ -132,9 +132,9 @@ func jPad(s string, width int, flags string, conv byte) string {
 	return strings.Repeat(" ", fill) + s
 }
 
-func jFormatOne(conv byte, flags string, prec int, v jv) (string, error) {
-	if v.k == jkUndef && conv != 's' {
-		return "", jUndefError(v)
+func formatOne(conv byte, flags string, prec int, v Value) (string, error) {
+	if v.k == KindUndefined && conv != 's' {
+		return "", undefinedError(v)
 	}
 	sign := func(s string, neg bool) string {
 		switch {
@@ -149,29 +149,29 @@ func jFormatOne(conv byte, flags string, prec int, v jv) (string, error) {
 	}
 	switch conv {
 	case 's':
-		s := jStr(v)
+		s := v.String()
 		if prec >= 0 {
-			s = jTruncRunes(s, prec)
+			s = truncRunes(s, prec)
 		}
 		return s, nil
 	case 'r', 'a':
-		s := jRepr(v)
+		s := v.Repr()
 		if prec >= 0 {
-			s = jTruncRunes(s, prec)
+			s = truncRunes(s, prec)
 		}
 		return s, nil
 	case 'd', 'i', 'u':
 		if !v.isNumber() {
-			return "", jErrorf("TypeError", "%%%c format: a real number is required, not %s", conv, jValueTypeName(v))
+			return "", errorf("TypeError", "%%%c format: a real number is required, not %s", conv, v.TypeName())
 		}
 		var n *big.Int
-		if v.k == jkFloat {
+		if v.k == KindFloat {
 			if math.IsInf(v.f, 0) || math.IsNaN(v.f) {
-				return "", jErrorf("OverflowError", "cannot convert float infinity to integer")
+				return "", errorf("OverflowError", "cannot convert float infinity to integer")
 			}
 			n, _ = new(big.Float).SetFloat64(math.Trunc(v.f)).Int(nil)
 		} else {
-			n = jBigOf(v)
+			n = bigOf(v)
 		}
 		s := new(big.Int).Abs(n).String()
 		for prec > len(s) {
@@ -180,9 +180,9 @@ func jFormatOne(conv byte, flags string, prec int, v jv) (string, error) {
 		return sign(s, n.Sign() < 0), nil
 	case 'x', 'X', 'o':
 		if !v.isInteger() {
-			return "", jErrorf("TypeError", "%%%c format: an integer is required, not %s", conv, jValueTypeName(v))
+			return "", errorf("TypeError", "%%%c format: an integer is required, not %s", conv, v.TypeName())
 		}
-		n := jBigOf(v)
+		n := bigOf(v)
 		base := 16
 		if conv == 'o' {
 			base = 8
@@ -196,27 +196,27 @@ func jFormatOne(conv byte, flags string, prec int, v jv) (string, error) {
 		}
 		return sign(s, n.Sign() < 0), nil
 	case 'e', 'E', 'f', 'F', 'g', 'G':
-		f, err := jAsFloat(v)
+		f, err := asFloat(v)
 		if err != nil {
-			return "", jErrorf("TypeError", "must be real number, not %s", jValueTypeName(v))
+			return "", errorf("TypeError", "must be real number, not %s", v.TypeName())
 		}
 		if prec < 0 {
 			prec = 6
 		}
-		return sign(jFormatFloat(math.Abs(f), conv, prec, strings.Contains(flags, "#")), math.Signbit(f) && !math.IsNaN(f)), nil
+		return sign(formatFloat(math.Abs(f), conv, prec, strings.Contains(flags, "#")), math.Signbit(f) && !math.IsNaN(f)), nil
 	case 'c':
-		if v.k == jkStr && jStrLen(v.s) == 1 {
+		if v.k == KindString && strLen(v.s) == 1 {
 			return v.s, nil
 		}
 		if v.isInteger() {
 			return string(rune(v.n)), nil
 		}
-		return "", jErrorf("TypeError", "%%c requires int or char")
+		return "", errorf("TypeError", "%%c requires int or char")
 	}
-	return "", jErrorf("ValueError", "unsupported format character '%c' (0x%x)", conv, conv)
+	return "", errorf("ValueError", "unsupported format character '%c' (0x%x)", conv, conv)
 }
 
-func jTruncRunes(s string, n int) string {
+func truncRunes(s string, n int) string {
 	i := 0
 	for pos := range s {
 		if i == n {
@@ -227,8 +227,8 @@ func jTruncRunes(s string, n int) string {
 	return s
 }
 
-// jFormatFloat formats a non-negative float like Python's %e/%f/%g.
-func jFormatFloat(f float64, conv byte, prec int, alt bool) string {
+// formatFloat formats a non-negative float like Python's %e/%f/%g.
+func formatFloat(f float64, conv byte, prec int, alt bool) string {
 	if math.IsInf(f, 0) {
 		if conv >= 'a' {
 			return "inf"

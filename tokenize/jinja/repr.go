@@ -10,93 +10,93 @@ import (
 	"unicode"
 )
 
-// jkStr is Python's str(v) (what {{ v }} prints).
-func jStr(v jv) string {
+// String returns Python's str(v), what {{ v }} prints ("" for Undefined).
+func (v Value) String() string {
 	switch v.k {
-	case jkStr:
+	case KindString:
 		return v.s
-	case jkUndef:
+	case KindUndefined:
 		return ""
 	}
 	var b strings.Builder
-	jWriteStr(&b, v)
+	writeStr(&b, v)
 	return b.String()
 }
 
-func jWriteStr(b *strings.Builder, v jv) { jWriteStrD(b, v, 0) }
+func writeStr(b *strings.Builder, v Value) { writeStrDepth(b, v, 0) }
 
-// jMaxReprDepth bounds printing of nested (possibly self-referencing namespace) values;
+// maxReprDepth bounds printing of nested (possibly self-referencing namespace) values;
 // Python would raise RecursionError, we print "...".
-const jMaxReprDepth = 500
+const maxReprDepth = 500
 
-func jWriteStrD(b *strings.Builder, v jv, depth int) {
-	if depth > jMaxReprDepth {
+func writeStrDepth(b *strings.Builder, v Value, depth int) {
+	if depth > maxReprDepth {
 		b.WriteString("...")
 		return
 	}
 	switch v.k {
-	case jkStr:
+	case KindString:
 		b.WriteString(v.s)
-	case jkUndef:
-	case jkNone:
+	case KindUndefined:
+	case KindNone:
 		b.WriteString("None")
-	case jkBool:
+	case KindBool:
 		if v.n != 0 {
 			b.WriteString("True")
 		} else {
 			b.WriteString("False")
 		}
-	case jkInt:
+	case KindInt:
 		var buf [24]byte
 		b.Write(strconv.AppendInt(buf[:0], v.n, 10))
-	case jkBig:
+	case kindBig:
 		b.WriteString(v.o.(*big.Int).String())
-	case jkFloat:
-		b.WriteString(jFloatRepr(v.f))
-	case jkList, jkTuple, jkDict:
-		jWriteReprD(b, v, depth+1)
-	case jkNS:
+	case KindFloat:
+		b.WriteString(floatRepr(v.f))
+	case KindList, kindTuple, KindDict:
+		writeReprDepth(b, v, depth+1)
+	case kindNamespace:
 		b.WriteString("<Namespace {")
-		ns := v.o.(*jNamespace)
+		ns := v.o.(*namespace)
 		for i, k := range ns.keys {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteStrRepr(b, k)
+			writeStrRepr(b, k)
 			b.WriteString(": ")
-			jWriteReprD(b, ns.vals[i], depth+1)
+			writeReprDepth(b, ns.vals[i], depth+1)
 		}
 		b.WriteString("}>")
-	case jkFunc:
-		c := v.o.(*jCallable)
+	case kindFunc:
+		c := v.o.(*callable)
 		if c.macro != nil {
 			b.WriteString("<Macro ")
-			jWriteStrRepr(b, c.name)
+			writeStrRepr(b, c.name)
 			b.WriteString(">")
 		} else {
 			b.WriteString("<function ")
 			b.WriteString(c.name)
 			b.WriteString(">")
 		}
-	case jkGen:
-		g := v.o.(*jGen)
+	case kindGenerator:
+		g := v.o.(*generator)
 		if g.name == "generator" {
 			b.WriteString("<generator object " + g.fn + ">")
 		} else {
 			b.WriteString("<" + g.name + " object>")
 		}
-	case jkView:
-		w := v.o.(*jView)
+	case kindView:
+		w := v.o.(*dictView)
 		b.WriteString(w.name + "([")
 		for i, it := range w.items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteReprD(b, it, depth+1)
+			writeReprDepth(b, it, depth+1)
 		}
 		b.WriteString("])")
-	case jkLoop:
-		l := v.o.(*jLoopCtx)
+	case kindLoop:
+		l := v.o.(*loopContext)
 		b.WriteString("<LoopContext ")
 		b.WriteString(strconv.Itoa(l.index0 + 1))
 		b.WriteString("/")
@@ -104,79 +104,79 @@ func jWriteStrD(b *strings.Builder, v jv, depth int) {
 		b.WriteString(">")
 	default:
 		b.WriteString("<")
-		b.WriteString(jValueTypeName(v))
+		b.WriteString(v.TypeName())
 		b.WriteString(" object>")
 	}
 }
 
-// jRepr is Python's repr(v).
-func jRepr(v jv) string {
+// Repr returns Python's repr(v).
+func (v Value) Repr() string {
 	var b strings.Builder
-	jWriteRepr(&b, v)
+	writeRepr(&b, v)
 	return b.String()
 }
 
-func jWriteRepr(b *strings.Builder, v jv) { jWriteReprD(b, v, 0) }
+func writeRepr(b *strings.Builder, v Value) { writeReprDepth(b, v, 0) }
 
-func jWriteReprD(b *strings.Builder, v jv, depth int) {
-	if depth > jMaxReprDepth {
+func writeReprDepth(b *strings.Builder, v Value, depth int) {
+	if depth > maxReprDepth {
 		b.WriteString("...")
 		return
 	}
 	switch v.k {
-	case jkStr:
-		jWriteStrRepr(b, v.s)
-	case jkUndef:
+	case KindString:
+		writeStrRepr(b, v.s)
+	case KindUndefined:
 		b.WriteString("Undefined")
-	case jkList:
+	case KindList:
 		b.WriteByte('[')
 		for i, it := range v.list().items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteReprD(b, it, depth+1)
+			writeReprDepth(b, it, depth+1)
 		}
 		b.WriteByte(']')
-	case jkTuple:
+	case kindTuple:
 		items := v.list().items
 		b.WriteByte('(')
 		for i, it := range items {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteReprD(b, it, depth+1)
+			writeReprDepth(b, it, depth+1)
 		}
 		if len(items) == 1 {
 			b.WriteByte(',')
 		}
 		b.WriteByte(')')
-	case jkDict:
+	case KindDict:
 		d := v.dict()
 		b.WriteByte('{')
 		for i := range d.keys {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			jWriteReprD(b, d.keys[i], depth+1)
+			writeReprDepth(b, d.keys[i], depth+1)
 			b.WriteString(": ")
-			jWriteReprD(b, d.vals[i], depth+1)
+			writeReprDepth(b, d.vals[i], depth+1)
 		}
 		b.WriteByte('}')
 	default:
-		jWriteStrD(b, v, depth)
+		writeStrDepth(b, v, depth)
 	}
 }
 
-// jPyQuote is repr() of a str.
-func jPyQuote(s string) string {
+// pyQuote is repr() of a str.
+func pyQuote(s string) string {
 	var b strings.Builder
-	jWriteStrRepr(&b, s)
+	writeStrRepr(&b, s)
 	return b.String()
 }
 
-// jWriteStrRepr writes Python's repr of a str: single quotes unless the string contains
+// writeStrRepr writes Python's repr of a str: single quotes unless the string contains
 // a single quote and no double quote; non-printable characters escaped.
-func jWriteStrRepr(b *strings.Builder, s string) {
+func writeStrRepr(b *strings.Builder, s string) {
 	quote := byte('\'')
 	if strings.IndexByte(s, '\'') >= 0 && strings.IndexByte(s, '"') < 0 {
 		quote = '"'
@@ -195,35 +195,35 @@ func jWriteStrRepr(b *strings.Builder, s string) {
 			b.WriteString(`\r`)
 		case r < 0x20 || r == 0x7f:
 			b.WriteString(`\x`)
-			b.WriteString(jHex(uint32(r), 2))
+			b.WriteString(hex(uint32(r), 2))
 		case r < 0x7f:
 			b.WriteRune(r)
-		case jPyPrintable(r):
+		case pyPrintable(r):
 			b.WriteRune(r)
 		case r < 0x100:
 			b.WriteString(`\x`)
-			b.WriteString(jHex(uint32(r), 2))
+			b.WriteString(hex(uint32(r), 2))
 		case r < 0x10000:
 			b.WriteString(`\u`)
-			b.WriteString(jHex(uint32(r), 4))
+			b.WriteString(hex(uint32(r), 4))
 		default:
 			b.WriteString(`\U`)
-			b.WriteString(jHex(uint32(r), 8))
+			b.WriteString(hex(uint32(r), 8))
 		}
 	}
 	b.WriteByte(quote)
 }
 
-// jPyPrintable approximates Python's str.isprintable for one character: everything but
+// pyPrintable approximates Python's str.isprintable for one character: everything but
 // the Other and Separator categories, except the ASCII space.
-func jPyPrintable(r rune) bool {
+func pyPrintable(r rune) bool {
 	if r == ' ' {
 		return true
 	}
 	return unicode.IsPrint(r)
 }
 
-func jHex(v uint32, width int) string {
+func hex(v uint32, width int) string {
 	s := strconv.FormatUint(uint64(v), 16)
 	for len(s) < width {
 		s = "0" + s
@@ -231,9 +231,9 @@ func jHex(v uint32, width int) string {
 	return s
 }
 
-// jFloatRepr is Python's repr(float): the shortest round-tripping digits, in fixed
+// floatRepr is Python's repr(float): the shortest round-tripping digits, in fixed
 // notation when the decimal exponent is in [-4, 16), with at least one fractional digit.
-func jFloatRepr(f float64) string {
+func floatRepr(f float64) string {
 	switch {
 	case math.IsInf(f, 1):
 		return "inf"

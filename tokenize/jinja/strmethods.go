@@ -12,25 +12,25 @@ import (
 	"golang.org/x/text/language"
 )
 
-func jUpperStr(s string) string {
-	if jIsASCII(s) {
+func pyUpper(s string) string {
+	if isASCII(s) {
 		return strings.ToUpper(s)
 	}
 	return cases.Upper(language.Und).String(s)
 }
 
-func jLowerStr(s string) string {
-	if jIsASCII(s) {
+func pyLower(s string) string {
+	if isASCII(s) {
 		return strings.ToLower(s)
 	}
 	return cases.Lower(language.Und).String(s)
 }
 
-func jIsCased(r rune) bool {
+func isCased(r rune) bool {
 	return unicode.IsUpper(r) || unicode.IsLower(r) || unicode.IsTitle(r)
 }
 
-func jCapitalizeStr(s string) string {
+func pyCapitalize(s string) string {
 	if s == "" {
 		return s
 	}
@@ -39,25 +39,25 @@ func jCapitalizeStr(s string) string {
 	if r == 'ß' {
 		first = "Ss"
 	}
-	return first + jLowerStr(s[size:])
+	return first + pyLower(s[size:])
 }
 
-// jTitleStr is Python's str.title.
-func jTitleStr(s string) string {
+// pyTitle is Python's str.title.
+func pyTitle(s string) string {
 	var b strings.Builder
 	prevCased := false
 	for _, r := range s {
 		if prevCased {
-			b.WriteString(jLowerStr(string(r)))
+			b.WriteString(pyLower(string(r)))
 		} else {
 			b.WriteRune(unicode.ToTitle(r))
 		}
-		prevCased = jIsCased(r)
+		prevCased = isCased(r)
 	}
 	return b.String()
 }
 
-func jIsLowerStr(s string) bool {
+func pyIsLower(s string) bool {
 	cased := false
 	for _, r := range s {
 		if unicode.IsUpper(r) || unicode.IsTitle(r) {
@@ -70,7 +70,7 @@ func jIsLowerStr(s string) bool {
 	return cased
 }
 
-func jIsUpperStr(s string) bool {
+func pyIsUpper(s string) bool {
 	cased := false
 	for _, r := range s {
 		if unicode.IsLower(r) || unicode.IsTitle(r) {
@@ -83,8 +83,8 @@ func jIsUpperStr(s string) bool {
 	return cased
 }
 
-func jCenterStr(s string, width int, fill string) string {
-	n := jStrLen(s)
+func pyCenter(s string, width int, fill string) string {
+	n := strLen(s)
 	if width <= n {
 		return s
 	}
@@ -95,122 +95,122 @@ func jCenterStr(s string, width int, fill string) string {
 
 // ---- str methods ----
 
-func jsArgs(name string, args []jv, kw jKw, min, max int) error {
+func strArgs(name string, args []Value, kw kwargs, min, max int) error {
 	if len(kw.names) > 0 {
-		return jErrorf("TypeError", "str.%s() takes no keyword arguments", name)
+		return errorf("TypeError", "str.%s() takes no keyword arguments", name)
 	}
 	if len(args) < min || len(args) > max {
-		return jErrorf("TypeError", "str.%s() takes from %d to %d arguments (%d given)", name, min, max, len(args))
+		return errorf("TypeError", "str.%s() takes from %d to %d arguments (%d given)", name, min, max, len(args))
 	}
 	return nil
 }
 
-func jsCapitalize(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("capitalize", args, kw, 0, 0); err != nil {
-		return jv{}, err
+func strCapitalize(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("capitalize", args, kw, 0, 0); err != nil {
+		return Value{}, err
 	}
-	return jStrV(jCapitalizeStr(r.s)), nil
+	return StringValue(pyCapitalize(r.s)), nil
 }
 
-func jsLower(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("lower", args, kw, 0, 0); err != nil {
-		return jv{}, err
+func strLower(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("lower", args, kw, 0, 0); err != nil {
+		return Value{}, err
 	}
-	return jStrV(jLowerStr(r.s)), nil
+	return StringValue(pyLower(r.s)), nil
 }
 
-func jsUpper(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("upper", args, kw, 0, 0); err != nil {
-		return jv{}, err
+func strUpper(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("upper", args, kw, 0, 0); err != nil {
+		return Value{}, err
 	}
-	return jStrV(jUpperStr(r.s)), nil
+	return StringValue(pyUpper(r.s)), nil
 }
 
-func jsTitle(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("title", args, kw, 0, 0); err != nil {
-		return jv{}, err
+func strTitle(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("title", args, kw, 0, 0); err != nil {
+		return Value{}, err
 	}
-	return jStrV(jTitleStr(r.s)), nil
+	return StringValue(pyTitle(r.s)), nil
 }
 
-func jsSwapcase(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("swapcase", args, kw, 0, 0); err != nil {
-		return jv{}, err
+func strSwapcase(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("swapcase", args, kw, 0, 0); err != nil {
+		return Value{}, err
 	}
 	var b strings.Builder
 	for _, c := range r.s {
 		switch {
 		case unicode.IsUpper(c):
-			b.WriteString(jLowerStr(string(c)))
+			b.WriteString(pyLower(string(c)))
 		case unicode.IsLower(c):
-			b.WriteString(jUpperStr(string(c)))
+			b.WriteString(pyUpper(string(c)))
 		default:
 			b.WriteRune(c)
 		}
 	}
-	return jStrV(b.String()), nil
+	return StringValue(b.String()), nil
 }
 
-func jsCenter(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("center", args, kw, 1, 2); err != nil {
-		return jv{}, err
+func strCenter(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("center", args, kw, 1, 2); err != nil {
+		return Value{}, err
 	}
-	w, err := jWantInt("center", args[0])
+	w, err := wantInt("center", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	fill := " "
 	if len(args) > 1 {
-		if fill, err = jWantStr("center", args[1]); err != nil {
-			return jv{}, err
+		if fill, err = wantStr("center", args[1]); err != nil {
+			return Value{}, err
 		}
-		if jStrLen(fill) != 1 {
-			return jv{}, jErrorf("TypeError", "The fill character must be exactly one character long")
+		if strLen(fill) != 1 {
+			return Value{}, errorf("TypeError", "The fill character must be exactly one character long")
 		}
 	}
-	return jStrV(jCenterStr(r.s, w, fill)), nil
+	return StringValue(pyCenter(r.s, w, fill)), nil
 }
 
-func jsJust(left bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		if err := jsArgs("ljust", args, kw, 1, 2); err != nil {
-			return jv{}, err
+func strJust(left bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		if err := strArgs("ljust", args, kw, 1, 2); err != nil {
+			return Value{}, err
 		}
-		w, err := jWantInt("ljust", args[0])
+		w, err := wantInt("ljust", args[0])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		fill := " "
 		if len(args) > 1 {
-			if fill, err = jWantStr("ljust", args[1]); err != nil {
-				return jv{}, err
+			if fill, err = wantStr("ljust", args[1]); err != nil {
+				return Value{}, err
 			}
-			if jStrLen(fill) != 1 {
-				return jv{}, jErrorf("TypeError", "The fill character must be exactly one character long")
+			if strLen(fill) != 1 {
+				return Value{}, errorf("TypeError", "The fill character must be exactly one character long")
 			}
 		}
-		n := jStrLen(r.s)
+		n := strLen(r.s)
 		if w <= n {
 			return r, nil
 		}
 		pad := strings.Repeat(fill, w-n)
 		if left {
-			return jStrV(r.s + pad), nil
+			return StringValue(r.s + pad), nil
 		}
-		return jStrV(pad + r.s), nil
+		return StringValue(pad + r.s), nil
 	}
 }
 
-func jsZfill(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("zfill", args, kw, 1, 1); err != nil {
-		return jv{}, err
+func strZfill(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("zfill", args, kw, 1, 1); err != nil {
+		return Value{}, err
 	}
-	w, err := jWantInt("zfill", args[0])
+	w, err := wantInt("zfill", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	s := r.s
-	n := jStrLen(s)
+	n := strLen(s)
 	if w <= n {
 		return r, nil
 	}
@@ -218,12 +218,12 @@ func jsZfill(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
 	if s != "" && (s[0] == '+' || s[0] == '-') {
 		sign, s = s[:1], s[1:]
 	}
-	return jStrV(sign + strings.Repeat("0", w-n) + s), nil
+	return StringValue(sign + strings.Repeat("0", w-n) + s), nil
 }
 
-// jRuneToByte converts a code point index of s to a byte offset (clamped).
-func jRuneToByte(s string, i int) int {
-	if jIsASCII(s) {
+// runeToByte converts a code point index of s to a byte offset (clamped).
+func runeToByte(s string, i int) int {
+	if isASCII(s) {
 		if i > len(s) {
 			return len(s)
 		}
@@ -239,24 +239,24 @@ func jRuneToByte(s string, i int) int {
 	return len(s)
 }
 
-func jByteToRune(s string, b int) int {
-	if jIsASCII(s) {
+func byteToRune(s string, b int) int {
+	if isASCII(s) {
 		return b
 	}
 	return utf8.RuneCountInString(s[:b])
 }
 
-// jStrRange applies optional start/end arguments (code point indexes, Python slice
+// strRange applies optional start/end arguments (code point indexes, Python slice
 // rules) and returns the byte range.
-func jStrRange(s string, args []jv) (int, int, error) {
-	n := jStrLen(s)
+func strRange(s string, args []Value) (int, int, error) {
+	n := strLen(s)
 	start, end := 0, n
 	for i, a := range args {
-		if a.k == jkNone {
+		if a.k == KindNone {
 			continue
 		}
-		if a.k != jkInt && a.k != jkBool {
-			return 0, 0, jErrorf("TypeError", "slice indices must be integers or None or have an __index__ method")
+		if a.k != KindInt && a.k != KindBool {
+			return 0, 0, errorf("TypeError", "slice indices must be integers or None or have an __index__ method")
 		}
 		v := int(a.n)
 		if v < 0 {
@@ -277,43 +277,43 @@ func jStrRange(s string, args []jv) (int, int, error) {
 	if end < start {
 		return -1, -1, nil
 	}
-	return jRuneToByte(s, start), jRuneToByte(s, end), nil
+	return runeToByte(s, start), runeToByte(s, end), nil
 }
 
-func jsCount(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("count", args, kw, 1, 3); err != nil {
-		return jv{}, err
+func strCount(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("count", args, kw, 1, 3); err != nil {
+		return Value{}, err
 	}
-	sub, err := jWantStr("count", args[0])
+	sub, err := wantStr("count", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	b, e, err := jStrRange(r.s, args[1:])
+	b, e, err := strRange(r.s, args[1:])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if b < 0 {
-		return jIntV(0), nil
+		return intValue(0), nil
 	}
 	seg := r.s[b:e]
 	if sub == "" {
-		return jIntV(int64(jStrLen(seg) + 1)), nil
+		return intValue(int64(strLen(seg) + 1)), nil
 	}
-	return jIntV(int64(strings.Count(seg, sub))), nil
+	return intValue(int64(strings.Count(seg, sub))), nil
 }
 
-func jsFind(rev, raise bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		if err := jsArgs("find", args, kw, 1, 3); err != nil {
-			return jv{}, err
+func strFind(rev, raise bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		if err := strArgs("find", args, kw, 1, 3); err != nil {
+			return Value{}, err
 		}
-		sub, err := jWantStr("find", args[0])
+		sub, err := wantStr("find", args[0])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
-		b, e, err := jStrRange(r.s, args[1:])
+		b, e, err := strRange(r.s, args[1:])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		idx := -1
 		if b >= 0 {
@@ -325,70 +325,70 @@ func jsFind(rev, raise bool) jMethodFn {
 				i = strings.Index(seg, sub)
 			}
 			if i >= 0 {
-				idx = jByteToRune(r.s, b+i)
+				idx = byteToRune(r.s, b+i)
 			}
 		}
 		if idx < 0 && raise {
-			return jv{}, jErrorf("ValueError", "substring not found")
+			return Value{}, errorf("ValueError", "substring not found")
 		}
-		return jIntV(int64(idx)), nil
+		return intValue(int64(idx)), nil
 	}
 }
 
-func jsAffixTest(name string, r jv, args []jv, kw jKw, suffix bool) (jv, error) {
-	if err := jsArgs(name, args, kw, 1, 3); err != nil {
-		return jv{}, err
+func strAffixTest(name string, r Value, args []Value, kw kwargs, suffix bool) (Value, error) {
+	if err := strArgs(name, args, kw, 1, 3); err != nil {
+		return Value{}, err
 	}
 	var cands []string
 	switch a := args[0]; a.k {
-	case jkStr:
+	case KindString:
 		cands = []string{a.s}
-	case jkTuple:
+	case kindTuple:
 		for _, it := range a.list().items {
-			if it.k != jkStr {
-				return jv{}, jErrorf("TypeError", "tuple for %s must only contain str, not %s", name, jValueTypeName(it))
+			if it.k != KindString {
+				return Value{}, errorf("TypeError", "tuple for %s must only contain str, not %s", name, it.TypeName())
 			}
 			cands = append(cands, it.s)
 		}
 	default:
-		return jv{}, jErrorf("TypeError", "%s first arg must be str or a tuple of str, not %s", name, jValueTypeName(a))
+		return Value{}, errorf("TypeError", "%s first arg must be str or a tuple of str, not %s", name, a.TypeName())
 	}
-	b, e, err := jStrRange(r.s, args[1:])
+	b, e, err := strRange(r.s, args[1:])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	if b < 0 {
-		return jvFalse, nil
+		return falseValue, nil
 	}
 	seg := r.s[b:e]
 	for _, c := range cands {
 		if (suffix && strings.HasSuffix(seg, c)) || (!suffix && strings.HasPrefix(seg, c)) {
-			return jvTrue, nil
+			return trueValue, nil
 		}
 	}
-	return jvFalse, nil
+	return falseValue, nil
 }
 
-func jsStartswith(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	return jsAffixTest("startswith", r, args, kw, false)
+func strStartswith(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	return strAffixTest("startswith", r, args, kw, false)
 }
 
-func jsEndswith(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	return jsAffixTest("endswith", r, args, kw, true)
+func strEndswith(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	return strAffixTest("endswith", r, args, kw, true)
 }
 
-func jsExpandtabs(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
+func strExpandtabs(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
 	size := 8
 	if len(args) > 0 {
-		n, err := jWantInt("expandtabs", args[0])
+		n, err := wantInt("expandtabs", args[0])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		size = n
 	} else if v, ok := kw.get("tabsize"); ok {
-		n, err := jWantInt("expandtabs", v)
+		n, err := wantInt("expandtabs", v)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		size = n
 	}
@@ -410,90 +410,96 @@ func jsExpandtabs(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
 			col++
 		}
 	}
-	return jStrV(b.String()), nil
+	return StringValue(b.String()), nil
 }
 
-func jsIsPred(pred func(rune) bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		if err := jsArgs("is", args, kw, 0, 0); err != nil {
-			return jv{}, err
+func strIsPred(pred func(rune) bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		if err := strArgs("is", args, kw, 0, 0); err != nil {
+			return Value{}, err
 		}
 		if r.s == "" {
-			return jvFalse, nil
+			return falseValue, nil
 		}
 		for _, c := range r.s {
 			if !pred(c) {
-				return jvFalse, nil
+				return falseValue, nil
 			}
 		}
-		return jvTrue, nil
+		return trueValue, nil
 	}
 }
 
-func jsIsASCII(_ *jEval, r jv, _ []jv, _ jKw) (jv, error) { return jBoolV(jIsASCII(r.s)), nil }
-func jsIsLower(_ *jEval, r jv, _ []jv, _ jKw) (jv, error) { return jBoolV(jIsLowerStr(r.s)), nil }
-func jsIsUpper(_ *jEval, r jv, _ []jv, _ jKw) (jv, error) { return jBoolV(jIsUpperStr(r.s)), nil }
+func strIsASCII(_ *evaluator, r Value, _ []Value, _ kwargs) (Value, error) {
+	return BoolValue(isASCII(r.s)), nil
+}
+func strIsLower(_ *evaluator, r Value, _ []Value, _ kwargs) (Value, error) {
+	return BoolValue(pyIsLower(r.s)), nil
+}
+func strIsUpper(_ *evaluator, r Value, _ []Value, _ kwargs) (Value, error) {
+	return BoolValue(pyIsUpper(r.s)), nil
+}
 
-func jsIsTitle(_ *jEval, r jv, _ []jv, _ jKw) (jv, error) {
+func strIsTitle(_ *evaluator, r Value, _ []Value, _ kwargs) (Value, error) {
 	cased, prevCased := false, false
 	for _, c := range r.s {
 		switch {
 		case unicode.IsUpper(c) || unicode.IsTitle(c):
 			if prevCased {
-				return jvFalse, nil
+				return falseValue, nil
 			}
 			prevCased, cased = true, true
 		case unicode.IsLower(c):
 			if !prevCased {
-				return jvFalse, nil
+				return falseValue, nil
 			}
 			prevCased, cased = true, true
 		default:
 			prevCased = false
 		}
 	}
-	return jBoolV(cased), nil
+	return BoolValue(cased), nil
 }
 
-func jsJoin(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("join", args, kw, 1, 1); err != nil {
-		return jv{}, err
+func strJoin(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("join", args, kw, 1, 1); err != nil {
+		return Value{}, err
 	}
-	items, err := jIterate(args[0])
+	items, err := iterate(args[0])
 	if err != nil {
-		return jv{}, jErrorf("TypeError", "can only join an iterable")
+		return Value{}, errorf("TypeError", "can only join an iterable")
 	}
 	var b strings.Builder
 	for i, it := range items {
-		if it.k != jkStr {
-			return jv{}, jErrorf("TypeError", "sequence item %d: expected str instance, %s found", i, jValueTypeName(it))
+		if it.k != KindString {
+			return Value{}, errorf("TypeError", "sequence item %d: expected str instance, %s found", i, it.TypeName())
 		}
 		if i > 0 {
 			b.WriteString(r.s)
 		}
 		b.WriteString(it.s)
 	}
-	return jStrV(b.String()), nil
+	return StringValue(b.String()), nil
 }
 
-func jsStrip(left, right bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		if err := jsArgs("strip", args, kw, 0, 1); err != nil {
-			return jv{}, err
+func strStrip(left, right bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		if err := strArgs("strip", args, kw, 0, 1); err != nil {
+			return Value{}, err
 		}
 		s := r.s
-		if len(args) == 0 || args[0].k == jkNone {
+		if len(args) == 0 || args[0].k == KindNone {
 			switch {
 			case left && right:
-				return jStrV(jPyStrip(s)), nil
+				return StringValue(pyStrip(s)), nil
 			case left:
-				return jStrV(jPyLStrip(s)), nil
+				return StringValue(pyLStrip(s)), nil
 			}
-			return jStrV(jPyRStrip(s)), nil
+			return StringValue(pyRStrip(s)), nil
 		}
-		chars, err := jWantStr("strip", args[0])
+		chars, err := wantStr("strip", args[0])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if left {
 			s = strings.TrimLeft(s, chars)
@@ -501,21 +507,21 @@ func jsStrip(left, right bool) jMethodFn {
 		if right {
 			s = strings.TrimRight(s, chars)
 		}
-		return jStrV(s), nil
+		return StringValue(s), nil
 	}
 }
 
-func jsPartition(rev bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		if err := jsArgs("partition", args, kw, 1, 1); err != nil {
-			return jv{}, err
+func strPartition(rev bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		if err := strArgs("partition", args, kw, 1, 1); err != nil {
+			return Value{}, err
 		}
-		sep, err := jWantStr("partition", args[0])
+		sep, err := wantStr("partition", args[0])
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		if sep == "" {
-			return jv{}, jErrorf("ValueError", "empty separator")
+			return Value{}, errorf("ValueError", "empty separator")
 		}
 		var i int
 		if rev {
@@ -525,102 +531,102 @@ func jsPartition(rev bool) jMethodFn {
 		}
 		if i < 0 {
 			if rev {
-				return jTupleV([]jv{jvEmptyStr, jvEmptyStr, r}), nil
+				return tupleValue([]Value{emptyString, emptyString, r}), nil
 			}
-			return jTupleV([]jv{r, jvEmptyStr, jvEmptyStr}), nil
+			return tupleValue([]Value{r, emptyString, emptyString}), nil
 		}
-		return jTupleV([]jv{jStrV(r.s[:i]), jStrV(sep), jStrV(r.s[i+len(sep):])}), nil
+		return tupleValue([]Value{StringValue(r.s[:i]), StringValue(sep), StringValue(r.s[i+len(sep):])}), nil
 	}
 }
 
-func jsRemovePrefix(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("removeprefix", args, kw, 1, 1); err != nil {
-		return jv{}, err
+func strRemovePrefix(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("removeprefix", args, kw, 1, 1); err != nil {
+		return Value{}, err
 	}
-	p, err := jWantStr("removeprefix", args[0])
+	p, err := wantStr("removeprefix", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(strings.TrimPrefix(r.s, p)), nil
+	return StringValue(strings.TrimPrefix(r.s, p)), nil
 }
 
-func jsRemoveSuffix(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if err := jsArgs("removesuffix", args, kw, 1, 1); err != nil {
-		return jv{}, err
+func strRemoveSuffix(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if err := strArgs("removesuffix", args, kw, 1, 1); err != nil {
+		return Value{}, err
 	}
-	p, err := jWantStr("removesuffix", args[0])
+	p, err := wantStr("removesuffix", args[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(strings.TrimSuffix(r.s, p)), nil
+	return StringValue(strings.TrimSuffix(r.s, p)), nil
 }
 
-func jsReplace(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("replace", []string{"old", "new", "count"}, args, kw)
+func strReplace(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("replace", []string{"old", "new", "count"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	if a[0].k == jkMissing || a[1].k == jkMissing {
-		return jv{}, jErrorf("TypeError", "replace expected at least 2 arguments, got %d", len(args))
+	if a[0].k == kindMissing || a[1].k == kindMissing {
+		return Value{}, errorf("TypeError", "replace expected at least 2 arguments, got %d", len(args))
 	}
-	old, err := jWantStr("replace", a[0])
+	old, err := wantStr("replace", a[0])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	repl, err := jWantStr("replace", a[1])
+	repl, err := wantStr("replace", a[1])
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
 	n := -1
-	if a[2].k != jkMissing {
-		if n, err = jWantInt("replace", a[2]); err != nil {
-			return jv{}, err
+	if a[2].k != kindMissing {
+		if n, err = wantInt("replace", a[2]); err != nil {
+			return Value{}, err
 		}
 	}
-	return jStrV(jPyReplace(r.s, old, repl, n)), nil
+	return StringValue(pyReplace(r.s, old, repl, n)), nil
 }
 
-// jsSplit is str.split / str.rsplit.
-func jsSplit(rev bool) jMethodFn {
-	return func(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-		a, err := jBind("split", []string{"sep", "maxsplit"}, args, kw)
+// strSplit is str.split / str.rsplit.
+func strSplit(rev bool) methodFunc {
+	return func(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+		a, err := bind("split", []string{"sep", "maxsplit"}, args, kw)
 		if err != nil {
-			return jv{}, err
+			return Value{}, err
 		}
 		maxsplit := -1
-		if a[1].k != jkMissing {
-			if maxsplit, err = jWantInt("split", a[1]); err != nil {
-				return jv{}, err
+		if a[1].k != kindMissing {
+			if maxsplit, err = wantInt("split", a[1]); err != nil {
+				return Value{}, err
 			}
 		}
 		var parts []string
-		if sep := jOr(a[0], jvNone); sep.k == jkNone {
-			parts = jSplitWhitespace(r.s, maxsplit, rev)
+		if sep := orDefault(a[0], noneValue); sep.k == KindNone {
+			parts = splitWhitespace(r.s, maxsplit, rev)
 		} else {
-			s, err := jWantStr("split", sep)
+			s, err := wantStr("split", sep)
 			if err != nil {
-				return jv{}, err
+				return Value{}, err
 			}
 			if s == "" {
-				return jv{}, jErrorf("ValueError", "empty separator")
+				return Value{}, errorf("ValueError", "empty separator")
 			}
 			if maxsplit < 0 {
 				parts = strings.Split(r.s, s)
 			} else if !rev {
 				parts = strings.SplitN(r.s, s, maxsplit+1)
 			} else {
-				parts = jRSplitN(r.s, s, maxsplit)
+				parts = rsplitN(r.s, s, maxsplit)
 			}
 		}
-		out := make([]jv, len(parts))
+		out := make([]Value, len(parts))
 		for i, p := range parts {
-			out[i] = jStrV(p)
+			out[i] = StringValue(p)
 		}
-		return jListV(out), nil
+		return ListValue(out), nil
 	}
 }
 
-func jRSplitN(s, sep string, maxsplit int) []string {
+func rsplitN(s, sep string, maxsplit int) []string {
 	var rev []string
 	for maxsplit > 0 {
 		i := strings.LastIndex(s, sep)
@@ -638,20 +644,20 @@ func jRSplitN(s, sep string, maxsplit int) []string {
 	return out
 }
 
-func jSplitWhitespace(s string, maxsplit int, rev bool) []string {
+func splitWhitespace(s string, maxsplit int, rev bool) []string {
 	type span struct{ a, b int }
 	var words []span
 	i := 0
 	for i < len(s) {
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if jPyIsSpace(r) {
+		if pyIsSpace(r) {
 			i += size
 			continue
 		}
 		j := i
 		for j < len(s) {
 			r2, s2 := utf8.DecodeRuneInString(s[j:])
-			if jPyIsSpace(r2) {
+			if pyIsSpace(r2) {
 				break
 			}
 			j += s2
@@ -682,38 +688,38 @@ func jSplitWhitespace(s string, maxsplit int, rev bool) []string {
 	return out
 }
 
-func jsSplitlines(_ *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	a, err := jBind("splitlines", []string{"keepends"}, args, kw)
+func strSplitlines(_ *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	a, err := bind("splitlines", []string{"keepends"}, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	lines := jSplitlines(r.s, jTruthy(jOr(a[0], jvFalse)))
-	out := make([]jv, len(lines))
+	lines := splitlines(r.s, orDefault(a[0], falseValue).Truth())
+	out := make([]Value, len(lines))
 	for i, l := range lines {
-		out[i] = jStrV(l)
+		out[i] = StringValue(l)
 	}
-	return jListV(out), nil
+	return ListValue(out), nil
 }
 
-func jsFormat(e *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	s, err := jStrFormat(e, r.s, args, kw)
+func strFormat(e *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	s, err := vformat(e, r.s, args, kw)
 	if err != nil {
-		return jv{}, err
+		return Value{}, err
 	}
-	return jStrV(s), nil
+	return StringValue(s), nil
 }
 
-func jsFormatMap(e *jEval, r jv, args []jv, kw jKw) (jv, error) {
-	if len(args) != 1 || args[0].k != jkDict {
-		return jv{}, jErrorf("TypeError", "format_map() takes exactly one mapping argument")
+func strFormatMap(e *evaluator, r Value, args []Value, kw kwargs) (Value, error) {
+	if len(args) != 1 || args[0].k != KindDict {
+		return Value{}, errorf("TypeError", "format_map() takes exactly one mapping argument")
 	}
 	d := args[0].dict()
-	var m jKw
+	var m kwargs
 	for i, k := range d.keys {
-		if k.k == jkStr {
+		if k.k == KindString {
 			m.names = append(m.names, k.s)
 			m.vals = append(m.vals, d.vals[i])
 		}
 	}
-	return jsFormat(e, r, nil, m)
+	return strFormat(e, r, nil, m)
 }

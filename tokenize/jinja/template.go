@@ -1,5 +1,8 @@
 package jinja
 
+// The entry points: parsing a template, rendering it with variables, and the static
+// analysis its users need.
+
 import (
 	"errors"
 	"fmt"
@@ -12,7 +15,7 @@ import (
 
 // Template is a parsed template. It is immutable and safe for concurrent use.
 type Template struct {
-	body []jNode
+	body []stmt
 }
 
 // Parse parses a template. The source must be valid UTF-8; a template that does not
@@ -22,7 +25,7 @@ func Parse(source string) (*Template, error) {
 	if !utf8.ValidString(source) {
 		return nil, errors.New("source is not valid UTF-8")
 	}
-	body, err := jParse(source)
+	body, err := parse(source)
 	if err != nil {
 		return nil, err
 	}
@@ -32,7 +35,7 @@ func Parse(source string) (*Template, error) {
 // Vars are the variables a template is rendered with, the keyword arguments of jinja2's
 // Template.render. The zero value holds none.
 type Vars struct {
-	s jScope
+	s scope
 }
 
 // Grow makes room for n more variables.
@@ -62,11 +65,11 @@ func (t *Template) Render(vars *Vars, opt Options) (out string, err error) {
 			out, err = "", fmt.Errorf("internal error: %v\n%s", p, debug.Stack())
 		}
 	}()
-	e := &jEval{buf: make([]byte, 0, opt.SizeHint), now: opt.Now}
+	e := &evaluator{buf: make([]byte, 0, opt.SizeHint), now: opt.Now}
 	if vars != nil {
 		e.vars.names, e.vars.vals = vars.s.names, vars.s.vals
 	}
-	e.vars.parent = &jGlobals
+	e.vars.parent = &globals
 	e.root.parent = &e.vars
 	if _, err := e.execBody(t.body, &e.root); err != nil {
 		return "", err
@@ -95,14 +98,14 @@ type Binding struct {
 // and blocks).
 func (t *Template) Bindings() []Binding {
 	var out []Binding
-	jWalkStmts(t.body, func(n jNode) bool {
+	walkStmts(t.body, func(n stmt) bool {
 		var b Binding
-		var target *jTarget
-		var e jExpr
+		var target *target
+		var e expr
 		switch x := n.(type) {
-		case *jnFor:
+		case *forStmt:
 			b.Loop, target, e = true, x.target, x.iter
-		case *jnSet:
+		case *setStmt:
 			target, e = x.target, x.e
 		default:
 			return true
@@ -110,30 +113,30 @@ func (t *Template) Bindings() []Binding {
 		if target.attr == "" && !target.tuple {
 			b.Name = target.name
 		}
-		b.Ref, b.Bare = jRef(e)
+		b.Ref, b.Bare = refOf(e)
 		out = append(out, b)
 		return true
 	})
 	return out
 }
 
-// jRef reduces an expression to the variable reference it reads (see Binding.Ref),
+// refOf reduces an expression to the variable reference it reads (see Binding.Ref),
 // as vLLM's _is_var_or_elems_access sees it.
-func jRef(e jExpr) (ref []string, bare bool) {
+func refOf(e expr) (ref []string, bare bool) {
 	bare = true
 	for {
 		switch x := e.(type) {
-		case *jeFilter:
+		case *filterExpr:
 			if x.e == nil {
 				return nil, false
 			}
 			e, bare = x.e, false
 			continue
-		case *jeTest:
+		case *testExpr:
 			e, bare = x.e, false
 			continue
-		case *jeGetitem:
-			if _, ok := x.key.(*jeSlice); ok {
+		case *getitemExpr:
+			if _, ok := x.key.(*sliceExpr); ok {
 				e, bare = x.obj, false
 				continue
 			}
@@ -141,16 +144,16 @@ func jRef(e jExpr) (ref []string, bare bool) {
 		break
 	}
 	switch x := e.(type) {
-	case *jeName:
+	case *nameExpr:
 		return []string{x.name}, bare
-	case *jeGetitem:
-		n, ok := x.obj.(*jeName)
-		c, ok2 := x.key.(*jeConst)
-		if ok && ok2 && c.v.k == jkStr {
+	case *getitemExpr:
+		n, ok := x.obj.(*nameExpr)
+		c, ok2 := x.key.(*constExpr)
+		if ok && ok2 && c.v.k == KindString {
 			return []string{n.name, c.v.s}, bare
 		}
-	case *jeGetattr:
-		if n, ok := x.obj.(*jeName); ok {
+	case *getattrExpr:
+		if n, ok := x.obj.(*nameExpr); ok {
 			return []string{n.name, x.name}, bare
 		}
 	}
@@ -161,8 +164,8 @@ func jRef(e jExpr) (ref []string, bare bool) {
 // the variable name.
 func (t *Template) References(name string) bool {
 	found := false
-	jWalkExprsInStmts(t.body, func(e jExpr) {
-		if n, ok := e.(*jeName); ok && n.name == name {
+	walkExprsInStmts(t.body, func(e expr) {
+		if n, ok := e.(*nameExpr); ok && n.name == name {
 			found = true
 		}
 	})

@@ -2,99 +2,101 @@ package jinja
 
 // Tests ({% if x is defined %}): jinja2's tests.py.
 
-func jtBoolean(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) { return v.k == jkBool, nil }
+func testBoolean(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	return v.k == KindBool, nil
+}
 
-func jtCallable(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
+func testCallable(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
 	switch v.k {
-	case jkFunc, jkUndef, jkJoiner, jkLoop:
+	case kindFunc, KindUndefined, kindJoiner, kindLoop:
 		return true, nil
 	}
 	return false, nil
 }
 
-func jtCmp(op string) jTestFn {
-	return func(_ *jEval, v jv, args []jv, kw jKw) (bool, error) {
-		a, err := jBind(op, []string{"other"}, args, kw)
+func testCmp(op string) testFunc {
+	return func(_ *evaluator, v Value, args []Value, kw kwargs) (bool, error) {
+		a, err := bind(op, []string{"other"}, args, kw)
 		if err != nil {
 			return false, err
 		}
-		if a[0].k == jkMissing {
-			return false, jErrorf("TypeError", "test '%s' requires an argument", op)
+		if a[0].k == kindMissing {
+			return false, errorf("TypeError", "test '%s' requires an argument", op)
 		}
-		return jCompareOp(op, v, a[0])
+		return compareOp(op, v, a[0])
 	}
 }
 
-func jtDivisibleby(_ *jEval, v jv, args []jv, kw jKw) (bool, error) {
-	a, err := jBind("divisibleby", []string{"num"}, args, kw)
+func testDivisibleby(_ *evaluator, v Value, args []Value, kw kwargs) (bool, error) {
+	a, err := bind("divisibleby", []string{"num"}, args, kw)
 	if err != nil {
 		return false, err
 	}
-	r, err := jBinary("%", v, a[0])
+	r, err := binaryOp("%", v, a[0])
 	if err != nil {
 		return false, err
 	}
-	return jEqual(r, jIntV(0)), nil
+	return equal(r, intValue(0)), nil
 }
 
-func jtEven(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	r, err := jBinary("%", v, jIntV(2))
+func testEven(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	r, err := binaryOp("%", v, intValue(2))
 	if err != nil {
 		return false, err
 	}
-	return jEqual(r, jIntV(0)), nil
+	return equal(r, intValue(0)), nil
 }
 
-func jtOdd(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	r, err := jBinary("%", v, jIntV(2))
+func testOdd(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	r, err := binaryOp("%", v, intValue(2))
 	if err != nil {
 		return false, err
 	}
-	return jEqual(r, jIntV(1)), nil
+	return equal(r, intValue(1)), nil
 }
 
-func jtFilter(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	return v.k == jkStr && jFilters[v.s] != nil, nil
+func testFilter(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	return v.k == KindString && filters[v.s] != nil, nil
 }
 
-func jtTest(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	return v.k == jkStr && jTests[v.s] != nil, nil
+func testTest(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	return v.k == KindString && tests[v.s] != nil, nil
 }
 
-func jtIn(_ *jEval, v jv, args []jv, kw jKw) (bool, error) {
-	a, err := jBind("in", []string{"seq"}, args, kw)
+func testIn(_ *evaluator, v Value, args []Value, kw kwargs) (bool, error) {
+	a, err := bind("in", []string{"seq"}, args, kw)
 	if err != nil {
 		return false, err
 	}
-	return jContains(a[0], v)
+	return contains(a[0], v)
 }
 
-func jtIterable(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
+func testIterable(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
 	switch v.k {
-	case jkStr, jkList, jkTuple, jkDict, jkUndef, jkLoop, jkGen, jkView:
+	case KindString, KindList, kindTuple, KindDict, KindUndefined, kindLoop, kindGenerator, kindView:
 		return true, nil
 	}
 	return false, nil
 }
 
-func jtSequence(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
+func testSequence(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
 	switch v.k {
-	case jkStr, jkList, jkTuple, jkDict, jkUndef:
+	case KindString, KindList, kindTuple, KindDict, KindUndefined:
 		return true, nil
 	}
 	return false, nil
 }
 
-func jtLower(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	return jIsLowerStr(jSoftStr(v)), nil
+func testLower(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	return pyIsLower(softStr(v)), nil
 }
 
-func jtUpper(_ *jEval, v jv, _ []jv, _ jKw) (bool, error) {
-	return jIsUpperStr(jSoftStr(v)), nil
+func testUpper(_ *evaluator, v Value, _ []Value, _ kwargs) (bool, error) {
+	return pyIsUpper(softStr(v)), nil
 }
 
-func jtSameas(_ *jEval, v jv, args []jv, kw jKw) (bool, error) {
-	a, err := jBind("sameas", []string{"other"}, args, kw)
+func testSameas(_ *evaluator, v Value, args []Value, kw kwargs) (bool, error) {
+	a, err := bind("sameas", []string{"other"}, args, kw)
 	if err != nil {
 		return false, err
 	}
@@ -103,13 +105,13 @@ func jtSameas(_ *jEval, v jv, args []jv, kw jKw) (bool, error) {
 		return false, nil
 	}
 	switch v.k {
-	case jkNone, jkUndef:
-		return v.k == jkNone, nil
-	case jkBool, jkInt:
+	case KindNone, KindUndefined:
+		return v.k == KindNone, nil
+	case KindBool, KindInt:
 		return v.n == o.n, nil
-	case jkStr:
+	case KindString:
 		return v.s == o.s, nil
-	case jkFloat:
+	case KindFloat:
 		return false, nil
 	}
 	return v.o == o.o, nil

@@ -15,271 +15,252 @@ import (
 	"unicode/utf8"
 )
 
-type jKind uint8
+// Kind is the Python type of a Value. The exported kinds are those of the values callers
+// build and decode; inside a render there are others (tuples, namespaces, macros, ...).
+type Kind uint8
 
+// The kinds of the values callers build and decode.
 const (
-	jkUndef jKind = iota // jinja2.Undefined
-	jkNone
-	jkBool
-	jkInt   // n
-	jkBig   // o.(*big.Int), only when the value does not fit in int64
-	jkFloat // f
-	jkStr   // s
-	jkList  // o.(*jList)
-	jkTuple // o.(*jList)
-	jkDict  // o.(*jDict)
-	jkNS    // o.(*jNamespace)
-	jkFunc  // o.(*jCallable)
-	jkLoop  // o.(*jLoopCtx)
-	jkCycler
-	jkJoiner
-	jkGen  // o.(*jGen): a Python generator or iterator (consumed by iteration)
-	jkView // o.(*jView): dict_keys / dict_values / dict_items
+	KindUndefined Kind = iota // jinja2's Undefined: a missing variable, attribute or item
+	KindNone
+	KindBool
+	KindInt // of any size
+	KindFloat
+	KindString
+	KindList
+	KindDict
 )
 
-// jv is one template value. Scalars live inline so that most values need no allocation.
-// For jkUndef, s holds the missing name (or the repr of a missing element), n packs the
-// kind of the object it was looked up on (+1, 0 = plain variable) and bit 8 marks an
-// element (non-string) lookup; o may hold a *jUndefHint with a fixed message.
-type jv struct {
-	k jKind
+// The kinds only a render makes.
+const (
+	kindBig Kind = iota + KindDict + 1 // an int that does not fit in int64
+	kindTuple
+	kindNamespace
+	kindFunc
+	kindLoop
+	kindCycler
+	kindJoiner
+	kindGenerator // a Python generator or iterator (consumed by iteration)
+	kindView      // dict_keys / dict_values / dict_items
+)
+
+// Value is a template value: one of Python's objects as a template sees it. The zero
+// Value is Undefined. Values are immutable once built (a Dict is filled before it
+// becomes part of one) and safe to share between renders.
+type Value struct {
+	// Scalars live inline so that most values need no allocation: a bool or an int in
+	// n, a float in f, a str in s; o holds a *big.Int (kindBig), a *list (KindList,
+	// kindTuple), a *Dict, a *namespace, a *callable (kindFunc), a *loopContext,
+	// *cyclerState, *joinerState, *generator or *dictView. For KindUndefined, s holds
+	// the missing name (or the repr of a missing element), n packs the kind of the
+	// object it was looked up on (+1, 0 = plain variable) and bit 8 marks an element
+	// (non-string) lookup; o may hold a *undefinedHint with a fixed message.
+	k Kind
 	n int64
 	f float64
 	s string
 	o any
 }
 
-type jList struct{ items []jv }
+type list struct{ items []Value }
 
-type jDict struct {
-	keys []jv
-	vals []jv
+// Dict is Python's dict: insertion-ordered, with Python's key equality (1 == 1.0 ==
+// True). Fill it with Set before DictValue wraps it; templates never change it.
+type Dict struct {
+	keys []Value
+	vals []Value
 }
 
-type jNamespace struct {
+type namespace struct {
 	keys []string
-	vals []jv
+	vals []Value
 }
 
-// jGen models the lazy objects jinja2 filters return (map, select, reject, selectattr,
+// generator models the lazy objects jinja2 filters return (map, select, reject, selectattr,
 // rejectattr, unique, batch, slice, items produce generators; reverse a reverse
 // iterator): always true, no len(), not subscriptable, not JSON serialisable, and
 // exhausted by the first iteration. The items are computed eagerly.
-type jGen struct {
-	items []jv
+type generator struct {
+	items []Value
 	pos   int
 	name  string // "generator", "list_reverseiterator", ...
 	fn    string // for printing: "<generator object do_map ...>"
 }
 
-// jView is a dict view (dict.keys(), dict.values(), dict.items()).
-type jView struct {
-	items []jv
+// dictView is a dict view (dict.keys(), dict.values(), dict.items()).
+type dictView struct {
+	items []Value
 	name  string // dict_keys, dict_values or dict_items
 }
 
-func jGenV(items []jv, fn string) jv {
-	return jv{k: jkGen, o: &jGen{items: items, name: "generator", fn: fn}}
+func generatorValue(items []Value, fn string) Value {
+	return Value{k: kindGenerator, o: &generator{items: items, name: "generator", fn: fn}}
 }
 
-type jUndefHint struct {
+type undefinedHint struct {
 	msg      string
 	security bool
 }
 
 var (
-	jvUndefined = jv{k: jkUndef}
-	jvNone      = jv{k: jkNone}
-	jvTrue      = jv{k: jkBool, n: 1}
-	jvFalse     = jv{k: jkBool, n: 0}
-	jvEmptyStr  = jv{k: jkStr}
+	undefinedValue = Value{k: KindUndefined}
+	noneValue      = Value{k: KindNone}
+	trueValue      = Value{k: KindBool, n: 1}
+	falseValue     = Value{k: KindBool, n: 0}
+	emptyString    = Value{k: KindString}
 )
 
-func jStrV(s string) jv     { return jv{k: jkStr, s: s} }
-func jIntV(n int64) jv      { return jv{k: jkInt, n: n} }
-func jFloatV(f float64) jv  { return jv{k: jkFloat, f: f} }
-func jListV(items []jv) jv  { return jv{k: jkList, o: &jList{items: items}} }
-func jTupleV(items []jv) jv { return jv{k: jkTuple, o: &jList{items: items}} }
-func jDictV(d *jDict) jv    { return jv{k: jkDict, o: d} }
+// StringValue returns a str.
+func StringValue(s string) Value { return Value{k: KindString, s: s} }
 
-func jBoolV(b bool) jv {
+// ListValue returns a list of items; the list takes ownership of the slice.
+func ListValue(items []Value) Value { return Value{k: KindList, o: &list{items: items}} }
+
+// DictValue returns a dict.
+func DictValue(d *Dict) Value { return Value{k: KindDict, o: d} }
+
+// NoneValue returns Python's None.
+func NoneValue() Value { return noneValue }
+
+func intValue(n int64) Value         { return Value{k: KindInt, n: n} }
+func floatValue(f float64) Value     { return Value{k: KindFloat, f: f} }
+func tupleValue(items []Value) Value { return Value{k: kindTuple, o: &list{items: items}} }
+
+// BoolValue returns a bool.
+func BoolValue(b bool) Value {
 	if b {
-		return jvTrue
+		return trueValue
 	}
-	return jvFalse
+	return falseValue
 }
 
-// jBigV returns an int value, normalised to jkInt when it fits.
-func jBigV(b *big.Int) jv {
+// bigValue returns an int value, normalised to KindInt when it fits.
+func bigValue(b *big.Int) Value {
 	if b.IsInt64() {
-		return jIntV(b.Int64())
+		return intValue(b.Int64())
 	}
-	return jv{k: jkBig, o: b}
+	return Value{k: kindBig, o: b}
 }
 
-// jUndefName is the Undefined of a missing variable.
-func jUndefName(name string) jv { return jv{k: jkUndef, s: name} }
+// undefinedName is the Undefined of a missing variable.
+func undefinedName(name string) Value { return Value{k: KindUndefined, s: name} }
 
-// jUndefAttr is the Undefined of a missing attribute or key name on obj.
-func jUndefAttr(obj jv, name string) jv {
-	return jv{k: jkUndef, s: name, n: int64(obj.k) + 1}
+// undefinedAttr is the Undefined of a missing attribute or key name on obj.
+func undefinedAttr(obj Value, name string) Value {
+	return Value{k: KindUndefined, s: name, n: int64(obj.k) + 1}
 }
 
-// jUndefElem is the Undefined of a missing element (non-string key) on obj.
-func jUndefElem(obj jv, key jv) jv {
-	return jv{k: jkUndef, s: jRepr(key), n: int64(obj.k) + 1 | 1<<8}
+// undefinedElem is the Undefined of a missing element (non-string key) on obj.
+func undefinedElem(obj Value, key Value) Value {
+	return Value{k: KindUndefined, s: key.Repr(), n: int64(obj.k) + 1 | 1<<8}
 }
 
-// jUndefHinted is an Undefined with a fixed message (jinja2's undefined(hint=...)).
-func jUndefHinted(msg string, security bool) jv {
-	return jv{k: jkUndef, o: &jUndefHint{msg: msg, security: security}}
+// undefinedHinted is an Undefined with a fixed message (jinja2's undefined(hint=...)).
+func undefinedHinted(msg string, security bool) Value {
+	return Value{k: KindUndefined, o: &undefinedHint{msg: msg, security: security}}
 }
 
-func (v jv) list() *jList    { return v.o.(*jList) }
-func (v jv) dict() *jDict    { return v.o.(*jDict) }
-func (v jv) isSeq() bool     { return v.k == jkList || v.k == jkTuple }
-func (v jv) isNumber() bool  { return v.k == jkBool || v.k == jkInt || v.k == jkBig || v.k == jkFloat }
-func (v jv) isInteger() bool { return v.k == jkBool || v.k == jkInt || v.k == jkBig }
+func (v Value) list() *list { return v.o.(*list) }
+func (v Value) dict() *Dict { return v.o.(*Dict) }
+func (v Value) isSeq() bool { return v.k == KindList || v.k == kindTuple }
+func (v Value) isNumber() bool {
+	return v.k == KindBool || v.k == KindInt || v.k == kindBig || v.k == KindFloat
+}
+func (v Value) isInteger() bool { return v.k == KindBool || v.k == KindInt || v.k == kindBig }
 
-// jUndefMessage is the text of the UndefinedError raised when an Undefined is used.
-func jUndefMessage(v jv) string {
-	if h, ok := v.o.(*jUndefHint); ok {
+// undefinedMessage is the text of the UndefinedError raised when an Undefined is used.
+func undefinedMessage(v Value) string {
+	if h, ok := v.o.(*undefinedHint); ok {
 		return h.msg
 	}
 	if v.n == 0 {
-		return jPyQuote(v.s) + " is undefined"
+		return pyQuote(v.s) + " is undefined"
 	}
-	objKind := jKind(v.n&0xff - 1)
+	objKind := Kind(v.n&0xff - 1)
 	if v.n&(1<<8) != 0 {
-		return jObjectTypeRepr(objKind) + " has no element " + v.s
+		return objectTypeRepr(objKind) + " has no element " + v.s
 	}
-	return jPyQuote(jObjectTypeRepr(objKind)) + " has no attribute " + jPyQuote(v.s)
+	return pyQuote(objectTypeRepr(objKind)) + " has no attribute " + pyQuote(v.s)
 }
 
-// jUndefError is the error raised when an Undefined is used in an operation.
-func jUndefError(v jv) error {
-	if h, ok := v.o.(*jUndefHint); ok && h.security {
-		return jErrorf("SecurityError", "%s", h.msg)
+// undefinedError is the error raised when an Undefined is used in an operation.
+func undefinedError(v Value) error {
+	if h, ok := v.o.(*undefinedHint); ok && h.security {
+		return errorf("SecurityError", "%s", h.msg)
 	}
-	return &Error{Type: "UndefinedError", Message: jUndefMessage(v)}
+	return &Error{Type: "UndefinedError", Message: undefinedMessage(v)}
 }
 
-// jObjectTypeRepr mirrors jinja2.utils.object_type_repr.
-func jObjectTypeRepr(k jKind) string {
-	if k == jkNone {
+// objectTypeRepr mirrors jinja2.utils.object_type_repr.
+func objectTypeRepr(k Kind) string {
+	if k == KindNone {
 		return "None"
 	}
-	return jTypeName(k) + " object"
+	return k.String() + " object"
 }
 
-// jValueTypeName is type(v).__name__.
-func jValueTypeName(v jv) string {
+// TypeName returns Python's type(v).__name__.
+func (v Value) TypeName() string {
 	switch v.k {
-	case jkGen:
-		return v.o.(*jGen).name
-	case jkView:
-		return v.o.(*jView).name
-	case jkFunc:
-		if c := v.o.(*jCallable); c.macro != nil {
+	case kindGenerator:
+		return v.o.(*generator).name
+	case kindView:
+		return v.o.(*dictView).name
+	case kindFunc:
+		if c := v.o.(*callable); c.macro != nil {
 			return "Macro"
 		}
 	}
-	return jTypeName(v.k)
+	return v.k.String()
 }
 
-// jTypeName is the Python type name of a kind, as used in error messages.
-func jTypeName(k jKind) string {
+// String returns the Python type name of the kind, as error messages use it.
+func (k Kind) String() string {
 	switch k {
-	case jkUndef:
+	case KindUndefined:
 		return "Undefined"
-	case jkNone:
+	case KindNone:
 		return "NoneType"
-	case jkBool:
+	case KindBool:
 		return "bool"
-	case jkInt, jkBig:
+	case KindInt, kindBig:
 		return "int"
-	case jkFloat:
+	case KindFloat:
 		return "float"
-	case jkStr:
+	case KindString:
 		return "str"
-	case jkList:
+	case KindList:
 		return "list"
-	case jkTuple:
+	case kindTuple:
 		return "tuple"
-	case jkDict:
+	case KindDict:
 		return "dict"
-	case jkNS:
+	case kindNamespace:
 		return "Namespace"
-	case jkFunc:
+	case kindFunc:
 		return "function"
-	case jkLoop:
+	case kindLoop:
 		return "LoopContext"
-	case jkCycler:
+	case kindCycler:
 		return "Cycler"
-	case jkJoiner:
+	case kindJoiner:
 		return "Joiner"
 	}
 	return "object"
 }
 
-// ---- the API of values ----
+// ---- accessors ----
 
-// Value is a template value. The zero Value is Undefined.
-type Value = jv
-
-// Kind is the kind of a Value: the Python type of the values callers build or decode.
-// Inside a render values have other kinds too (tuples, namespaces, macros, ...).
-type Kind = jKind
-
-// The kinds of the values callers build or decode.
-const (
-	KindUndefined = jkUndef // jinja2's Undefined (a missing variable)
-	KindNone      = jkNone
-	KindBool      = jkBool
-	KindInt       = jkInt // any size
-	KindFloat     = jkFloat
-	KindString    = jkStr
-	KindList      = jkList
-	KindDict      = jkDict
-)
-
-// NoneValue returns Python's None.
-func NoneValue() Value { return jvNone }
-
-// StringValue returns a str.
-func StringValue(s string) Value { return jStrV(s) }
-
-// BoolValue returns a bool.
-func BoolValue(b bool) Value { return jBoolV(b) }
-
-// ListValue returns a list of items; the list takes ownership of the slice.
-func ListValue(items []Value) Value { return jListV(items) }
-
-// DictValue returns a dict; d must not be changed afterwards.
-func DictValue(d *Dict) Value { return jDictV(d) }
-
-// Kind returns the kind of v.
-func (v jv) Kind() Kind {
-	if v.k == jkBig {
-		return jkInt
+// Kind returns the kind of v (KindInt for an int of any size).
+func (v Value) Kind() Kind {
+	if v.k == kindBig {
+		return KindInt
 	}
 	return v.k
 }
 
-// String returns Python's str(v), what {{ v }} prints ("" for Undefined).
-func (v jv) String() string { return jStr(v) }
-
-// Repr returns Python's repr(v).
-func (v jv) Repr() string { return jRepr(v) }
-
-// Truth returns Python's bool(v).
-func (v jv) Truth() bool { return jTruthy(v) }
-
-// TypeName returns Python's type(v).__name__.
-func (v jv) TypeName() string { return jValueTypeName(v) }
-
 // Items returns the elements of a list, nil for other kinds. They must not be changed.
-func (v jv) Items() []Value {
+func (v Value) Items() []Value {
 	if v.isSeq() {
 		return v.list().items
 	}
@@ -287,29 +268,19 @@ func (v jv) Items() []Value {
 }
 
 // Dict returns the dict of a KindDict value, nil for other kinds.
-func (v jv) Dict() *Dict {
-	d, _ := v.o.(*jDict)
+func (v Value) Dict() *Dict {
+	d, _ := v.o.(*Dict)
 	return d
 }
 
-// Dict is an insertion-ordered dict. Build it with Set before it becomes part of a
-// Value; templates never change it.
-type Dict = jDict
-
-// NewDict returns an empty dict with room for n items.
-func NewDict(n int) *Dict { return jNewDict(n) }
-
 // Len returns the number of items.
-func (d *jDict) Len() int { return len(d.keys) }
-
-// Get returns the value of the string key.
-func (d *jDict) Get(key string) (Value, bool) { return d.getStr(key) }
+func (d *Dict) Len() int { return len(d.keys) }
 
 // Set sets the string key to v; a key set again keeps its position.
-func (d *jDict) Set(key string, v Value) { d.set(jStrV(key), v) }
+func (d *Dict) Set(key string, v Value) { d.set(StringValue(key), v) }
 
 // All returns an iterator over the items in order.
-func (d *jDict) All() iter.Seq2[Value, Value] {
+func (d *Dict) All() iter.Seq2[Value, Value] {
 	return func(yield func(Value, Value) bool) {
 		for i := range d.keys {
 			if !yield(d.keys[i], d.vals[i]) {
@@ -321,40 +292,42 @@ func (d *jDict) All() iter.Seq2[Value, Value] {
 
 // ---- dict ----
 
-func jNewDict(n int) *jDict { return &jDict{keys: make([]jv, 0, n), vals: make([]jv, 0, n)} }
+// NewDict returns an empty dict with room for n items.
+func NewDict(n int) *Dict { return &Dict{keys: make([]Value, 0, n), vals: make([]Value, 0, n)} }
 
 // get looks a key up with Python dict semantics (1 == 1.0 == True).
-func (d *jDict) get(key jv) (jv, bool) {
-	if key.k == jkStr {
+func (d *Dict) get(key Value) (Value, bool) {
+	if key.k == KindString {
 		for i := range d.keys {
-			if d.keys[i].k == jkStr && d.keys[i].s == key.s {
+			if d.keys[i].k == KindString && d.keys[i].s == key.s {
 				return d.vals[i], true
 			}
 		}
-		return jv{}, false
+		return Value{}, false
 	}
 	for i := range d.keys {
-		if jEqual(d.keys[i], key) {
+		if equal(d.keys[i], key) {
 			return d.vals[i], true
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-func (d *jDict) getStr(key string) (jv, bool) {
+// Get returns the value of the string key.
+func (d *Dict) Get(key string) (Value, bool) {
 	for i := range d.keys {
-		if d.keys[i].k == jkStr && d.keys[i].s == key {
+		if d.keys[i].k == KindString && d.keys[i].s == key {
 			return d.vals[i], true
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
 // set inserts or replaces a key; a replaced key keeps its position (Python dicts).
 // Only used while building a dict that nothing else references yet.
-func (d *jDict) set(key, val jv) {
+func (d *Dict) set(key, val Value) {
 	for i := range d.keys {
-		if (key.k == jkStr && d.keys[i].k == jkStr && d.keys[i].s == key.s) || (key.k != jkStr && jEqual(d.keys[i], key)) {
+		if (key.k == KindString && d.keys[i].k == KindString && d.keys[i].s == key.s) || (key.k != KindString && equal(d.keys[i], key)) {
 			d.vals[i] = val
 			return
 		}
@@ -363,28 +336,22 @@ func (d *jDict) set(key, val jv) {
 	d.vals = append(d.vals, val)
 }
 
-// appendNew appends a key known not to be present.
-func (d *jDict) appendNew(key string, val jv) {
-	d.keys = append(d.keys, jStrV(key))
-	d.vals = append(d.vals, val)
-}
-
-func (d *jDict) copy() *jDict {
-	return &jDict{keys: append([]jv(nil), d.keys...), vals: append([]jv(nil), d.vals...)}
+func (d *Dict) copy() *Dict {
+	return &Dict{keys: append([]Value(nil), d.keys...), vals: append([]Value(nil), d.vals...)}
 }
 
 // ---- namespace ----
 
-func (ns *jNamespace) get(name string) (jv, bool) {
+func (ns *namespace) get(name string) (Value, bool) {
 	for i, k := range ns.keys {
 		if k == name {
 			return ns.vals[i], true
 		}
 	}
-	return jv{}, false
+	return Value{}, false
 }
 
-func (ns *jNamespace) set(name string, v jv) {
+func (ns *namespace) set(name string, v Value) {
 	for i, k := range ns.keys {
 		if k == name {
 			ns.vals[i] = v
@@ -397,63 +364,63 @@ func (ns *jNamespace) set(name string, v jv) {
 
 // ---- truthiness, equality, ordering ----
 
-// jTruthy is Python's bool(v).
-func jTruthy(v jv) bool {
+// Truth returns Python's bool(v).
+func (v Value) Truth() bool {
 	switch v.k {
-	case jkUndef, jkNone:
+	case KindUndefined, KindNone:
 		return false
-	case jkBool, jkInt:
+	case KindBool, KindInt:
 		return v.n != 0
-	case jkBig:
+	case kindBig:
 		return true
-	case jkFloat:
+	case KindFloat:
 		return v.f != 0
-	case jkStr:
+	case KindString:
 		return v.s != ""
-	case jkList, jkTuple:
+	case KindList, kindTuple:
 		return len(v.list().items) > 0
-	case jkDict:
+	case KindDict:
 		return len(v.dict().keys) > 0
-	case jkView:
-		return len(v.o.(*jView).items) > 0
+	case kindView:
+		return len(v.o.(*dictView).items) > 0
 	}
 	return true
 }
 
-func jBigOf(v jv) *big.Int {
-	if v.k == jkBig {
+func bigOf(v Value) *big.Int {
+	if v.k == kindBig {
 		return v.o.(*big.Int)
 	}
 	return big.NewInt(v.n)
 }
 
-// jNumCompare compares two numbers; ok is false when either is NaN.
-func jNumCompare(a, b jv) (c int, ok bool) {
-	if a.k == jkFloat || b.k == jkFloat {
+// numCompare compares two numbers; ok is false when either is NaN.
+func numCompare(a, b Value) (c int, ok bool) {
+	if a.k == KindFloat || b.k == KindFloat {
 		var x, y float64
-		if a.k == jkFloat && b.k == jkFloat {
+		if a.k == KindFloat && b.k == KindFloat {
 			x, y = a.f, b.f
-		} else if a.k == jkFloat {
-			if b.k == jkBig {
-				return -jBigFloatCompare(jBigOf(b), a.f), !math.IsNaN(a.f)
+		} else if a.k == KindFloat {
+			if b.k == kindBig {
+				return -bigFloatCompare(bigOf(b), a.f), !math.IsNaN(a.f)
 			}
 			x, y = a.f, float64(b.n)
 			if math.IsNaN(x) {
 				return 0, false
 			}
 			if !math.IsInf(x, 0) && (b.n > 1<<53 || b.n < -(1<<53)) {
-				return -jBigFloatCompare(big.NewInt(b.n), x), true
+				return -bigFloatCompare(big.NewInt(b.n), x), true
 			}
 		} else {
-			if a.k == jkBig {
-				return jBigFloatCompare(jBigOf(a), b.f), !math.IsNaN(b.f)
+			if a.k == kindBig {
+				return bigFloatCompare(bigOf(a), b.f), !math.IsNaN(b.f)
 			}
 			x, y = float64(a.n), b.f
 			if math.IsNaN(y) {
 				return 0, false
 			}
 			if !math.IsInf(y, 0) && (a.n > 1<<53 || a.n < -(1<<53)) {
-				return jBigFloatCompare(big.NewInt(a.n), y), true
+				return bigFloatCompare(big.NewInt(a.n), y), true
 			}
 		}
 		if math.IsNaN(x) || math.IsNaN(y) {
@@ -467,8 +434,8 @@ func jNumCompare(a, b jv) (c int, ok bool) {
 		}
 		return 0, true
 	}
-	if a.k == jkBig || b.k == jkBig {
-		return jBigOf(a).Cmp(jBigOf(b)), true
+	if a.k == kindBig || b.k == kindBig {
+		return bigOf(a).Cmp(bigOf(b)), true
 	}
 	switch {
 	case a.n < b.n:
@@ -479,8 +446,8 @@ func jNumCompare(a, b jv) (c int, ok bool) {
 	return 0, true
 }
 
-// jBigFloatCompare compares an integer with a (non-NaN) float exactly.
-func jBigFloatCompare(i *big.Int, f float64) int {
+// bigFloatCompare compares an integer with a (non-NaN) float exactly.
+func bigFloatCompare(i *big.Int, f float64) int {
 	if math.IsInf(f, 1) {
 		return -1
 	}
@@ -491,39 +458,39 @@ func jBigFloatCompare(i *big.Int, f float64) int {
 	return bf.Cmp(big.NewFloat(f))
 }
 
-// jEqual is Python's ==.
-func jEqual(a, b jv) bool {
+// equal is Python's ==.
+func equal(a, b Value) bool {
 	if a.isNumber() && b.isNumber() {
-		c, ok := jNumCompare(a, b)
+		c, ok := numCompare(a, b)
 		return ok && c == 0
 	}
 	if a.k != b.k {
 		return false
 	}
 	switch a.k {
-	case jkUndef, jkNone:
+	case KindUndefined, KindNone:
 		return true
-	case jkStr:
+	case KindString:
 		return a.s == b.s
-	case jkList, jkTuple:
+	case KindList, kindTuple:
 		x, y := a.list().items, b.list().items
 		if len(x) != len(y) {
 			return false
 		}
 		for i := range x {
-			if !jEqual(x[i], y[i]) {
+			if !equal(x[i], y[i]) {
 				return false
 			}
 		}
 		return true
-	case jkDict:
+	case KindDict:
 		x, y := a.dict(), b.dict()
 		if len(x.keys) != len(y.keys) {
 			return false
 		}
 		for i, k := range x.keys {
 			w, ok := y.get(k)
-			if !ok || !jEqual(x.vals[i], w) {
+			if !ok || !equal(x.vals[i], w) {
 				return false
 			}
 		}
@@ -532,31 +499,31 @@ func jEqual(a, b jv) bool {
 	return a.o == b.o
 }
 
-// jCompare is Python's ordering (<, >, ...). It returns the sign of a-b.
-func jCompare(op string, a, b jv) (int, error) {
-	if a.k == jkUndef {
-		return 0, jUndefError(a)
+// compare is Python's ordering (<, >, ...). It returns the sign of a-b.
+func compare(op string, a, b Value) (int, error) {
+	if a.k == KindUndefined {
+		return 0, undefinedError(a)
 	}
-	if b.k == jkUndef {
-		return 0, jUndefError(b)
+	if b.k == KindUndefined {
+		return 0, undefinedError(b)
 	}
 	if a.isNumber() && b.isNumber() {
-		c, ok := jNumCompare(a, b)
+		c, ok := numCompare(a, b)
 		if !ok {
 			return 0, errNaNCompare
 		}
 		return c, nil
 	}
-	if a.k == jkStr && b.k == jkStr {
+	if a.k == KindString && b.k == KindString {
 		return strings.Compare(a.s, b.s), nil // UTF-8 byte order == code point order
 	}
-	if (a.k == jkList && b.k == jkList) || (a.k == jkTuple && b.k == jkTuple) {
+	if (a.k == KindList && b.k == KindList) || (a.k == kindTuple && b.k == kindTuple) {
 		x, y := a.list().items, b.list().items
 		for i := 0; i < len(x) && i < len(y); i++ {
-			if jEqual(x[i], y[i]) {
+			if equal(x[i], y[i]) {
 				continue
 			}
-			return jCompare(op, x[i], y[i])
+			return compare(op, x[i], y[i])
 		}
 		switch {
 		case len(x) < len(y):
@@ -566,7 +533,7 @@ func jCompare(op string, a, b jv) (int, error) {
 		}
 		return 0, nil
 	}
-	return 0, jErrorf("TypeError", "'%s' not supported between instances of '%s' and '%s'", op, jValueTypeName(a), jValueTypeName(b))
+	return 0, errorf("TypeError", "'%s' not supported between instances of '%s' and '%s'", op, a.TypeName(), b.TypeName())
 }
 
 // errNaNCompare marks a comparison involving NaN, which is false for every operator.
@@ -574,7 +541,7 @@ var errNaNCompare = &Error{Type: "nan"}
 
 // ---- strings by code point ----
 
-func jIsASCII(s string) bool {
+func isASCII(s string) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] >= utf8.RuneSelf {
 			return false
@@ -583,91 +550,91 @@ func jIsASCII(s string) bool {
 	return true
 }
 
-// jStrLen is len(str): the number of code points.
-func jStrLen(s string) int {
-	if jIsASCII(s) {
+// strLen is len(str): the number of code points.
+func strLen(s string) int {
+	if isASCII(s) {
 		return len(s)
 	}
 	return utf8.RuneCountInString(s)
 }
 
-// jPyIsSpace is Python's str.isspace for one character.
-func jPyIsSpace(r rune) bool {
+// pyIsSpace is Python's str.isspace for one character.
+func pyIsSpace(r rune) bool {
 	if r < 0x80 {
 		return r == ' ' || (r >= '\t' && r <= '\r') || (r >= 0x1c && r <= 0x1f)
 	}
 	return unicode.IsSpace(r)
 }
 
-func jPyStrip(s string) string  { return strings.TrimFunc(s, jPyIsSpace) }
-func jPyLStrip(s string) string { return strings.TrimLeftFunc(s, jPyIsSpace) }
-func jPyRStrip(s string) string { return strings.TrimRightFunc(s, jPyIsSpace) }
+func pyStrip(s string) string  { return strings.TrimFunc(s, pyIsSpace) }
+func pyLStrip(s string) string { return strings.TrimLeftFunc(s, pyIsSpace) }
+func pyRStrip(s string) string { return strings.TrimRightFunc(s, pyIsSpace) }
 
 // ---- list helpers ----
 
-// jIterate returns the items a Python for loop over v would produce.
-func jIterate(v jv) ([]jv, error) {
+// iterate returns the items a Python for loop over v would produce.
+func iterate(v Value) ([]Value, error) {
 	switch v.k {
-	case jkList, jkTuple:
+	case KindList, kindTuple:
 		return v.list().items, nil
-	case jkDict:
+	case KindDict:
 		return v.dict().keys, nil
-	case jkStr:
-		return jStrChars(v.s), nil
-	case jkUndef:
+	case KindString:
+		return strChars(v.s), nil
+	case KindUndefined:
 		return nil, nil
-	case jkGen:
-		g := v.o.(*jGen)
+	case kindGenerator:
+		g := v.o.(*generator)
 		rest := g.items[g.pos:]
 		g.pos = len(g.items)
 		return rest, nil
-	case jkView:
-		return v.o.(*jView).items, nil
-	case jkNS:
-		return nil, jErrorf("TypeError", "'Namespace' object is not iterable")
+	case kindView:
+		return v.o.(*dictView).items, nil
+	case kindNamespace:
+		return nil, errorf("TypeError", "'Namespace' object is not iterable")
 	}
-	return nil, jErrorf("TypeError", "'%s' object is not iterable", jValueTypeName(v))
+	return nil, errorf("TypeError", "'%s' object is not iterable", v.TypeName())
 }
 
-func jStrChars(s string) []jv {
-	out := make([]jv, 0, len(s))
+func strChars(s string) []Value {
+	out := make([]Value, 0, len(s))
 	for i := 0; i < len(s); {
 		_, size := utf8.DecodeRuneInString(s[i:])
-		out = append(out, jStrV(s[i:i+size]))
+		out = append(out, StringValue(s[i:i+size]))
 		i += size
 	}
 	return out
 }
 
-// jLen is Python's len(v).
-func jLen(v jv) (int, error) {
+// pyLen is Python's len(v).
+func pyLen(v Value) (int, error) {
 	switch v.k {
-	case jkStr:
-		return jStrLen(v.s), nil
-	case jkList, jkTuple:
+	case KindString:
+		return strLen(v.s), nil
+	case KindList, kindTuple:
 		return len(v.list().items), nil
-	case jkDict:
+	case KindDict:
 		return len(v.dict().keys), nil
-	case jkUndef:
+	case KindUndefined:
 		return 0, nil
-	case jkNS:
-		return len(v.o.(*jNamespace).keys), nil
-	case jkLoop:
-		return len(v.o.(*jLoopCtx).items), nil
-	case jkView:
-		return len(v.o.(*jView).items), nil
+	case kindNamespace:
+		return len(v.o.(*namespace).keys), nil
+	case kindLoop:
+		return len(v.o.(*loopContext).items), nil
+	case kindView:
+		return len(v.o.(*dictView).items), nil
 	}
-	return 0, jErrorf("TypeError", "object of type '%s' has no len()", jValueTypeName(v))
+	return 0, errorf("TypeError", "object of type '%s' has no len()", v.TypeName())
 }
 
-// jHashable reports whether v can be a dict key.
-func jHashable(v jv) bool {
+// hashable reports whether v can be a dict key.
+func hashable(v Value) bool {
 	switch v.k {
-	case jkList, jkDict, jkNS:
+	case KindList, KindDict, kindNamespace:
 		return false
-	case jkTuple:
+	case kindTuple:
 		for _, it := range v.list().items {
-			if !jHashable(it) {
+			if !hashable(it) {
 				return false
 			}
 		}
