@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/discovery"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -184,13 +185,15 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	defer indexes.Close()
 	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
-	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
+	catalog := scheduler.NewCatalog(indexes, listeners.New(ingest), reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
 	indexAPI := indexer.NewAPI(indexes, peers, reg)
 
-	// Scheduling: the catalog's loads, the scheduler over them and the
-	// index, the slot tracker and selection service routes, the periodic
-	// expiry of requests never freed, and replica sync of the loads.
-	loads := catalog.Loads()
+	// Scheduling: the loads, following the catalog's workers, the
+	// scheduler over them and the index, the slot tracker and selection
+	// service routes, the periodic expiry of requests never freed, and
+	// replica sync of the loads.
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	catalog.Watch(loads.Follow)
 	// The reuse charge applies to the gateway's decisions only: the
 	// Dynamo-compatible routes answer with the spec's cost.
 	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{

@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
@@ -780,8 +781,10 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	t.Cleanup(set.Close)
 	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	cat := scheduler.NewCatalog(set, listeners.New(ingest), nil, scheduler.CatalogOptions{Logger: logger})
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	cat.Watch(loads.Follow)
+	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)
 	peers, err := indexer.NewPeers(nil)
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
 )
@@ -86,7 +87,7 @@ func newHarness(t *testing.T, cfg Config, wrap func(*scheduler.Catalog) Catalog)
 	h := &harness{t: t, reg: prometheus.NewRegistry()}
 	set := indexer.NewSet(indexer.Options{EventThreads: 2})
 	h.ing = indexer.NewIngester(set, indexer.IngestOptions{Logger: quiet, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, FailAfter: 2})
-	h.cat = scheduler.NewCatalog(set, h.ing, nil, scheduler.CatalogOptions{Logger: quiet, UnregisterTimeout: 10 * time.Second})
+	h.cat = scheduler.NewCatalog(set, listeners.New(h.ing), nil, scheduler.CatalogOptions{Logger: quiet, UnregisterTimeout: 10 * time.Second})
 	t.Cleanup(func() {
 		h.ing.Close()
 		set.Close()
@@ -682,7 +683,7 @@ func TestNoEvents(t *testing.T) {
 	w.events = ""
 	h.expect("worker without events", w)
 	// Active at once: no listener to wait for.
-	if ws := h.cat.Workers(testModel, ""); len(ws) != 1 || ws[0].Status != indexer.StatusActive {
+	if ws := h.cat.Workers(testModel, ""); len(ws) != 1 || ws[0].Status != scheduler.StatusActive {
 		t.Errorf("workers = %+v, want one active", ws)
 	}
 }
@@ -702,8 +703,8 @@ func TestListenerFollowsPod(t *testing.T) {
 	id := WorkerID(testNS, "engine", 0)
 	poll.Until(t, "listener active", func() bool {
 		ws := h.cat.Workers(testModel, "")
-		return len(ws) == 1 && ws[0].ID == id && ws[0].Status == indexer.StatusActive &&
-			ws[0].Listeners[0].Endpoint == pub.Endpoint() && ws[0].Listeners[0].Status == indexer.StatusActive
+		return len(ws) == 1 && ws[0].ID == id && ws[0].Status == scheduler.StatusActive &&
+			ws[0].Listeners[0].Endpoint == pub.Endpoint() && ws[0].Listeners[0].Status == scheduler.StatusActive
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -68,7 +68,7 @@ func New(reg *tokenize.Registry, cat *scheduler.Catalog, sched *scheduler.Schedu
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	g := &Gateway{reg: reg, cat: cat, sched: sched, loads: cat.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
+	g := &Gateway{reg: reg, cat: cat, sched: sched, loads: sched.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
 	if opts.Policy != "" && opts.Policy != PolicyKV {
 		g.base = newBaseline(opts.Policy, opts.Seed)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -178,7 +179,7 @@ func TestGatewayPolicies(t *testing.T) {
 	}
 	booked := func() map[indexer.WorkerRank]int {
 		out := map[indexer.WorkerRank]int{}
-		for _, l := range cat.Loads().Snapshot("m", indexer.DefaultTenant) {
+		for _, l := range sched.Loads().Snapshot("m", indexer.DefaultTenant) {
 			if l.Requests > 0 {
 				out[l.Worker] = l.Requests
 			}
@@ -279,8 +280,10 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			t.Cleanup(set.Close)
 			ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
 			t.Cleanup(ingest.Close)
-			cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-			sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
+			cat := scheduler.NewCatalog(set, listeners.New(ingest), nil, scheduler.CatalogOptions{Logger: logger})
+			loads := scheduler.NewLoads(scheduler.LoadOptions{})
+			cat.Watch(loads.Follow)
+			sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
 			key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 			for id := uint64(1); id <= 2; id++ {
 				ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
@@ -304,7 +307,6 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			loads := cat.Loads()
 			if err := loads.Add(key, scheduler.Booking{ID: "busy", Worker: indexer.WorkerRank{Worker: 1}, PrefillTokens: 500}); err != nil {
 				t.Fatal(err)
 			}

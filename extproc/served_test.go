@@ -147,11 +147,11 @@ func TestProxyServedHeaders(t *testing.T) {
 		}
 		for i, wr := range []indexer.WorkerRank{{Worker: 2}, {Worker: 1}, {Worker: 1, Rank: 1}} {
 			b := scheduler.Booking{ID: fmt.Sprint("busy", i), Worker: wr, PrefillTokens: int64(5000 * (3 - i))}
-			if err := cat.Loads().Add(key, b); err != nil {
+			if err := sched.Loads().Add(key, b); err != nil {
 				t.Fatal(err)
 			}
 			defer func() {
-				if _, err := cat.Loads().Free(key, b.ID); err != nil {
+				if _, err := sched.Loads().Free(key, b.ID); err != nil {
 					t.Error(err)
 				}
 			}()

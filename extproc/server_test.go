@@ -26,6 +26,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/envoytest"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/tokenize"
@@ -76,8 +77,10 @@ func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *schedule
 	t.Cleanup(set.Close)
 	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close: cleanups run last-in first-out
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	cat := scheduler.NewCatalog(set, listeners.New(ingest), nil, scheduler.CatalogOptions{Logger: logger})
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	cat.Watch(loads.Follow)
+	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)
 	reg, err := tokenize.NewRegistry(tokenize.Config{Models: []tokenize.ModelConfig{mc}}, tokenize.RegistryOptions{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +153,7 @@ func TestServerTLSHealthAndDrain(t *testing.T) {
 	}
 	booked := func() int {
 		n := 0
-		for _, l := range cat.Loads().Snapshot("m", indexer.DefaultTenant) {
+		for _, l := range sched.Loads().Snapshot("m", indexer.DefaultTenant) {
 			n += l.Requests
 		}
 		return n

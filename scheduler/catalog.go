@@ -8,9 +8,12 @@
 // reports on its vLLM /metrics page (scrape.go), an optional correction of
 // the cost. The protocols are in docs/http-api.md and docs/scheduling.md.
 //
-// It drives the indexer (an Ingester per process) to start and stop event
-// listeners and drop a removed worker's blocks, and must not touch the
-// index's internals, event wire formats or HTTP plumbing beyond its routes.
+// The catalog drives the KV event listeners through its Listeners
+// interface (main adapts the indexer's), starting and stopping them and
+// dropping a removed worker's blocks, and tells its watchers (Watch) of
+// every worker added, changed or removed: main wires the loads to them. It
+// must not touch the index's internals, event wire formats or HTTP plumbing
+// beyond its routes.
 package scheduler
 
 import (
@@ -72,8 +75,86 @@ type Worker struct {
 	Source   string
 }
 
-// Status is a worker's aggregated listener state.
-type Status = indexer.ListenerStatus
+// Status is the state of a listener, or a worker's aggregated state.
+type Status string
+
+// The listener states. A listener starts pending, becomes active once
+// connected, goes back to pending when the connection breaks and to failed
+// after repeated failed attempts (it keeps retrying); paused listeners are
+// disconnected until resumed.
+const (
+	StatusPending Status = "pending"
+	StatusActive  Status = "active"
+	StatusFailed  Status = "failed"
+	StatusPaused  Status = "paused"
+)
+
+// Listener names the KV event listener of one publisher of a worker rank.
+type Listener struct {
+	WorkerKey
+	Rank      uint32
+	BlockSize int // of the worker's index
+	Publisher
+}
+
+// ListenerState is a listener as the Listeners report it.
+type ListenerState struct {
+	Listener
+	Status    Status
+	LastError string // why the last connection attempt or receive failed
+	// Seq is the last batch sequence number applied; HasSeq is false until
+	// one was.
+	Seq    uint64
+	HasSeq bool
+}
+
+// Listeners are the KV event listeners the catalog starts and stops for
+// its workers' publishers. They must be safe for concurrent use.
+type Listeners interface {
+	// CheckEndpoint checks that endpoint is a publisher endpoint the
+	// listeners can connect to.
+	CheckEndpoint(endpoint string) error
+	// Listen starts the listener of l, or updates it (replay endpoint,
+	// topic), creating the index of l.Key with l.BlockSize if needed, and
+	// returns without waiting for it to connect. On error nothing changes:
+	// an error wrapping ErrUnavailable says the listeners are shut down,
+	// any other that l conflicts with a listener or index.
+	Listen(l Listener) error
+	// Stop stops the listeners of worker wk (of one rank when rank is not
+	// nil) and removes the blocks of what it stopped from the index, after
+	// the events already queued.
+	Stop(ctx context.Context, wk WorkerKey, rank *uint32) error
+	// Pause disconnects the listeners of worker wk (one rank when rank is
+	// not nil) without forgetting them or their blocks; Resume reconnects
+	// them. Both report how many listeners they changed.
+	Pause(wk WorkerKey, rank *uint32) int
+	Resume(wk WorkerKey, rank *uint32) int
+	// States returns the state of every listener.
+	States() []ListenerState
+	// Generation returns a number that changes whenever a listener is
+	// added, removed or changes state.
+	Generation() uint64
+}
+
+// ChangeKind says what a Change did to a worker.
+type ChangeKind uint8
+
+// The kinds of change.
+const (
+	Added ChangeKind = iota + 1
+	Changed
+	Removed
+)
+
+// Change is one change of a worker in the catalog (see Catalog.Watch).
+type Change struct {
+	Kind ChangeKind
+	// Worker is the worker after the change; when removed, as it was.
+	// Watchers must not modify it.
+	Worker Worker
+	// Gone are the ranks the worker lost: all of them when removed.
+	Gone []uint32
+}
 
 // RankRegistration registers one DP rank of a worker by its KV event
 // publisher (the standalone indexer's /register).
@@ -105,28 +186,27 @@ type CatalogOptions struct {
 	MinInitialWorkers int
 	// UnregisterTimeout bounds the removal of a worker's blocks. Default 30s.
 	UnregisterTimeout time.Duration
-	// Loads is the active-load accounting the catalog keeps in step with
-	// its workers' ranks; default a new one (see Catalog.Loads).
-	Loads *Loads
+	// Now is the clock of the engine metrics' freshness; default time.Now.
+	Now func() time.Time
 }
 
 // Catalog is the process's one worker catalog. It is safe for concurrent
 // use; registrations and removals are serialized.
 type Catalog struct {
-	set    *indexer.Set
-	ingest *indexer.Ingester
-	opts   CatalogOptions
-	log    *slog.Logger
+	set       *indexer.Set
+	listeners Listeners
+	opts      CatalogOptions
+	log       *slog.Logger
 
 	// opMu serializes changes (a change may wait for the index); mu guards
 	// the fields below, briefly, so that reads never wait for a change.
-	opMu    sync.Mutex
-	mu      sync.Mutex
-	workers map[WorkerKey]*Worker
-	open    bool   // the startup gate opened
-	holdFor string // why readiness is held ("" when not)
+	opMu     sync.Mutex
+	mu       sync.Mutex
+	workers  map[WorkerKey]*Worker
+	open     bool   // the startup gate opened
+	holdFor  string // why readiness is held ("" when not)
+	watchers []func(Change)
 
-	loads *Loads
 	gen   atomic.Uint64 // bumped on every change of workers
 	sched atomic.Pointer[schedCache]
 	// scrape keeps what the Scraper read of the workers' engines; an
@@ -135,41 +215,87 @@ type Catalog struct {
 }
 
 // schedCache is the set of schedulable workers, valid while neither the
-// catalog nor the ingester's listeners changed.
+// catalog nor its listeners changed.
 type schedCache struct {
-	gen, ingestGen uint64
+	gen, listenGen uint64
 	set            map[indexer.Key]map[uint64]bool // schedulable worker ids per index
 	targets        map[indexer.Key][]Target        // the same workers, sorted by id
 }
 
-// NewCatalog returns an empty catalog whose workers' events feed set
-// through ingest. reg, if not nil, receives the kvgate_workers gauges and
-// the count of expired requests of its Loads.
-func NewCatalog(set *indexer.Set, ingest *indexer.Ingester, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
+// NewCatalog returns an empty catalog of the indexes of set, whose
+// workers' events feed them through listeners. reg, if not nil, receives
+// the kvgate_workers gauges.
+func NewCatalog(set *indexer.Set, listeners Listeners, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	if opts.UnregisterTimeout <= 0 {
 		opts.UnregisterTimeout = 30 * time.Second
 	}
-	if opts.Loads == nil {
-		opts.Loads = NewLoads(LoadOptions{})
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
-	c := &Catalog{set: set, ingest: ingest, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker), loads: opts.Loads}
+	c := &Catalog{set: set, listeners: listeners, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker)}
 	if reg != nil {
-		for _, s := range []Status{indexer.StatusActive, indexer.StatusPending, indexer.StatusFailed, indexer.StatusPaused} {
+		for _, s := range []Status{StatusActive, StatusPending, StatusFailed, StatusPaused} {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "kvgate_workers",
 				Help:        "Workers in the catalog, by aggregated status.",
 				ConstLabels: prometheus.Labels{"status": string(s)},
 			}, func() float64 { return float64(c.countStatus(s)) }))
 		}
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "kvgate_scheduler_expired_requests_total",
-			Help: "Active requests freed because they outlived the request TTL: their free never came.",
-		}, func() float64 { return float64(c.loads.Expired()) }))
 	}
 	return c
+}
+
+// Watch calls f with a change Added for every worker already in the
+// catalog, then with every change of a worker, in order. f runs under the
+// catalog's lock, in the goroutine making the change: it must be quick and
+// must not call the catalog.
+func (c *Catalog) Watch(f func(Change)) {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range slices.SortedFunc(maps.Keys(c.workers), cmpWorkerKey) {
+		f(Change{Kind: Added, Worker: snapshot(c.workers[k])})
+	}
+	c.watchers = append(c.watchers, f)
+}
+
+func cmpWorkerKey(a, b WorkerKey) int {
+	return cmp.Or(strings.Compare(a.Model, b.Model), strings.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID))
+}
+
+// snapshot returns a copy of w that shares nothing with it.
+func snapshot(w *Worker) Worker {
+	out := *w
+	out.Ranks = slices.Clone(w.Ranks)
+	out.Events = maps.Clone(w.Events)
+	return out
+}
+
+// emit tells the watchers that w changed (kind), losing ranks gone. Call
+// with mu held.
+func (c *Catalog) emit(kind ChangeKind, w *Worker, gone []uint32) {
+	if len(c.watchers) == 0 {
+		return
+	}
+	ch := Change{Kind: kind, Worker: snapshot(w), Gone: gone}
+	if kind == Removed && len(gone) == 0 {
+		ch.Gone = ch.Worker.Ranks
+	}
+	for _, f := range c.watchers {
+		f(ch)
+	}
+}
+
+// listenError maps an error of Listeners.Listen to the catalog's.
+func listenError(err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrConflict, err)
 }
 
 // checkIndex fails with ErrConflict when key's index exists with another
@@ -217,9 +343,6 @@ func (c *Catalog) unlock() {
 	c.opMu.Unlock()
 }
 
-// Loads returns the active-load accounting of the catalog's workers.
-func (c *Catalog) Loads() *Loads { return c.loads }
-
 // Target is a schedulable worker as a gateway sees it.
 type Target struct {
 	ID uint64
@@ -236,13 +359,13 @@ func (c *Catalog) Targets(key indexer.Key) []Target {
 }
 
 // schedView returns the schedulable workers, recomputed only when the
-// catalog or the ingester's listeners changed.
+// catalog or its listeners changed.
 func (c *Catalog) schedView() *schedCache {
-	gen, ig := c.gen.Load(), c.ingest.Generation()
-	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.ingestGen == ig {
+	gen, ig := c.gen.Load(), c.listeners.Generation()
+	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.listenGen == ig {
 		return sc
 	}
-	sc := &schedCache{gen: gen, ingestGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
+	sc := &schedCache{gen: gen, listenGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
 	for _, w := range c.Workers("", "") { // sorted by id within a key
 		if !Schedulable(w.Status) {
 			continue
@@ -267,13 +390,15 @@ func (c *Catalog) endpoint(wk WorkerKey) string {
 	return ""
 }
 
-// add returns the entry of wk, created if needed. Call with mu held.
-func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Worker {
+// add returns the entry of wk, created if needed, and the kind of change
+// its registration is. Call with mu held.
+func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) (*Worker, ChangeKind) {
 	if w == nil {
 		w = &Worker{WorkerKey: wk, BlockSize: blockSize, Events: make(map[uint32]Publisher), Source: source}
 		c.workers[wk] = w
+		return w, Added
 	}
-	return w
+	return w, Changed
 }
 
 // RegisterRank adds one DP rank of a worker with its event publisher and
@@ -283,11 +408,11 @@ func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Wo
 // first). On error nothing changes.
 func (c *Catalog) RegisterRank(r RankRegistration) error {
 	r.WorkerKey = normKey(r.WorkerKey)
-	if err := indexer.ValidateEndpoint(r.Endpoint); err != nil {
+	if err := c.listeners.CheckEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("%w: endpoint: %w", ErrInvalid, err)
 	}
 	if r.Replay != "" {
-		if err := indexer.ValidateEndpoint(r.Replay); err != nil {
+		if err := c.listeners.CheckEndpoint(r.Replay); err != nil {
 			return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 		}
 	}
@@ -301,24 +426,15 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 			return fmt.Errorf("%w: %s rank %d already publishes on %s; unregister the rank first", ErrConflict, r.WorkerKey, r.Rank, p.Endpoint)
 		}
 	}
-	err = c.ingest.Register(indexer.Registration{
-		Key: r.Key, BlockSize: r.BlockSize, Worker: r.ID, Rank: r.Rank,
-		Endpoint: r.Endpoint, ReplayEndpoint: r.Replay, Topic: r.Topic,
-	})
-	switch {
-	case errors.Is(err, indexer.ErrBlockSizeConflict), errors.Is(err, indexer.ErrRegistration):
-		return fmt.Errorf("%w: %w", ErrConflict, err)
-	case errors.Is(err, indexer.ErrClosed):
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	case err != nil:
-		return err
+	if err := c.listeners.Listen(Listener{WorkerKey: r.WorkerKey, Rank: r.Rank, BlockSize: r.BlockSize, Publisher: r.Publisher}); err != nil {
+		return listenError(err)
 	}
-	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	w, kind := c.add(w, r.WorkerKey, r.BlockSize, r.Source)
 	w.Events[r.Rank] = r.Publisher
 	if i, found := slices.BinarySearch(w.Ranks, r.Rank); !found {
 		w.Ranks = slices.Insert(w.Ranks, i, r.Rank)
 	}
-	c.loads.AddRanks(r.Key, r.BlockSize, indexer.WorkerRank{Worker: r.ID, Rank: r.Rank})
+	c.emit(kind, w, nil)
 	c.log.Info("registered worker rank", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID, "rank", r.Rank,
 		"endpoint", r.Endpoint, "replay_endpoint", r.Replay, "source", r.Source)
 	return nil
@@ -351,19 +467,18 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 	if _, err := c.set.Index(r.Key, r.BlockSize); err != nil {
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
-	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	w, kind := c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	var gone []uint32
 	for _, rank := range w.Ranks {
 		if rank < r.DPStart || rank-r.DPStart >= r.DPSize {
-			c.loads.RemoveRanks(r.Key, r.ID, &rank)
+			gone = append(gone, rank)
 		}
 	}
 	w.Ranks = w.Ranks[:0]
-	wrs := make([]indexer.WorkerRank, 0, r.DPSize)
 	for i := range r.DPSize {
 		w.Ranks = append(w.Ranks, r.DPStart+i)
-		wrs = append(wrs, indexer.WorkerRank{Worker: r.ID, Rank: r.DPStart + i})
 	}
-	c.loads.AddRanks(r.Key, r.BlockSize, wrs...)
+	c.emit(kind, w, gone)
 	c.log.Info("registered worker", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID,
 		"dp_start", r.DPStart, "dp_size", r.DPSize, "source", r.Source)
 	return nil
@@ -409,16 +524,17 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 	defer cancel()
 	var errs []error
 	for _, w := range hit {
-		if _, err := c.ingest.Unregister(ctx, w.Key, w.ID, rank); err != nil {
+		if err := c.listeners.Stop(ctx, w.WorkerKey, rank); err != nil {
 			errs = append(errs, err)
 		}
-		c.loads.RemoveRanks(w.Key, w.ID, rank)
 		c.mu.Lock()
 		c.gen.Add(1)
 		if rank == nil {
 			delete(c.workers, w.WorkerKey)
 			c.scrape.forget(w.WorkerKey, nil)
+			c.emit(Removed, w, nil)
 		} else {
+			was := snapshot(w)
 			delete(w.Events, *rank)
 			if i, found := slices.BinarySearch(w.Ranks, *rank); found {
 				w.Ranks = slices.Delete(w.Ranks, i, i+1)
@@ -427,6 +543,9 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 			if len(w.Ranks) == 0 {
 				delete(c.workers, w.WorkerKey)
 				c.scrape.forget(w.WorkerKey, nil)
+				c.emit(Removed, &was, nil)
+			} else {
+				c.emit(Changed, w, []uint32{*rank})
 			}
 		}
 		c.mu.Unlock()
@@ -460,9 +579,9 @@ func (c *Catalog) SetListeners(id uint64, rank *uint32, pause bool) (int, error)
 		}
 		found = true
 		if pause {
-			n += c.ingest.Pause(k.Key, id, rank)
+			n += c.listeners.Pause(k, rank)
 		} else {
-			n += c.ingest.Resume(k.Key, id, rank)
+			n += c.listeners.Resume(k, rank)
 		}
 	}
 	if !found {
@@ -475,7 +594,7 @@ func (c *Catalog) SetListeners(id uint64, rank *uint32, pause bool) (int, error)
 type WorkerState struct {
 	Worker
 	Status    Status
-	Listeners map[uint32]indexer.ListenerInfo // by rank
+	Listeners map[uint32]ListenerState // by rank
 	// Scrape is what the Scraper read of its engine; nil if never scraped.
 	Scrape *WorkerScrape
 }
@@ -485,19 +604,18 @@ type WorkerState struct {
 // aggregates the listeners: failed > pending > active > paused; a worker
 // without listeners is active.
 func (c *Catalog) Workers(model, tenant string) []WorkerState {
-	byWorker := make(map[WorkerKey][]indexer.ListenerInfo)
-	for _, l := range c.ingest.Listeners() {
-		k := WorkerKey{l.Key, l.Worker}
-		byWorker[k] = append(byWorker[k], l)
+	byWorker := make(map[WorkerKey][]ListenerState)
+	for _, l := range c.listeners.States() {
+		byWorker[l.WorkerKey] = append(byWorker[l.WorkerKey], l)
 	}
-	now := c.loads.now()
+	now := c.opts.Now()
 	c.mu.Lock()
 	out := make([]WorkerState, 0, len(c.workers))
 	for k, w := range c.workers {
 		if (model != "" && k.Model != model) || (tenant != "" && k.Tenant != tenant) {
 			continue
 		}
-		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]indexer.ListenerInfo)}
+		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]ListenerState)}
 		ws.Ranks = slices.Clone(w.Ranks)
 		ws.Events = maps.Clone(w.Events)
 		for _, l := range byWorker[k] {
@@ -507,27 +625,25 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 		}
 		ws.Scrape = c.scrape.view(w, now)
 		ws.Status = aggregate(ws.Listeners)
-		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[indexer.StatusPending] {
+		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[StatusPending] {
 			// A rank whose listener is gone (being unregistered) or not
 			// yet visible is not active.
-			ws.Status = indexer.StatusPending
+			ws.Status = StatusPending
 		}
 		out = append(out, ws)
 	}
 	c.mu.Unlock()
-	slices.SortFunc(out, func(a, b WorkerState) int {
-		return cmp.Or(strings.Compare(a.Key.Model, b.Key.Model), strings.Compare(a.Key.Tenant, b.Key.Tenant), cmp.Compare(a.ID, b.ID))
-	})
+	slices.SortFunc(out, func(a, b WorkerState) int { return cmpWorkerKey(a.WorkerKey, b.WorkerKey) })
 	return out
 }
 
 // statusRank orders listener states for aggregation: the highest wins.
-var statusRank = map[Status]int{indexer.StatusPaused: 1, indexer.StatusActive: 2, indexer.StatusPending: 3, indexer.StatusFailed: 4}
+var statusRank = map[Status]int{StatusPaused: 1, StatusActive: 2, StatusPending: 3, StatusFailed: 4}
 
-func aggregate(ls map[uint32]indexer.ListenerInfo) Status {
-	s := indexer.StatusActive
+func aggregate(ls map[uint32]ListenerState) Status {
+	s := StatusActive
 	if len(ls) > 0 {
-		s = indexer.StatusPaused
+		s = StatusPaused
 	}
 	for _, l := range ls {
 		if statusRank[l.Status] > statusRank[s] {
@@ -559,7 +675,7 @@ type Readiness struct {
 
 // Schedulable reports whether requests may be sent to a worker in status
 // s: its events flow (active), or were deliberately paused.
-func Schedulable(s Status) bool { return s == indexer.StatusActive || s == indexer.StatusPaused }
+func Schedulable(s Status) bool { return s == StatusActive || s == StatusPaused }
 
 // HoldReady keeps Ready false with reason until HoldReady("") (used while
 // recovering the index from a peer).
@@ -577,7 +693,7 @@ func (c *Catalog) Ready() Readiness {
 	ws := c.Workers("", "")
 	r := Readiness{Workers: len(ws), MinInitialWorkers: c.opts.MinInitialWorkers}
 	for _, w := range ws {
-		if w.Status == indexer.StatusActive {
+		if w.Status == StatusActive {
 			r.ActiveWorkers++
 		}
 		if Schedulable(w.Status) {

@@ -36,16 +36,17 @@ const testBS = 4 // tokens per block of the indexes the tests publish to
 
 var (
 	quiet  = slog.New(slog.DiscardHandler)
-	active = indexer.StatusActive
-	paused = indexer.StatusPaused
-	failed = indexer.StatusFailed
+	active = StatusActive
+	paused = StatusPaused
+	failed = StatusFailed
 	// pending is the initial state of a listener.
-	pending = indexer.StatusPending
+	pending = StatusPending
 )
 
 type rigOptions struct {
 	set     indexer.Options
 	catalog CatalogOptions
+	loads   LoadOptions // the catalog's clock is the loads'
 	ingest  indexer.IngestOptions
 	token   string
 	// inProcess serves requests by calling the admin handler, without a
@@ -53,12 +54,14 @@ type rigOptions struct {
 	inProcess bool
 }
 
-// rig is a catalog on a fresh Set and Ingester, served by an admin Server.
+// rig is a catalog on a fresh Set and Ingester, with loads following it,
+// served by an admin Server.
 type rig struct {
 	t       testing.TB
 	set     *indexer.Set
 	ing     *indexer.Ingester
 	cat     *Catalog
+	loads   *Loads
 	reg     *prometheus.Registry
 	handler http.Handler
 	ts      *httptest.Server // nil when in process
@@ -84,7 +87,12 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.catalog.Logger == nil {
 		o.catalog.Logger = quiet
 	}
-	r.cat = NewCatalog(r.set, r.ing, r.reg, o.catalog)
+	if o.catalog.Now == nil {
+		o.catalog.Now = o.loads.Now
+	}
+	r.cat = NewCatalog(r.set, ingestListeners{r.ing}, r.reg, o.catalog)
+	r.loads = NewLoads(o.loads)
+	r.cat.Watch(r.loads.Follow)
 	srv := admin.New(admin.Options{Token: o.token, Registerer: r.reg})
 	srv.Handle(r.cat.Routes()...)
 	r.handler = srv
@@ -488,10 +496,10 @@ func TestAggregate(t *testing.T) {
 	} {
 		// The order of the listeners must not matter.
 		for shift := range max(len(tc.states), 1) {
-			ls := map[uint32]indexer.ListenerInfo{}
+			ls := map[uint32]ListenerState{}
 			for i, s := range tc.states {
 				rank := uint32((i + shift) % len(tc.states))
-				ls[rank] = indexer.ListenerInfo{Registration: indexer.Registration{Rank: rank}, Status: s}
+				ls[rank] = ListenerState{Listener: Listener{Rank: rank}, Status: s}
 			}
 			if got := aggregate(ls); got != tc.want {
 				t.Errorf("aggregate(%v by rank, shifted %d) = %s, want %s", tc.states, shift, got, tc.want)

@@ -271,7 +271,7 @@ func viewOf(ws WorkerState) workerView {
 		rs := strconv.FormatUint(uint64(rank), 10)
 		v.Endpoints[rs], v.KVEventsEndpoints[rs] = p.Endpoint, p.Endpoint
 		replays[p.Replay] = true
-		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: indexer.StatusPending}
+		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: StatusPending}
 		if l, ok := ws.Listeners[rank]; ok {
 			lv.Status, lv.LastError = l.Status, l.LastError
 			if l.HasSeq {

@@ -348,7 +348,7 @@ func TestWorkersView(t *testing.T) {
 func TestWorkersEngineMetrics(t *testing.T) {
 	clock := newFakeClock()
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clock.Now})}})
+	s := newSelRig(t, testBS, rigOptions{loads: LoadOptions{Now: clock.Now}})
 	s.putWorker(1, p.endpoint("/w1/v1"), 2, 2)
 	p.set("/w1/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"2": engLoad(3, 5, 0.5, 2048), "3": engLoad(0, nan, 0.25, nan)})})
 	sc := newScraper(t, s.cat, ScrapeOptions{Interval: 10 * time.Second}, s.rig)

@@ -274,6 +274,25 @@ func cmpRank(a, b indexer.WorkerRank) int {
 	return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 }
 
+// Follow keeps the known ranks in step with a change of the catalog (see
+// Catalog.Watch): the ranks a worker lost are forgotten with the requests
+// booked on them, and its ranks are made known.
+func (l *Loads) Follow(ch Change) {
+	w := ch.Worker
+	if ch.Kind == Removed {
+		l.RemoveRanks(w.Key, w.ID, nil)
+		return
+	}
+	for _, rank := range ch.Gone {
+		l.RemoveRanks(w.Key, w.ID, &rank)
+	}
+	wrs := make([]indexer.WorkerRank, len(w.Ranks))
+	for i, rank := range w.Ranks {
+		wrs[i] = indexer.WorkerRank{Worker: w.ID, Rank: rank}
+	}
+	l.AddRanks(w.Key, w.BlockSize, wrs...)
+}
+
 // RemoveRanks forgets the ranks of worker in key (one rank when rank is not
 // nil) and every request booked on them.
 func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {

@@ -895,13 +895,14 @@ func TestNegativeOutputCounted(t *testing.T) {
 	checkIdle(t, l)
 }
 
-// TestExpiredMetric: the catalog exports its Loads' expirations as
+// TestExpiredMetric: the scheduler exports its Loads' expirations as
 // kvgate_scheduler_expired_requests_total.
 func TestExpiredMetric(t *testing.T) {
 	clk := newFakeClock()
-	s := newSelRig(t, 16, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clk.Now, TTL: time.Minute})}})
+	s := newSelRig(t, 16, rigOptions{loads: LoadOptions{Now: clk.Now, TTL: time.Minute}})
 	s.ranks(1, 1)
-	l, reg := s.cat.Loads(), s.reg
+	l, reg := s.loads, s.reg
+	NewScheduler(s.cat, s.set, l, CostOptions{}, 1, reg)
 	expired := func() float64 {
 		t.Helper()
 		mfs, err := reg.Gather()

@@ -40,7 +40,7 @@ func newReuseRig(t *testing.T, busy int64) *selRig {
 	s.store(rk(4, 0), indexer.TierDevice, p, 0, 2)
 	s.store(rk(5, 0), indexer.TierHost, p, 0, 5)
 	if busy > 0 {
-		must(t, s.cat.Loads().Add(s.key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: busy}))
+		must(t, s.loads.Add(s.key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: busy}))
 	}
 	return s
 }
@@ -104,7 +104,7 @@ func TestSelectReuseCharge(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newReuseRig(t, tt.busy)
-			before := loadsOf(s.cat.Loads(), s.key)
+			before := loadsOf(s.loads, s.key)
 			for seed := range uint64(4) {
 				d, err := s.scheduler(seed, tt.opts).Select(s.fill(tt.req))
 				if err != nil {
@@ -114,7 +114,7 @@ func TestSelectReuseCharge(t *testing.T) {
 					t.Errorf("seed %d: %s at cost %v (charge %v), want %s at cost %v (charge %v)", seed, d.Worker, d.Cost, d.ReuseCharge, tt.worker, tt.cost, tt.charge)
 				}
 			}
-			if after := loadsOf(s.cat.Loads(), s.key); !mapsEqual(before, after) {
+			if after := loadsOf(s.loads, s.key); !mapsEqual(before, after) {
 				t.Errorf("selecting changed the loads: %v, then %v", before, after)
 			}
 		})
@@ -156,11 +156,11 @@ func TestSelectReuseHotPrefix(t *testing.T) {
 				}
 			}
 			for _, id := range ids {
-				if freed, err := s.cat.Loads().Free(s.key, id); !freed || err != nil {
+				if freed, err := s.loads.Free(s.key, id); !freed || err != nil {
 					t.Errorf("free %s: %v %v", id, freed, err)
 				}
 			}
-			checkIdle(t, s.cat.Loads())
+			checkIdle(t, s.loads)
 		})
 	}
 }
@@ -176,8 +176,8 @@ func TestSelectReuseHotPrefix(t *testing.T) {
 func TestSelectRoutesIgnoreReuseCharge(t *testing.T) {
 	r := svcSelectRig(t, CostOptions{})
 	key := indexer.Key{Model: "model", Tenant: indexer.DefaultTenant}
-	must(t, r.cat.Loads().Add(key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: 200}))
-	sch := NewScheduler(r.cat, r.set, r.cat.Loads(), CostOptions{}, 1, nil)
+	must(t, r.loads.Add(key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: 200}))
+	sch := NewScheduler(r.cat, r.set, r.loads, CostOptions{}, 1, nil)
 	req := SelectRequest{Key: key, Local: []uint64{11, 12, 13, 14, 15, 16, 17, 18}, ISL: 512}
 	if d, err := sch.Select(req); err != nil || d.Worker != rk(1, 1) || d.Cost != 38 {
 		t.Errorf("uncharged: %s cost %v (%v), want rank 1 at 38", d.Worker, d.Cost, err)

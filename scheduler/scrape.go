@@ -419,7 +419,7 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) error {
 		return err
 	}
 	byURL := make(map[string][]scrapeTarget)
-	at := s.cat.loads.now()
+	at := s.cat.opts.Now()
 	for _, t := range s.cat.scrapeTargets() {
 		u, err := metricsURL(t.endpoint)
 		if err != nil {
@@ -462,7 +462,7 @@ func (s *Scraper) scrape(ctx context.Context, u string, ts []scrapeTarget) {
 	if p != nil && p.invalid > 0 {
 		s.m.dropped.WithLabelValues(dropInvalidValue).Add(float64(p.invalid))
 	}
-	at := s.cat.loads.now()
+	at := s.cat.opts.Now()
 	for _, t := range ts {
 		var loads map[uint32]EngineLoad
 		werr := err

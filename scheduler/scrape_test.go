@@ -441,7 +441,7 @@ func TestScrapeSimWorker(t *testing.T) {
 	}
 	// 400 prefill tokens booked on rank 0 (its engine reports none of
 	// them: no correction) make it cost 8 + 25 = 33: rank 1 wins at 28.
-	must(t, s.cat.Loads().Add(s.key, Booking{ID: "local", Worker: rk(fw.ID, 0), PrefillTokens: 400}))
+	must(t, s.loads.Add(s.key, Booking{ID: "local", Worker: rk(fw.ID, 0), PrefillTokens: 400}))
 	d, err := s.scheduler(0, CostOptions{MetricsWeight: 1}).Select(req)
 	if err != nil || d.Worker != rk(fw.ID, 1) || d.Cost != 28 {
 		t.Fatalf("%+v %v, want rank 1 at cost 28", d, err)
@@ -502,8 +502,8 @@ func TestMetricsCorrection(t *testing.T) {
 			p.set("/w2/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": tt.engine})})
 			must(t, sc.ScrapeOnce(t.Context()))
 			if tt.book != nil {
-				must(t, s.cat.Loads().Add(s.key, *tt.book))
-				defer s.cat.Loads().Free(s.key, tt.book.ID)
+				must(t, s.loads.Add(s.key, *tt.book))
+				defer s.loads.Free(s.key, tt.book.ID)
 			}
 			d, err := s.scheduler(1, tt.opts).Select(SelectRequest{Key: s.key, Local: costPrompt, Workers: []uint64{2}})
 			if err != nil || d.Worker != rk(2, 0) || d.Cost != tt.cost {
@@ -519,7 +519,7 @@ func TestMetricsCorrection(t *testing.T) {
 func TestMetricsCorrectionChoosesAndExpires(t *testing.T) {
 	clock := newFakeClock()
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clock.Now})}})
+	s := newSelRig(t, testBS, rigOptions{loads: LoadOptions{Now: clock.Now}})
 	s.putWorker(1, p.endpoint("/w1"), 0, 1)
 	s.putWorker(2, p.endpoint("/w2"), 0, 1)
 	idle := pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(0, 0, 0, nan)})}
@@ -675,7 +675,7 @@ func TestMetricsCorrectionMatchesBruteForce(t *testing.T) {
 					seq := indexer.SequenceHashes(nil, prompts[rnd.IntN(len(prompts))])
 					hashes := append(seq[:rnd.IntN(len(seq))], rnd.Uint64N(1<<62))
 					id++
-					must(t, s.cat.Loads().Add(s.key, Booking{ID: fmt.Sprint(id), Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(5) * bs)}))
+					must(t, s.loads.Add(s.key, Booking{ID: fmt.Sprint(id), Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(5) * bs)}))
 				}
 				if rnd.IntN(4) > 0 {
 					l := engLoad(float64(rnd.IntN(4)), float64(rnd.IntN(4)), float64(rnd.IntN(5))/4, nan)
@@ -692,13 +692,13 @@ func TestMetricsCorrectionMatchesBruteForce(t *testing.T) {
 		}
 		ix := s.set.Lookup(s.key)
 		snap := map[indexer.WorkerRank]Load{}
-		for _, l := range s.cat.Loads().Snapshot(s.key.Model, s.key.Tenant) {
+		for _, l := range s.loads.Snapshot(s.key.Model, s.key.Tenant) {
 			snap[l.Worker] = l
 		}
 		for pi, p := range prompts {
 			seq := indexer.SequenceHashes(nil, p)
 			isl := int64(len(seq) * bs)
-			pots, err := s.cat.Loads().Potentials(s.key, seq, 0)
+			pots, err := s.loads.Potentials(s.key, seq, 0)
 			must(t, err)
 			overlaps := overlapsByRank(nil, ix.Match(seq, nil))
 			for _, ow := range []float64{1, 0, 2.5} {
@@ -912,7 +912,7 @@ func TestScrapeWhileSelecting(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if _, err := s.cat.Loads().Free(s.key, req.ReservationID); err != nil {
+				if _, err := s.loads.Free(s.key, req.ReservationID); err != nil {
 					t.Error(err)
 					return
 				}

@@ -267,8 +267,9 @@ type schedMetrics struct {
 }
 
 // NewScheduler returns a scheduler over the catalog's workers, the index set
-// and the loads. seed seeds tie-breaking and sampling (tests fix it).
-// reg, if not nil, receives kvgate_scheduler_* metrics.
+// and the loads (which must follow the catalog: see Loads.Follow). seed
+// seeds tie-breaking and sampling (tests fix it). reg, if not nil, receives
+// kvgate_scheduler_* metrics.
 func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions, seed uint64, reg prometheus.Registerer) *Scheduler {
 	s := &Scheduler{cat: cat, set: set, loads: loads, opts: opts.withDefaults(), rand: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		m: schedMetrics{
@@ -281,10 +282,17 @@ func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions
 			}),
 		}}
 	if reg != nil {
-		reg.MustRegister(s.m.selections, s.m.latency, loadCollector{loads})
+		reg.MustRegister(s.m.selections, s.m.latency, loadCollector{loads},
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "kvgate_scheduler_expired_requests_total",
+				Help: "Active requests freed because they outlived the request TTL: their free never came.",
+			}, func() float64 { return float64(loads.Expired()) }))
 	}
 	return s
 }
+
+// Loads returns the active-load accounting the scheduler books on.
+func (s *Scheduler) Loads() *Loads { return s.loads }
 
 // candidate is one rank's inputs and cost, kept small: a decision costs
 // thousands.

@@ -64,7 +64,7 @@ func (s *selRig) store(r indexer.WorkerRank, tier indexer.Tier, prompt []uint64,
 }
 
 func (s *selRig) scheduler(seed uint64, opts CostOptions) *Scheduler {
-	return NewScheduler(s.cat, s.set, s.cat.Loads(), opts, seed, nil)
+	return NewScheduler(s.cat, s.set, s.loads, opts, seed, nil)
 }
 
 // promptOf returns n local block hashes of prompt p.
@@ -115,7 +115,7 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 	s.store(rk(5, 1), indexer.TierDevice, p, 0, 4)
 	s.store(rk(8, 0), indexer.TierDevice, p, 0, 10)
 	s.store(rk(9, 0), indexer.TierDevice, p, 0, 10)
-	loads := s.cat.Loads()
+	loads := s.loads
 	must(t, loads.Add(s.key, Booking{ID: "busy", Worker: rk(3, 0), Hashes: append(slices.Clone(seq[:3]), 77, 78), PrefillTokens: 8}))
 	must(t, loads.Add(s.key, Booking{ID: "same", Worker: rk(4, 0), Hashes: seq, PrefillTokens: 40}))
 	if ws := s.cat.Workers("m", ""); len(ws) != 8 || Schedulable(ws[7].Status) {
@@ -191,7 +191,7 @@ func TestSelectCost(t *testing.T) {
 		{name: "NaN temperature", req: SelectRequest{Temperature: ptrTo(math.NaN())}, err: ErrInvalid},
 		{name: "negative temperature", req: SelectRequest{Temperature: ptrTo(-0.5)}, err: ErrInvalid},
 	}
-	before := loadsOf(s.cat.Loads(), s.key)
+	before := loadsOf(s.loads, s.key)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// Several seeds: a decision at temperature 0 without a tie
@@ -201,7 +201,7 @@ func TestSelectCost(t *testing.T) {
 			}
 		})
 	}
-	if after := loadsOf(s.cat.Loads(), s.key); !mapsEqual(before, after) {
+	if after := loadsOf(s.loads, s.key); !mapsEqual(before, after) {
 		t.Errorf("selecting without reserving changed the loads:\nbefore %v\nafter  %v", before, after)
 	}
 }
@@ -260,7 +260,7 @@ func TestSelectSeed002Example(t *testing.T) {
 	s := newSelRig(t, 16, rigOptions{})
 	s.ranks(7, 2)
 	neg22 := uint64(1<<64 - 22)
-	must(t, s.cat.Loads().Add(s.key, Booking{ID: "req-123", Worker: rk(7, 0), Hashes: []uint64{101, neg22, 303}, PrefillTokens: 48}))
+	must(t, s.loads.Add(s.key, Booking{ID: "req-123", Worker: rk(7, 0), Hashes: []uint64{101, neg22, 303}, PrefillTokens: 48}))
 	sch := s.scheduler(1, CostOptions{})
 	d, err := sch.Select(SelectRequest{Key: s.key, Seq: []uint64{101, neg22, 303, 404}, ISL: 48})
 	if err != nil || d.Worker != rk(7, 1) || d.Cost != 7 || d.EffectivePrefillTokens != 48 {
@@ -420,13 +420,13 @@ func TestSelectNoSchedulableWorker(t *testing.T) {
 	if _, err := sch.Select(s.fill(SelectRequest{})); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("worker 1 unregistered: %v, want ErrUnavailable", err)
 	}
-	checkIdle(t, s.cat.Loads())
+	checkIdle(t, s.loads)
 }
 
 func TestSelectReserve(t *testing.T) {
 	clk := newFakeClock()
-	s := newCostRig(t, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clk.Now})}})
-	loads := s.cat.Loads()
+	s := newCostRig(t, rigOptions{loads: LoadOptions{Now: clk.Now}})
+	loads := s.loads
 	rec := observe(loads)
 	sch := s.scheduler(1, CostOptions{})
 	seq := indexer.SequenceHashes(nil, costPrompt)
@@ -524,7 +524,7 @@ func TestConcurrentSelect(t *testing.T) {
 			}
 		}
 	}
-	loads := s.cat.Loads()
+	loads := s.loads
 	var adds, completes, frees atomic.Int64
 	loads.Observe(func(ev Lifecycle) {
 		switch ev.Kind {
@@ -651,12 +651,12 @@ func TestSelectWhileRegistering(t *testing.T) {
 		if err != nil {
 			t.Fatalf("select %d: %v", i, err)
 		}
-		if freed, err := s.cat.Loads().Free(s.key, id); !freed && d.Worker.Worker == 1 || err != nil {
+		if freed, err := s.loads.Free(s.key, id); !freed && d.Worker.Worker == 1 || err != nil {
 			t.Fatalf("free %d on %s: %v %v", i, d.Worker, freed, err)
 		}
 	}
 	wg.Wait()
-	checkIdle(t, s.cat.Loads())
+	checkIdle(t, s.loads)
 }
 
 // TestSelectMatchesBruteForce compares decisions with costs worked out
@@ -717,7 +717,7 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 		output  float64
 	}
 	state := map[indexer.WorkerRank]*rankState{}
-	loads := s.cat.Loads()
+	loads := s.loads
 	id := 0
 	for w := range workers {
 		s.ranks(uint64(w+1), uint32(dp))

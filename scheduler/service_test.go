@@ -25,7 +25,7 @@ func newSvcRig(t testing.TB, o rigOptions, cost CostOptions) *rig {
 	inProcess := o.inProcess
 	o.inProcess = true // the routes go in before any request is served
 	r := newRig(t, o)
-	svc := NewService(r.cat, NewScheduler(r.cat, r.set, r.cat.Loads(), cost, 1, r.reg))
+	svc := NewService(r.cat, NewScheduler(r.cat, r.set, r.loads, cost, 1, r.reg))
 	r.handler.(*admin.Server).Handle(svc.Routes()...)
 	if !inProcess {
 		r.ts = httptest.NewServer(r.handler) // closed by the rig
@@ -346,7 +346,7 @@ func TestSelectSeedExample(t *testing.T) {
 		made[id] = true
 		if hasRes {
 			r.do(http.MethodDelete, "/reservations/"+id+"?model_name=model", nil).expect(t, http.StatusOK)
-			if l := r.cat.Loads().Snapshot("model", ""); l[0].Requests != 0 {
+			if l := r.loads.Snapshot("model", ""); l[0].Requests != 0 {
 				t.Errorf("reservation %s not freed: %+v", id, l)
 			}
 		}
@@ -399,7 +399,7 @@ func TestSelectThenReserve(t *testing.T) {
 		{name: "free r3, scope in the body", method: http.MethodDelete, path: "/reservations/r3", body: obj{"model_name": "model"}, status: 200},
 		{name: "free, unknown model", method: http.MethodDelete, path: "/reservations/r3", status: 404},
 	})
-	for _, l := range r.cat.Loads().Snapshot("", "") {
+	for _, l := range r.loads.Snapshot("", "") {
 		if l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
 			t.Errorf("load left after the frees: %+v", l)
 		}
@@ -486,7 +486,7 @@ func TestWorkersChangeWhileSelecting(t *testing.T) {
 		r.do(http.MethodDelete, "/reservations/"+id+"?model_name=model", nil).expect(t, http.StatusOK)
 	}
 	wg.Wait()
-	for _, l := range r.cat.Loads().Snapshot("", "") {
+	for _, l := range r.loads.Snapshot("", "") {
 		if l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
 			t.Errorf("load left: %+v", l)
 		}

@@ -72,6 +72,7 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/envoytest"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/tokenize"
 )
@@ -177,6 +178,7 @@ type bench struct {
 	set    *indexer.Set
 	ingest *indexer.Ingester
 	cat    *scheduler.Catalog
+	loads  *scheduler.Loads
 	ix     *indexer.Index
 	srv    *extproc.Server
 	served chan error
@@ -207,7 +209,9 @@ func newBench(cfg config) (*bench, error) {
 	}
 	b.set = indexer.NewSet(indexer.Options{})
 	b.ingest = indexer.NewIngester(b.set, indexer.IngestOptions{Logger: b.log})
-	b.cat = scheduler.NewCatalog(b.set, b.ingest, nil, scheduler.CatalogOptions{Logger: b.log})
+	b.cat = scheduler.NewCatalog(b.set, listeners.New(b.ingest), nil, scheduler.CatalogOptions{Logger: b.log})
+	b.loads = scheduler.NewLoads(scheduler.LoadOptions{})
+	b.cat.Watch(b.loads.Follow)
 	key := indexer.Key{Model: model, Tenant: indexer.DefaultTenant}
 	b.ids = map[string]uint64{}
 	for id := 1; id <= cfg.workers; id++ {
@@ -223,7 +227,7 @@ func newBench(cfg config) (*bench, error) {
 		b.close()
 		return nil, err
 	}
-	sched := scheduler.NewScheduler(b.cat, b.set, b.cat.Loads(), scheduler.CostOptions{}, cfg.seed, nil)
+	sched := scheduler.NewScheduler(b.cat, b.set, b.loads, scheduler.CostOptions{}, cfg.seed, nil)
 	g := extproc.New(reg, b.cat, sched, extproc.Options{Logger: b.log, Registerer: prometheus.NewRegistry()})
 	if b.srv, err = extproc.NewServer(g, extproc.ServerOptions{Logger: b.log, Ready: func() bool { return true }}); err != nil {
 		b.close()
@@ -528,7 +532,7 @@ func (b *bench) drained(ctx context.Context) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n := 0
-		for _, l := range b.cat.Loads().Snapshot(model, indexer.DefaultTenant) {
+		for _, l := range b.loads.Snapshot(model, indexer.DefaultTenant) {
 			n += l.Requests
 		}
 		if n == 0 {
