@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/discovery"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -212,7 +213,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 			}
 		})
 	}
-	replicaRoutes := scheduler.ReplicaSyncOffRoutes()
+	replicaRoutes := httpapi.ReplicaSyncOffRoutes()
 	if cfg.ReplicaSyncPort != 0 {
 		replica, err := scheduler.NewReplica(loads, reg, scheduler.ReplicaOptions{
 			Port: cfg.ReplicaSyncPort, Peers: cfg.ReplicaSyncPeers, Logger: logger})
@@ -224,9 +225,9 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 				logger.Warn("replica sync close", "err", err)
 			}
 		}()
-		replicaRoutes = replica.Routes()
+		replicaRoutes = httpapi.ReplicaRoutes(replica)
 	}
-	srv.Handle(adminRoutes(reg, logger, indexAPI, catalog, scheduler.NewService(catalog, sched), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(catalog), httpapi.ServiceRoutes(catalog, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
 		err := catalog.RegisterRank(scheduler.RankRegistration{
@@ -393,15 +394,16 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 }
 
 // adminRoutes is the admin listener's route table: the process's own
-// routes, the index's, the catalog's, the slot tracker and selection
-// service's, and replica sync's (replica, or ReplicaSyncOffRoutes). The
+// routes, the index's, then the scheduling ones: the catalog's, the slot
+// tracker and selection service's, and replica sync's (on or off). The
 // routes marked Mutates are the ones --admin-token guards.
-func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *indexer.API, catalog *scheduler.Catalog, service *scheduler.Service, replica []admin.Route) []admin.Route {
+func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *indexer.API, scheduling ...[]admin.Route) []admin.Route {
 	routes := processRoutes(reg, logger)
 	routes = append(routes, index.Routes()...)
-	routes = append(routes, catalog.Routes()...)
-	routes = append(routes, service.Routes()...)
-	return append(routes, replica...)
+	for _, rs := range scheduling {
+		routes = append(routes, rs...)
+	}
+	return routes
 }
 
 // processRoutes are the routes of the process itself: liveness (always

@@ -27,6 +27,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/prometheus/client_golang/prometheus"
@@ -789,7 +790,8 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return adminRoutes(prometheus.NewRegistry(), logger, indexer.NewAPI(set, peers, nil), cat, scheduler.NewService(cat, sched), scheduler.ReplicaSyncOffRoutes())
+	return adminRoutes(prometheus.NewRegistry(), logger, indexer.NewAPI(set, peers, nil),
+		httpapi.WorkerRoutes(cat), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
 }
 
 // routeFamily is a route path up to its first wildcard: "/workers/{id}"

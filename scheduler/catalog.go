@@ -2,18 +2,17 @@
 // catalog (which workers serve which (model, tenant), where their requests
 // and KV events go, whether they are ready; catalog.go, workers.go), the
 // active load booked on each worker rank (load.go), the cost-based
-// selection (select.go), the Dynamo slot tracker and selection service
-// routes with reservations (service.go, http.go), replica sync of active
-// load between kvgate replicas (replica.go), and the load each engine
-// reports on its vLLM /metrics page (scrape.go), an optional correction of
-// the cost. The protocols are in docs/http-api.md and docs/scheduling.md.
+// selection with reservations (select.go), replica sync of active load
+// between kvgate replicas (replica.go), and the load each engine reports on
+// its vLLM /metrics page (scrape.go), an optional correction of the cost.
+// The protocols are in docs/http-api.md and docs/scheduling.md; their
+// HTTP routes are internal/httpapi's.
 //
 // The catalog drives the KV event listeners through its Listeners
 // interface (main adapts the indexer's), starting and stopping them and
 // dropping a removed worker's blocks, and tells its watchers (Watch) of
 // every worker added, changed or removed: main wires the loads to them. It
-// must not touch the index's internals, event wire formats or HTTP plumbing
-// beyond its routes.
+// must not touch the index's internals, event wire formats or HTTP.
 package scheduler
 
 import (
@@ -380,8 +379,8 @@ func (c *Catalog) schedView() *schedCache {
 	return sc
 }
 
-// endpoint returns where wk's requests go ("" if unknown).
-func (c *Catalog) endpoint(wk WorkerKey) string {
+// Endpoint returns where wk's requests go ("" if unknown).
+func (c *Catalog) Endpoint(wk WorkerKey) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w := c.workers[wk]; w != nil {
@@ -665,12 +664,12 @@ func (c *Catalog) countStatus(s Status) int {
 
 // Readiness explains Ready's answer.
 type Readiness struct {
-	Ready             bool   `json:"ready"`
-	Reason            string `json:"reason,omitempty"`
-	Workers           int    `json:"workers"`
-	ActiveWorkers     int    `json:"active_workers"`
-	Schedulable       int    `json:"schedulable_workers"`
-	MinInitialWorkers int    `json:"min_initial_workers"`
+	Ready  bool
+	Reason string // why not ready ("" when ready)
+	// Workers counts the workers, ActiveWorkers those whose listeners are
+	// all active, Schedulable those that may be sent requests.
+	Workers, ActiveWorkers, Schedulable int
+	MinInitialWorkers                   int
 }
 
 // Schedulable reports whether requests may be sent to a worker in status

@@ -222,6 +222,15 @@ func (l *Loads) tracker(key indexer.Key) *tracker {
 	return l.trackers[key]
 }
 
+// BlockSize returns the block size of key's ranks, and false when no rank
+// of key was ever known.
+func (l *Loads) BlockSize(key indexer.Key) (int, bool) {
+	if t := l.tracker(key); t != nil {
+		return t.blockSize, true
+	}
+	return 0, false
+}
+
 func (l *Loads) trackerOrErr(key indexer.Key) (*tracker, error) {
 	t := l.tracker(key)
 	if t == nil {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,7 +22,6 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/internal/admin"
 )
 
 // This file is replica sync (docs/scheduling.md, "Selection service
@@ -643,89 +641,6 @@ func closeReplicaSocket(s zmq4.Socket) {
 			misses = 0
 		}
 	}
-}
-
-// The handlers of the replica sync routes (Dynamo's selection service).
-
-// Routes returns the replica sync routes: register_peer, deregister_peer
-// and peers.
-func (r *Replica) Routes() []admin.Route {
-	return []admin.Route{
-		{Pattern: "POST /replica_sync/register_peer", Handler: r.handleRegisterPeer, Mutates: true},
-		{Pattern: "POST /replica_sync/deregister_peer", Handler: r.handleDeregisterPeer, Mutates: true},
-		{Pattern: "GET /replica_sync/peers", Handler: r.handlePeers},
-	}
-}
-
-// ReplicaSyncOffRoutes are the replica sync routes of a process without
-// replica sync: the peer list is empty and changing it is a conflict.
-func ReplicaSyncOffRoutes() []admin.Route {
-	off := func(w http.ResponseWriter, _ *http.Request) {
-		admin.WriteError(w, admin.Errorf(http.StatusConflict, "replica sync is off; start kvgate with --replica-sync-port"))
-	}
-	return []admin.Route{
-		{Pattern: "POST /replica_sync/register_peer", Handler: off, Mutates: true},
-		{Pattern: "POST /replica_sync/deregister_peer", Handler: off, Mutates: true},
-		{Pattern: "GET /replica_sync/peers", Handler: func(w http.ResponseWriter, _ *http.Request) {
-			admin.WriteJSON(w, http.StatusOK, []string{})
-		}},
-	}
-}
-
-type replicaPeerRequest struct {
-	Endpoint *string `json:"endpoint"`
-}
-
-func decodeReplicaPeer(r *http.Request) (string, error) {
-	var req replicaPeerRequest
-	if err := admin.Decode(r, &req); err != nil {
-		return "", err
-	}
-	if req.Endpoint == nil {
-		return "", admin.Errorf(http.StatusBadRequest, "endpoint is required")
-	}
-	return *req.Endpoint, nil
-}
-
-func (r *Replica) handleRegisterPeer(w http.ResponseWriter, req *http.Request) {
-	ep, err := decodeReplicaPeer(req)
-	if err == nil {
-		_, err = r.AddPeer(ep)
-	}
-	if err != nil {
-		admin.WriteError(w, replicaHTTPError(err))
-		return
-	}
-	admin.OK(w, http.StatusCreated)
-}
-
-func (r *Replica) handleDeregisterPeer(w http.ResponseWriter, req *http.Request) {
-	ep, err := decodeReplicaPeer(req)
-	var found bool
-	if err == nil {
-		found, err = r.RemovePeer(ep)
-	}
-	switch {
-	case err != nil:
-		admin.WriteError(w, replicaHTTPError(err))
-	case !found:
-		admin.WriteError(w, admin.Errorf(http.StatusNotFound, "replica sync peer %s is not registered", strings.TrimSpace(ep)))
-	default:
-		admin.OK(w, http.StatusOK)
-	}
-}
-
-func (r *Replica) handlePeers(w http.ResponseWriter, _ *http.Request) {
-	admin.WriteJSON(w, http.StatusOK, r.Peers())
-}
-
-// replicaHTTPError passes API errors through and maps the package's.
-func replicaHTTPError(err error) error {
-	var e *admin.Error
-	if errors.As(err, &e) {
-		return e
-	}
-	return httpError(err)
 }
 
 // Transport. zmq4 v0.17.0 performs the ZMTP handshake without a deadline,

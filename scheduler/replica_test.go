@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -21,7 +19,6 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/poll"
 )
 
@@ -600,77 +597,6 @@ func TestReplicaOversizedFrame(t *testing.T) {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B", lb, replicaWR(1, 0), 1, 2, 0)
-}
-
-// serveReplicaRoute sends one request to an admin server.
-func serveReplicaRoute(t *testing.T, srv http.Handler, method, path, body, token string) (int, string) {
-	t.Helper()
-	req := httptest.NewRequest(method, path, strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	w := httptest.NewRecorder()
-	srv.ServeHTTP(w, req)
-	return w.Code, strings.TrimSpace(w.Body.String())
-}
-
-func TestReplicaRoutes(t *testing.T) {
-	r := newTestReplica(t, replicaLoads(), ReplicaOptions{})
-	srv := admin.New(admin.Options{Token: "tok"})
-	srv.Handle(r.Routes()...)
-	dead := closedPort(t)
-	steps := []struct {
-		method, path, body, token string
-		status                    int
-		want                      string // exact body, or a substring of the error
-	}{
-		{"GET", "/replica_sync/peers", "", "", 200, `[]`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `"}`, "", 401, "bearer token"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `"}`, "tok", 201, `{"status":"ok"}`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `","future":1}`, "tok", 201, `{"status":"ok"}`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"tcp://Peer.invalid:9092"}`, "tok", 201, `{"status":"ok"}`},
-		{"GET", "/replica_sync/peers", "", "", 200, `["` + dead + `","tcp://peer.invalid:9092"]`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"http://b:1"}`, "tok", 400, "want the tcp:// scheme"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"tcp://*:1"}`, "tok", 400, "not a host name"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":5}`, "tok", 400, "field endpoint"},
-		{"POST", "/replica_sync/register_peer", `{}`, "tok", 400, "endpoint is required"},
-		{"POST", "/replica_sync/register_peer", `{`, "tok", 400, "malformed JSON"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "", 401, "bearer token"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "tok", 200, `{"status":"ok"}`},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "tok", 404, "is not registered"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"b:1"}`, "tok", 400, "want the tcp:// scheme"},
-		{"GET", "/replica_sync/peers", "", "", 200, `["tcp://peer.invalid:9092"]`},
-		{"DELETE", "/replica_sync/peers", "", "tok", 405, "not allowed"},
-	}
-	for _, s := range steps {
-		status, body := serveReplicaRoute(t, srv, s.method, s.path, s.body, s.token)
-		ok := status == s.status
-		if s.status < 300 {
-			ok = ok && body == s.want
-		} else {
-			ok = ok && strings.Contains(body, s.want) && strings.HasPrefix(body, `{"error":`)
-		}
-		if !ok {
-			t.Errorf("%s %s %s = %d %s, want %d %s", s.method, s.path, s.body, status, body, s.status, s.want)
-		}
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if status, body := serveReplicaRoute(t, srv, "POST", "/replica_sync/register_peer", `{"endpoint":"`+dead+`"}`, "tok"); status != 503 {
-		t.Errorf("register after Close = %d %s, want 503", status, body)
-	}
-
-	off := admin.New(admin.Options{})
-	off.Handle(ReplicaSyncOffRoutes()...)
-	if status, body := serveReplicaRoute(t, off, "GET", "/replica_sync/peers", "", ""); status != 200 || body != "[]" {
-		t.Errorf("off: GET peers = %d %s", status, body)
-	}
-	for _, path := range []string{"/replica_sync/register_peer", "/replica_sync/deregister_peer"} {
-		if status, body := serveReplicaRoute(t, off, "POST", path, `{"endpoint":"`+dead+`"}`, ""); status != 409 || !strings.Contains(body, "--replica-sync-port") {
-			t.Errorf("off: POST %s = %d %s, want 409 naming --replica-sync-port", path, status, body)
-		}
-	}
 }
 
 func TestReplicaMetricsRegistered(t *testing.T) {

@@ -198,16 +198,6 @@ func (s *selRig) putWorker(id uint64, ep string, start, size uint32) {
 		DPStart: start, DPSize: size, Source: SourceAPI}))
 }
 
-// engineMetrics returns the engine_metrics of worker id in GET /workers.
-func (s *selRig) engineMetrics(id uint64) *engineMetricsView {
-	s.t.Helper()
-	w, ok := s.worker(s.key.Model, s.key.Tenant, id)
-	if !ok {
-		s.t.Fatalf("worker %d not in GET /workers", id)
-	}
-	return w.EngineMetrics
-}
-
 func TestMetricsURL(t *testing.T) {
 	tests := []struct{ endpoint, want string }{
 		{"10.0.0.7:8000", "http://10.0.0.7:8000/metrics"},
@@ -380,7 +370,7 @@ func TestScrapeOutcomes(t *testing.T) {
 	if got := testutil.ToFloat64(sc.m.targets); got != float64(len(tests)) {
 		t.Errorf("kvgate_scrape_targets = %v, want %d", got, len(tests))
 	}
-	s.checkViews()
+	s.checkScrapes()
 }
 
 // TestScrapeSimWorker scrapes a simulated vLLM worker with two DP ranks,
@@ -825,7 +815,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	if got := testutil.ToFloat64(sc.m.dropped.WithLabelValues(dropWorkerChanged)); got != 1 {
 		t.Errorf("%v scrapes dropped for a changed worker, want 1", got)
 	}
-	if _, ok := s.worker("m", indexer.DefaultTenant, 1); ok {
+	if s.listed(1) {
 		t.Fatal("worker 1 still registered")
 	}
 	st.mu.RLock()
@@ -839,7 +829,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	if em := s.engineMetrics(1); em != nil {
 		t.Errorf("worker 1 registered again: engine_metrics %+v", em)
 	}
-	s.checkViews()
+	s.checkScrapes()
 }
 
 // TestScraperRun: Run scrapes each interval until its context ends,

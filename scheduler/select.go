@@ -397,9 +397,35 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		d.BestDevice = max(d.BestDevice, int(o.Device))
 	}
 	d.DP[d.Worker.Rank] = int(c.ov.Device) // present even with no overlap
-	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})
+	d.Endpoint = s.cat.Endpoint(WorkerKey{req.Key, d.Worker.Worker})
 	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, strconv.FormatUint(d.Worker.Worker, 10)).Inc()
 	return d, nil
+}
+
+// Potentials projects, as Loads.Potentials does, the load of every known
+// rank of key with a prompt of seq (sequence hashes) and newPrefill
+// uncached tokens added, sorted by worker and rank. With isl not nil, each
+// rank's new prefill also grows by the *isl tokens of the prompt less its
+// cached prefix, credited as a decision credits it.
+func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, isl *int64) ([]Potential, error) {
+	pots, err := s.loads.Potentials(key, seq, newPrefill)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pots, func(a, b Potential) int { return cmpRank(a.Worker, b.Worker) })
+	if isl == nil {
+		return pots, nil
+	}
+	var cached map[indexer.WorkerRank]indexer.Overlap
+	bs := 1
+	if ix := s.set.Lookup(key); ix != nil {
+		bs, cached = ix.BlockSize(), overlapsByRank(nil, ix.Match(seq, nil))
+	}
+	for i := range pots {
+		ov := cached[pots[i].Worker]
+		pots[i].PrefillTokens += s.opts.uncached(&ov, *isl, bs)
+	}
+	return pots, nil
 }
 
 // decide costs every schedulable rank of t and picks one, under t's lock;

@@ -35,7 +35,6 @@ type selRig struct {
 }
 
 func newSelRig(tb testing.TB, blockSize int, o rigOptions) *selRig {
-	o.inProcess = true
 	return &selRig{rig: newRig(tb, o), key: loadKey, bs: blockSize}
 }
 

@@ -4,7 +4,7 @@
 // decoding and error helpers every handler uses (docs/http-api.md,
 // "Errors and limits").
 //
-// It owns no API of its own: the indexer and scheduler packages define the
+// It owns no API of its own: the indexer and internal/httpapi define the
 // routes and hand them to a Server. It must not know about workers, indexes
 // or any other domain type.
 package admin
