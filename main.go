@@ -33,6 +33,7 @@ import (
 	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -196,17 +197,23 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
 	catalog.Watch(loads.Follow)
 	// The reuse charge applies to the gateway's decisions only: the
-	// Dynamo-compatible routes answer with the spec's cost.
-	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{
+	// Dynamo-compatible routes answer with the spec's cost. The engines'
+	// reports, when scraped, may correct it.
+	cost := scheduler.CostOptions{
 		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight,
-		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}, randomSeed(), reg)
+		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}
+	var scraper *scrape.Scraper
+	if cfg.MetricsScrapeInterval > 0 {
+		scraper = scrape.New(catalog, scrape.Options{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+		cost.Engines = scraper
+	}
+	sched := scheduler.NewScheduler(catalog, indexes, loads, cost, randomSeed(), reg)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stopBg()
 	bg.Go(func() { expireLoads(bgCtx, loads, loadExpiryInterval, logger) })
-	if cfg.MetricsScrapeInterval > 0 {
-		scraper := scheduler.NewScraper(catalog, scheduler.ScrapeOptions{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+	if scraper != nil {
 		bg.Go(func() {
 			if err := scraper.Run(bgCtx); err != nil {
 				logger.Error("engine metrics scraping stopped", "err", err)
@@ -227,7 +234,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}()
 		replicaRoutes = httpapi.ReplicaRoutes(replica)
 	}
-	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(catalog), httpapi.ServiceRoutes(catalog, sched, indexes), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(catalog, scraper), httpapi.ServiceRoutes(catalog, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
 		err := catalog.RegisterRank(scheduler.RankRegistration{

@@ -791,7 +791,7 @@ func adminRouteTable(t *testing.T) []admin.Route {
 		t.Fatal(err)
 	}
 	return adminRoutes(prometheus.NewRegistry(), logger, indexer.NewAPI(set, peers, nil),
-		httpapi.WorkerRoutes(cat), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
+		httpapi.WorkerRoutes(cat, nil), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
 }
 
 // routeFamily is a route path up to its first wildcard: "/workers/{id}"

@@ -2,9 +2,10 @@
 // catalog (which workers serve which (model, tenant), where their requests
 // and KV events go, whether they are ready; catalog.go, workers.go), the
 // active load booked on each worker rank (load.go), the cost-based
-// selection with reservations (select.go), replica sync of active load
-// between kvgate replicas (replica.go), and the load each engine reports on
-// its vLLM /metrics page (scrape.go), an optional correction of the cost.
+// selection with reservations (select.go), and replica sync of active load
+// between kvgate replicas (replica.go). The load each engine reports
+// (engine.go; scheduler/scrape reads it from vLLM's /metrics) may correct
+// the cost.
 // The protocols are in docs/http-api.md and docs/scheduling.md; their
 // HTTP routes are internal/httpapi's.
 //
@@ -185,8 +186,6 @@ type CatalogOptions struct {
 	MinInitialWorkers int
 	// UnregisterTimeout bounds the removal of a worker's blocks. Default 30s.
 	UnregisterTimeout time.Duration
-	// Now is the clock of the engine metrics' freshness; default time.Now.
-	Now func() time.Time
 }
 
 // Catalog is the process's one worker catalog. It is safe for concurrent
@@ -208,9 +207,6 @@ type Catalog struct {
 
 	gen   atomic.Uint64 // bumped on every change of workers
 	sched atomic.Pointer[schedCache]
-	// scrape keeps what the Scraper read of the workers' engines; an
-	// entry goes with its worker (or rank).
-	scrape scrapeStore
 }
 
 // schedCache is the set of schedulable workers, valid while neither the
@@ -230,9 +226,6 @@ func NewCatalog(set *indexer.Set, listeners Listeners, reg prometheus.Registerer
 	}
 	if opts.UnregisterTimeout <= 0 {
 		opts.UnregisterTimeout = 30 * time.Second
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
 	}
 	c := &Catalog{set: set, listeners: listeners, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker)}
 	if reg != nil {
@@ -337,7 +330,6 @@ func (c *Catalog) lock(wk WorkerKey, blockSize int) (*Worker, error) {
 
 func (c *Catalog) unlock() {
 	c.gen.Add(1)
-	c.scrape.retain(c.workers) // a change may move a worker or drop ranks
 	c.mu.Unlock()
 	c.opMu.Unlock()
 }
@@ -530,7 +522,6 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 		c.gen.Add(1)
 		if rank == nil {
 			delete(c.workers, w.WorkerKey)
-			c.scrape.forget(w.WorkerKey, nil)
 			c.emit(Removed, w, nil)
 		} else {
 			was := snapshot(w)
@@ -538,10 +529,8 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 			if i, found := slices.BinarySearch(w.Ranks, *rank); found {
 				w.Ranks = slices.Delete(w.Ranks, i, i+1)
 			}
-			c.scrape.forget(w.WorkerKey, rank)
 			if len(w.Ranks) == 0 {
 				delete(c.workers, w.WorkerKey)
-				c.scrape.forget(w.WorkerKey, nil)
 				c.emit(Removed, &was, nil)
 			} else {
 				c.emit(Changed, w, []uint32{*rank})
@@ -594,8 +583,6 @@ type WorkerState struct {
 	Worker
 	Status    Status
 	Listeners map[uint32]ListenerState // by rank
-	// Scrape is what the Scraper read of its engine; nil if never scraped.
-	Scrape *WorkerScrape
 }
 
 // Workers returns the workers of model and tenant ("" matches any),
@@ -607,7 +594,6 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 	for _, l := range c.listeners.States() {
 		byWorker[l.WorkerKey] = append(byWorker[l.WorkerKey], l)
 	}
-	now := c.opts.Now()
 	c.mu.Lock()
 	out := make([]WorkerState, 0, len(c.workers))
 	for k, w := range c.workers {
@@ -622,7 +608,6 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 				ws.Listeners[l.Rank] = l
 			}
 		}
-		ws.Scrape = c.scrape.view(w, now)
 		ws.Status = aggregate(ws.Listeners)
 		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[StatusPending] {
 			// A rank whose listener is gone (being unregistered) or not

@@ -29,7 +29,7 @@ var (
 type rigOptions struct {
 	set     indexer.Options
 	catalog CatalogOptions
-	loads   LoadOptions // the catalog's clock is the loads'
+	loads   LoadOptions
 	ingest  indexer.IngestOptions
 }
 
@@ -61,9 +61,6 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	r.ing = indexer.NewIngester(r.set, o.ingest)
 	if o.catalog.Logger == nil {
 		o.catalog.Logger = quiet
-	}
-	if o.catalog.Now == nil {
-		o.catalog.Now = o.loads.Now
 	}
 	r.cat = NewCatalog(r.set, ingestListeners{r.ing}, r.reg, o.catalog)
 	r.loads = NewLoads(o.loads)

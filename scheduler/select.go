@@ -38,7 +38,7 @@ type CostOptions struct {
 	// or only on disk/external storage, as a fraction of a device block.
 	// Defaults 0.8 and 0.5; NoDiscount gives 0.
 	HostWeight, DiskWeight float64
-	// MetricsWeight weighs the load a rank's engine reports (Scraper)
+	// MetricsWeight weighs the load a rank's engine reports (Engines)
 	// beyond the load tracked locally; 0, the default, ignores it and
 	// leaves every decision as without it. It must be finite and not
 	// negative (other values count as 0). The reported load is expressed
@@ -63,6 +63,9 @@ type CostOptions struct {
 	// MetricsRequestBlocks is b, in blocks; 0 (the default) takes the
 	// size of the prompt being placed (isl / block size, at least 1).
 	MetricsRequestBlocks float64
+	// Engines are the reports MetricsWeight weighs; nil: none, no
+	// correction.
+	Engines EngineReports
 	// ReuseWeight, R, charges the decisions made with
 	// SelectRequest.ChargeReuse (the gateway's KV-aware routing) for the
 	// cached prefix they give up:
@@ -379,7 +382,16 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 			b.Hashes = slices.Clone(seq)
 		}
 	}
-	c, err := s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b)
+	var c choice
+	var err error
+	if s.opts.MetricsWeight > 0 && s.opts.Engines != nil {
+		// The reports stay unchanged while the decision reads them.
+		s.opts.Engines.ReadReports(req.Key, func(eng map[indexer.WorkerRank]EngineReport) {
+			c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b, eng)
+		})
+	} else {
+		c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b, nil)
+	}
 	if err != nil {
 		return Decision{}, err
 	}
@@ -430,7 +442,8 @@ func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, 
 
 // decide costs every schedulable rank of t and picks one, under t's lock;
 // with book not nil it also books the request there (filling in book's
-// Worker and PrefillTokens), in the same critical section.
+// Worker and PrefillTokens), in the same critical section. eng are the
+// engines' reports of key's ranks, for the metrics correction (nil: none).
 //
 // Counting the prompt's blocks held by every busy rank's requests is the
 // costly part. At temperature 0 only the cheapest ranks matter, so a busy
@@ -446,7 +459,7 @@ func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, 
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
-	isl int64, w, temp float64, view *schedCache, book *Booking) (choice, error) {
+	isl int64, w, temp float64, view *schedCache, book *Booking, eng map[indexer.WorkerRank]EngineReport) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -462,16 +475,11 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 		k.reuse = s.opts.ReuseWeight
 		k.leastNew = k.leastPrefill()
 	}
-	if mw := s.opts.MetricsWeight; mw > 0 {
-		st := &s.cat.scrape
-		st.mu.RLock()
-		defer st.mu.RUnlock()
-		if k.eng = st.ranks[req.Key]; k.eng != nil {
-			k.mw, k.now = mw, s.loads.now()
-			k.reqBlocks = s.opts.MetricsRequestBlocks
-			if k.reqBlocks == 0 {
-				k.reqBlocks = max(1, float64(isl)/float64(bs))
-			}
+	if mw := s.opts.MetricsWeight; mw > 0 && eng != nil {
+		k.eng, k.mw, k.now = eng, mw, s.loads.now()
+		k.reqBlocks = s.opts.MetricsRequestBlocks
+		if k.reqBlocks == 0 {
+			k.reqBlocks = max(1, float64(isl)/float64(bs))
 		}
 	}
 	k.reset()
@@ -554,7 +562,7 @@ type costing struct {
 	// The metrics correction's inputs (see engineExtra): the scraped ranks
 	// (nil: no correction), its weight, the clock and the blocks of a
 	// request.
-	eng           map[indexer.WorkerRank]rankEngine
+	eng           map[indexer.WorkerRank]EngineReport
 	mw, reqBlocks float64
 	now           time.Time
 	// The reuse charge (see CostOptions.ReuseWeight): R (0: none), and

@@ -69,9 +69,9 @@ func rangeRanks(start, size uint32) ([]uint32, error) {
 	return ranks, nil
 }
 
-// checkRequestEndpoint checks a worker's request endpoint: an http(s) URL
-// with a host, or host:port.
-func checkRequestEndpoint(ep string) error {
+// CheckRequestEndpoint checks a worker's request endpoint: an http(s) URL
+// with a host, or host:port. Its error wraps ErrInvalid.
+func CheckRequestEndpoint(ep string) error {
 	if strings.Contains(ep, "://") {
 		if u, err := url.Parse(ep); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Hostname() != "" {
 			return nil
@@ -97,7 +97,7 @@ func (c *Catalog) checkReplay(ep string) error {
 // publisher, which must be on one of the ranks.
 func (c *Catalog) validate(l layout) error {
 	if l.endpoint != "" {
-		if err := checkRequestEndpoint(l.endpoint); err != nil {
+		if err := CheckRequestEndpoint(l.endpoint); err != nil {
 			return err
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
 // This file holds the test rig of the scheduler's routes (a catalog and
@@ -48,10 +49,11 @@ var (
 type rigOptions struct {
 	set     indexer.Options
 	catalog scheduler.CatalogOptions
-	loads   scheduler.LoadOptions // the catalog's clock is the loads'
-	cost    scheduler.CostOptions // of the scheduler behind the service routes
+	loads   scheduler.LoadOptions
 	ingest  indexer.IngestOptions
 	token   string
+	// scrape, when not nil, configures the scraper GET /workers shows.
+	scrape *scrape.Options
 	// inProcess serves requests by calling the admin handler, without a
 	// TCP listener (for fuzzing, where every input gets a fresh rig).
 	inProcess bool
@@ -65,6 +67,7 @@ type rig struct {
 	ing     *indexer.Ingester
 	cat     *scheduler.Catalog
 	loads   *scheduler.Loads
+	sc      *scrape.Scraper // nil unless rigOptions.scrape
 	reg     *prometheus.Registry
 	handler http.Handler
 	ts      *httptest.Server // nil when in process
@@ -90,14 +93,14 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.catalog.Logger == nil {
 		o.catalog.Logger = quiet
 	}
-	if o.catalog.Now == nil {
-		o.catalog.Now = o.loads.Now
-	}
 	r.cat = scheduler.NewCatalog(r.set, listeners.New(r.ing), r.reg, o.catalog)
 	r.loads = scheduler.NewLoads(o.loads)
 	r.cat.Watch(r.loads.Follow)
 	srv := admin.New(admin.Options{Token: o.token, Registerer: r.reg})
-	srv.Handle(WorkerRoutes(r.cat)...)
+	if o.scrape != nil {
+		r.sc = scrape.New(r.cat, *o.scrape, r.reg)
+	}
+	srv.Handle(WorkerRoutes(r.cat, r.sc)...)
 	r.handler = srv
 	if !o.inProcess {
 		r.ts = httptest.NewServer(srv)

@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
 // This file serves the worker catalog's views (docs/http-api.md): the
@@ -19,9 +20,11 @@ import (
 // service.go. It owns their JSON shapes and maps the scheduler's errors to
 // HTTP statuses (httpError).
 
-// WorkerRoutes returns the routes of the worker catalog cat.
-func WorkerRoutes(cat *scheduler.Catalog) []admin.Route {
-	c := catalogAPI{cat}
+// WorkerRoutes returns the routes of the worker catalog cat; GET /workers
+// shows what scraper found of each worker's engine (nil when scraping is
+// off).
+func WorkerRoutes(cat *scheduler.Catalog, scraper *scrape.Scraper) []admin.Route {
+	c := catalogAPI{cat, scraper}
 	return []admin.Route{
 		{Pattern: "POST /register", Handler: c.handleRegister, Mutates: true},
 		{Pattern: "POST /unregister", Handler: c.handleUnregister, Mutates: true},
@@ -33,7 +36,10 @@ func WorkerRoutes(cat *scheduler.Catalog) []admin.Route {
 }
 
 // catalogAPI serves the catalog's routes.
-type catalogAPI struct{ cat *scheduler.Catalog }
+type catalogAPI struct {
+	cat     *scheduler.Catalog
+	scraper *scrape.Scraper // nil when scraping is off
+}
 
 // httpError maps the scheduler's errors to API errors, their prefix left
 // out of the message.
@@ -209,7 +215,7 @@ type workerView struct {
 	Status                scheduler.Status        `json:"status"`
 	Listeners             map[string]listenerView `json:"listeners"`
 	// EngineMetrics is what the scrapes of the worker's /metrics page
-	// found (see scheduler.Scraper); left out when it was never scraped.
+	// found (see scrape.Scraper); left out when it was never scraped.
 	EngineMetrics *engineMetricsView `json:"engine_metrics,omitempty"`
 }
 
@@ -232,7 +238,7 @@ type rankMetricsView struct {
 	KVBlocks     *float64 `json:"num_gpu_blocks,omitempty"`
 }
 
-func engineMetricsOf(s *scheduler.WorkerScrape) *engineMetricsView {
+func engineMetricsOf(s *scrape.WorkerScrape) *engineMetricsView {
 	if s == nil {
 		return nil
 	}
@@ -261,12 +267,14 @@ type listenerView struct {
 	LastSeq        *uint64          `json:"last_seq,omitempty"`
 }
 
-func viewOf(ws scheduler.WorkerState) workerView {
+// viewOf returns ws as GET /workers shows it, with em, what the scrapes of
+// its page found (nil: never scraped).
+func viewOf(ws scheduler.WorkerState, em *scrape.WorkerScrape) workerView {
 	v := workerView{
 		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
 		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
 		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
-		EngineMetrics: engineMetricsOf(ws.Scrape),
+		EngineMetrics: engineMetricsOf(em),
 	}
 	if v.DPRanks == nil {
 		v.DPRanks = []uint32{}
@@ -302,7 +310,11 @@ func (c catalogAPI) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	ws := c.cat.Workers(q.Get("model_name"), q.Get("tenant_id"))
 	out := make([]workerView, len(ws))
 	for i, s := range ws {
-		out[i] = viewOf(s)
+		var em *scrape.WorkerScrape
+		if c.scraper != nil {
+			em = c.scraper.Worker(s.WorkerKey)
+		}
+		out[i] = viewOf(s, em)
 	}
 	admin.WriteJSON(w, http.StatusOK, out)
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
 // These tests drive the catalog's routes over real HTTP requests; see
@@ -420,12 +421,11 @@ vllm:cache_config_info{block_size="16",model_name="m",engine="2",num_gpu_blocks=
 func TestWorkersEngineMetrics(t *testing.T) {
 	clock := newFakeClock()
 	p := newMetricsPage(t, "/w1/metrics")
-	r := newRig(t, rigOptions{loads: scheduler.LoadOptions{Now: clock.Now}})
+	r := newRig(t, rigOptions{scrape: &scrape.Options{Interval: 10 * time.Second, Logger: quiet, Now: clock.Now}})
 	must(t, r.cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, ID: 1},
 		BlockSize: testBS, Endpoint: p.ts.URL + "/w1/v1", DPStart: 2, DPSize: 2, Source: scheduler.SourceAPI}))
 	p.set(http.StatusOK, twoEngines)
-	sc := scheduler.NewScraper(r.cat, scheduler.ScrapeOptions{Interval: 10 * time.Second, Logger: quiet}, r.reg)
-	must(t, sc.ScrapeOnce(t.Context()))
+	must(t, r.sc.ScrapeOnce(t.Context()))
 	at := clock.Now().UTC().Format(time.RFC3339Nano)
 	url := p.ts.URL + "/w1/metrics"
 	engineJSON := func() string {
@@ -448,7 +448,7 @@ func TestWorkersEngineMetrics(t *testing.T) {
 		t.Errorf("stale engine_metrics\n%s\nwant\n%s", got, want)
 	}
 	p.set(http.StatusServiceUnavailable, "starting")
-	must(t, sc.ScrapeOnce(t.Context()))
+	must(t, r.sc.ScrapeOnce(t.Context()))
 	failedAt := clock.Now().UTC().Format(time.RFC3339Nano)
 	want = `{"url":"` + url + `","scraped_at":"` + at + `","attempted_at":"` + failedAt + `",` +
 		`"last_error":"scrape ` + url + `: 503 Service Unavailable: \"starting\"","fresh":false,"ranks":{` +
