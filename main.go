@@ -33,6 +33,7 @@ import (
 	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -187,7 +188,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	defer indexes.Close()
 	ingest := indexer.NewIngester(indexes, indexer.IngestOptions{Logger: logger, Metrics: indexer.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
-	catalog := scheduler.NewCatalog(indexes, listeners.New(ingest), reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
+	cat := catalog.New(indexes, listeners.New(ingest), reg, catalog.Options{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
 	indexAPI := indexer.NewAPI(indexes, peers, reg)
 
 	// Scheduling: the loads, following the catalog's workers, the
@@ -195,7 +196,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	// service routes, the periodic expiry of requests never freed, and
 	// replica sync of the loads.
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
-	catalog.Watch(loads.Follow)
+	cat.Watch(loads.Follow)
 	// The reuse charge applies to the gateway's decisions only: the
 	// Dynamo-compatible routes answer with the spec's cost. The engines'
 	// reports, when scraped, may correct it.
@@ -204,10 +205,10 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}
 	var scraper *scrape.Scraper
 	if cfg.MetricsScrapeInterval > 0 {
-		scraper = scrape.New(catalog, scrape.Options{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+		scraper = scrape.New(cat, scrape.Options{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
 		cost.Engines = scraper
 	}
-	sched := scheduler.NewScheduler(catalog, indexes, loads, cost, randomSeed(), reg)
+	sched := scheduler.NewScheduler(cat, indexes, loads, cost, randomSeed(), reg)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait()
@@ -234,15 +235,15 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}()
 		replicaRoutes = httpapi.ReplicaRoutes(replica)
 	}
-	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(catalog, scraper), httpapi.ServiceRoutes(catalog, sched, indexes), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
-		err := catalog.RegisterRank(scheduler.RankRegistration{
-			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: w.ID},
+		err := cat.RegisterRank(catalog.RankRegistration{
+			WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: w.ID},
 			BlockSize: cfg.BlockSize,
 			Rank:      w.Rank,
-			Publisher: scheduler.Publisher{Endpoint: w.Endpoint, Replay: w.ReplayEndpoint, Topic: cfg.KVTopic},
-			Source:    scheduler.SourceConfig,
+			Publisher: catalog.Publisher{Endpoint: w.Endpoint, Replay: w.ReplayEndpoint, Topic: cfg.KVTopic},
+			Source:    catalog.SourceConfig,
 		})
 		if err != nil {
 			return fmt.Errorf("--workers: %w", err)
@@ -250,15 +251,15 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	}
 
 	for id, ep := range cfg.WorkerEndpoints {
-		err := catalog.PatchWorker(scheduler.WorkerPatch{
-			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: id}, Endpoint: &ep})
+		err := cat.PatchWorker(catalog.WorkerPatch{
+			WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: id}, Endpoint: &ep})
 		if err != nil {
 			return fmt.Errorf("--worker-endpoints: worker %d: %w (list it in --workers too)", id, err)
 		}
 	}
 
 	if cfg.Discovery == "kubernetes" {
-		d, err := newDiscovery(cfg, catalog, reg, logger)
+		d, err := newDiscovery(cfg, cat, reg, logger)
 		if err != nil {
 			return err
 		}
@@ -269,11 +270,11 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		})
 	}
 
-	gw, err := newGateway(cfg, catalog, sched, reg, logger)
+	gw, err := newGateway(cfg, cat, sched, reg, logger)
 	if err != nil {
 		return err
 	}
-	stopFronts, err := startFronts(cfg, gw, catalog, logger)
+	stopFronts, err := startFronts(cfg, gw, cat, logger)
 	if err != nil {
 		return err
 	}
@@ -303,26 +304,26 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	if len(cfg.Peers) > 0 {
 		// Listeners are already subscribed and their events queue on the
 		// held index; load a peer's dump, then let them apply.
-		catalog.HoldReady("recovering the index from peers")
+		cat.HoldReady("recovering the index from peers")
 		var wg sync.WaitGroup
 		defer wg.Wait() // runs before ingest.Close and indexes.Close
 		wg.Go(func() {
 			indexer.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
 			indexes.Release()
-			catalog.HoldReady("")
+			cat.HoldReady("")
 		})
 	}
 	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
 }
 
 // newDiscovery follows the InferencePool named by the configuration.
-func newDiscovery(cfg serveConfig, catalog *scheduler.Catalog, reg prometheus.Registerer, logger *slog.Logger) (*discovery.Discovery, error) {
+func newDiscovery(cfg serveConfig, cat *catalog.Catalog, reg prometheus.Registerer, logger *slog.Logger) (*discovery.Discovery, error) {
 	klog.SetSlogLogger(logger.With("component", "client-go")) // client-go logs through klog, a process-wide logger
 	kube, dyn, err := discovery.Clients(cfg.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
 	}
-	d, err := discovery.New(kube, dyn, catalog, discovery.Config{
+	d, err := discovery.New(kube, dyn, cat, discovery.Config{
 		PoolName: cfg.PoolName, PoolNamespace: cfg.PoolNamespace, APIVersion: cfg.PoolAPIVersion,
 		Model: cfg.ModelName, ModelLabel: cfg.PodModelLabel, Tenant: cfg.TenantID, BlockSize: cfg.BlockSize,
 		EventsTemplate: cfg.KVEventsTemplate, ReplayTemplate: cfg.KVReplayTemplate, Topic: cfg.KVTopic, Logger: logger,

@@ -30,6 +30,7 @@ import (
 	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -782,7 +783,7 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	t.Cleanup(set.Close)
 	ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close
-	cat := scheduler.NewCatalog(set, listeners.New(ingest), nil, scheduler.CatalogOptions{Logger: logger})
+	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
 	cat.Watch(loads.Follow)
 	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)

@@ -12,6 +12,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -165,7 +166,7 @@ func TestGatewayPolicies(t *testing.T) {
 	logger, cat, sched, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", BlockSize: 16})
 	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 	for id := uint64(1); id <= 3; id++ {
-		ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 2}
+		ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 2}
 		if err := cat.PutWorker(ws); err != nil {
 			t.Fatal(err)
 		}
@@ -280,13 +281,13 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			t.Cleanup(set.Close)
 			ingest := indexer.NewIngester(set, indexer.IngestOptions{Logger: logger})
 			t.Cleanup(ingest.Close)
-			cat := scheduler.NewCatalog(set, listeners.New(ingest), nil, scheduler.CatalogOptions{Logger: logger})
+			cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
 			loads := scheduler.NewLoads(scheduler.LoadOptions{})
 			cat.Watch(loads.Follow)
 			sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
 			key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 			for id := uint64(1); id <= 2; id++ {
-				ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
+				ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
 				if err := cat.PutWorker(ws); err != nil {
 					t.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file is the active-load accounting (the slot tracker of
@@ -128,7 +129,7 @@ type rankLoad struct {
 	// schedulable says whether the worker is schedulable in the catalog's
 	// view schedView (see costing.eligible).
 	schedulable bool
-	schedView   *schedCache
+	schedView   *catalog.View
 	// held counts, per unique sequence hash held by active requests, the
 	// references to it, and keeps the rank's position in tracker.holders.
 	held hashRefs
@@ -286,9 +287,9 @@ func cmpRank(a, b indexer.WorkerRank) int {
 // Follow keeps the known ranks in step with a change of the catalog (see
 // Catalog.Watch): the ranks a worker lost are forgotten with the requests
 // booked on them, and its ranks are made known.
-func (l *Loads) Follow(ch Change) {
+func (l *Loads) Follow(ch catalog.Change) {
 	w := ch.Worker
-	if ch.Kind == Removed {
+	if ch.Kind == catalog.Removed {
 		l.RemoveRanks(w.Key, w.ID, nil)
 		return
 	}

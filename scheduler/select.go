@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file is the decision (docs/scheduling.md): for a prompt,
@@ -251,7 +252,7 @@ type Decision struct {
 
 // Scheduler decides where requests go. It is safe for concurrent use.
 type Scheduler struct {
-	cat   *Catalog
+	cat   Workers
 	set   *indexer.Set
 	loads *Loads
 	opts  CostOptions
@@ -273,7 +274,7 @@ type schedMetrics struct {
 // and the loads (which must follow the catalog: see Loads.Follow). seed
 // seeds tie-breaking and sampling (tests fix it). reg, if not nil, receives
 // kvgate_scheduler_* metrics.
-func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions, seed uint64, reg prometheus.Registerer) *Scheduler {
+func NewScheduler(cat Workers, set *indexer.Set, loads *Loads, opts CostOptions, seed uint64, reg prometheus.Registerer) *Scheduler {
 	s := &Scheduler{cat: cat, set: set, loads: loads, opts: opts.withDefaults(), rand: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		m: schedMetrics{
 			selections: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -373,7 +374,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	}
 	sc.overlaps = ix.Match(match, sc.overlaps[:0])
 	overlaps := sc.overlaps
-	view := s.cat.schedView()
+	view := s.cat.View()
 	var b *Booking
 	if req.Reserve {
 		// The booking keeps its hashes: never the scratch's.
@@ -409,7 +410,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		d.BestDevice = max(d.BestDevice, int(o.Device))
 	}
 	d.DP[d.Worker.Rank] = int(c.ov.Device) // present even with no overlap
-	d.Endpoint = s.cat.Endpoint(WorkerKey{req.Key, d.Worker.Worker})
+	d.Endpoint = s.cat.Endpoint(catalog.WorkerKey{Key: req.Key, ID: d.Worker.Worker})
 	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, strconv.FormatUint(d.Worker.Worker, 10)).Inc()
 	return d, nil
 }
@@ -459,7 +460,7 @@ func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, 
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
-	isl int64, w, temp float64, view *schedCache, book *Booking, eng map[indexer.WorkerRank]EngineReport) (choice, error) {
+	isl int64, w, temp float64, view *catalog.View, book *Booking, eng map[indexer.WorkerRank]EngineReport) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -469,7 +470,7 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	// they do not repeat, and a chained booking's hashes past its first
 	// difference with them need no lookup.
 	chained := req.Seq == nil
-	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.set[req.Key], isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
+	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.Schedulable(req.Key), isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
 	if req.ChargeReuse && s.opts.ReuseWeight > 0 {
 		k.reuse = s.opts.ReuseWeight
@@ -553,7 +554,7 @@ type costing struct {
 	t                *tracker
 	req              SelectRequest
 	overlaps         []indexer.Overlap // Match's answer; rankLoad.ovAt indexes it
-	view             *schedCache
+	view             *catalog.View
 	sched            map[uint64]bool // view's schedulable workers of the key
 	isl              int64
 	w                float64
@@ -659,7 +660,7 @@ func (k *costing) chargeOf(prefill int64) float64 {
 
 // eligible reports whether rl may be chosen: its worker is schedulable
 // and, when the request names workers, one of them. When it names none,
-// the answer is kept on the rank for the catalog's view (schedCache); when
+// the answer is kept on the rank for the catalog's View; when
 // it does, it is worked out once per pass, on the worker's first rank.
 func (k *costing) eligible(rl *rankLoad) bool {
 	if len(k.req.Workers) == 0 { // schedulable is all it takes

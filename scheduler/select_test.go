@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive Scheduler.Select (docs/scheduling.md, "Cost of
@@ -41,7 +42,7 @@ func newSelRig(tb testing.TB, blockSize int, o rigOptions) *selRig {
 // ranks registers worker id with DP ranks 0 .. size-1.
 func (s *selRig) ranks(id uint64, size uint32) {
 	s.t.Helper()
-	must(s.t, s.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, DPSize: size, Source: SourceAPI}))
+	must(s.t, s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, DPSize: size, Source: catalog.SourceAPI}))
 }
 
 // store stores blocks lo .. hi-1 of prompt (local hashes) on tier for r,
@@ -102,8 +103,8 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 		}
 		s.ranks(id, size)
 	}
-	must(t, s.cat.RegisterRank(RankRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
-		Publisher: Publisher{Endpoint: closedPort(t)}, Source: SourceAPI}))
+	must(t, s.cat.RegisterRank(catalog.RankRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
+		Publisher: catalog.Publisher{Endpoint: closedPort(t)}, Source: catalog.SourceAPI}))
 	p := costPrompt
 	seq := indexer.SequenceHashes(nil, p)
 	s.store(rk(1, 0), indexer.TierDevice, p, 0, 7)
@@ -117,7 +118,7 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 	loads := s.loads
 	must(t, loads.Add(s.key, Booking{ID: "busy", Worker: rk(3, 0), Hashes: append(slices.Clone(seq[:3]), 77, 78), PrefillTokens: 8}))
 	must(t, loads.Add(s.key, Booking{ID: "same", Worker: rk(4, 0), Hashes: seq, PrefillTokens: 40}))
-	if ws := s.cat.Workers("m", ""); len(ws) != 8 || Schedulable(ws[7].Status) {
+	if ws := s.cat.Workers("m", ""); len(ws) != 8 || catalog.Schedulable(ws[7].Status) {
 		t.Fatalf("workers %+v: want 8, worker 8 not schedulable", ws)
 	}
 	return s
@@ -399,8 +400,8 @@ func TestSelectTemperature(t *testing.T) {
 
 func TestSelectNoSchedulableWorker(t *testing.T) {
 	s := newSelRig(t, testBS, rigOptions{})
-	must(t, s.cat.RegisterRank(RankRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
-		Publisher: Publisher{Endpoint: closedPort(t)}, Source: SourceAPI}))
+	must(t, s.cat.RegisterRank(catalog.RankRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
+		Publisher: catalog.Publisher{Endpoint: closedPort(t)}, Source: catalog.SourceAPI}))
 	s.store(rk(8, 0), indexer.TierDevice, costPrompt, 0, 10)
 	sch := s.scheduler(1, CostOptions{})
 	if _, err := sch.Select(s.fill(SelectRequest{})); !errors.Is(err, ErrUnavailable) {
@@ -634,7 +635,7 @@ func TestSelectWhileRegistering(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 200 {
-			if err := s.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 9}, BlockSize: testBS, DPSize: uint32(1 + i%3)}); err != nil {
+			if err := s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 9}, BlockSize: testBS, DPSize: uint32(1 + i%3)}); err != nil {
 				t.Errorf("register 9: %v", err)
 				return
 			}

@@ -74,6 +74,7 @@ import (
 	"github.com/kvgate/kvgate/internal/envoytest"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -177,7 +178,7 @@ type bench struct {
 	log    *slog.Logger
 	set    *indexer.Set
 	ingest *indexer.Ingester
-	cat    *scheduler.Catalog
+	cat    *catalog.Catalog
 	loads  *scheduler.Loads
 	ix     *indexer.Index
 	srv    *extproc.Server
@@ -209,13 +210,13 @@ func newBench(cfg config) (*bench, error) {
 	}
 	b.set = indexer.NewSet(indexer.Options{})
 	b.ingest = indexer.NewIngester(b.set, indexer.IngestOptions{Logger: b.log})
-	b.cat = scheduler.NewCatalog(b.set, listeners.New(b.ingest), nil, scheduler.CatalogOptions{Logger: b.log})
+	b.cat = catalog.New(b.set, listeners.New(b.ingest), nil, catalog.Options{Logger: b.log})
 	b.loads = scheduler.NewLoads(scheduler.LoadOptions{})
 	b.cat.Watch(b.loads.Follow)
 	key := indexer.Key{Model: model, Tenant: indexer.DefaultTenant}
 	b.ids = map[string]uint64{}
 	for id := 1; id <= cfg.workers; id++ {
-		ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: uint64(id)}, BlockSize: 16,
+		ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: uint64(id)}, BlockSize: 16,
 			Endpoint: fmt.Sprintf("10.0.%d.%d:8000", id/250, id%250+1), DPSize: 1}
 		b.ids[ws.Endpoint] = ws.WorkerKey.ID
 		if err := b.cat.PutWorker(ws); err != nil {

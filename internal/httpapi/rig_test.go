@@ -26,6 +26,7 @@ import (
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
@@ -39,16 +40,16 @@ const testBS = 4 // tokens per block of the indexes the tests publish to
 
 var (
 	quiet  = slog.New(slog.DiscardHandler)
-	active = scheduler.StatusActive
-	paused = scheduler.StatusPaused
-	failed = scheduler.StatusFailed
+	active = catalog.StatusActive
+	paused = catalog.StatusPaused
+	failed = catalog.StatusFailed
 	// pending is the initial state of a listener.
-	pending = scheduler.StatusPending
+	pending = catalog.StatusPending
 )
 
 type rigOptions struct {
 	set     indexer.Options
-	catalog scheduler.CatalogOptions
+	catalog catalog.Options
 	loads   scheduler.LoadOptions
 	ingest  indexer.IngestOptions
 	token   string
@@ -65,7 +66,7 @@ type rig struct {
 	t       testing.TB
 	set     *indexer.Set
 	ing     *indexer.Ingester
-	cat     *scheduler.Catalog
+	cat     *catalog.Catalog
 	loads   *scheduler.Loads
 	sc      *scrape.Scraper // nil unless rigOptions.scrape
 	reg     *prometheus.Registry
@@ -93,7 +94,7 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if o.catalog.Logger == nil {
 		o.catalog.Logger = quiet
 	}
-	r.cat = scheduler.NewCatalog(r.set, listeners.New(r.ing), r.reg, o.catalog)
+	r.cat = catalog.New(r.set, listeners.New(r.ing), r.reg, o.catalog)
 	r.loads = scheduler.NewLoads(o.loads)
 	r.cat.Watch(r.loads.Follow)
 	srv := admin.New(admin.Options{Token: o.token, Registerer: r.reg})
@@ -488,15 +489,15 @@ func rk(worker uint64, rank uint32) indexer.WorkerRank {
 // highest is the aggregate of the states of a GET /workers entry's
 // listeners, for checking views: failed > pending > active > paused;
 // active without listeners.
-func highest(ls map[string]listenerView) scheduler.Status {
+func highest(ls map[string]listenerView) catalog.Status {
 	if len(ls) == 0 {
 		return active
 	}
-	seen := map[scheduler.Status]bool{}
+	seen := map[catalog.Status]bool{}
 	for _, l := range ls {
 		seen[l.Status] = true
 	}
-	for _, s := range []scheduler.Status{failed, pending, active} {
+	for _, s := range []catalog.Status{failed, pending, active} {
 		if seen[s] {
 			return s
 		}

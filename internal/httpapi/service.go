@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file serves the slot tracker's lifecycle and load routes (seed 002)
@@ -27,7 +28,7 @@ import (
 // ServiceRoutes returns the slot tracker and selection service routes over
 // the workers of cat, the scheduler sched, whose loads hold the bookings,
 // and the indexes of set.
-func ServiceRoutes(cat *scheduler.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
+func ServiceRoutes(cat *catalog.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
 	s := &service{cat: cat, sched: sched, set: set}
 	return []admin.Route{
 		{Pattern: "POST /add", Handler: serve(admin.Decode, s.add), Mutates: true},
@@ -50,7 +51,7 @@ func ServiceRoutes(cat *scheduler.Catalog, sched *scheduler.Scheduler, set *inde
 
 // service serves the slot tracker and selection service routes.
 type service struct {
-	cat   *scheduler.Catalog
+	cat   *catalog.Catalog
 	sched *scheduler.Scheduler
 	set   *indexer.Set
 }
@@ -370,9 +371,9 @@ func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 	if req.Endpoint == nil {
 		return 0, nil, badRequest("endpoint is required (where the worker's requests go: http URL or host:port)")
 	}
-	spec := scheduler.WorkerSpec{
-		WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
-		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: scheduler.SourceAPI,
+	spec := catalog.WorkerSpec{
+		WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
+		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: catalog.SourceAPI,
 	}
 	if req.DPSize != nil {
 		spec.DPSize = *req.DPSize
@@ -391,13 +392,13 @@ func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 }
 
 // pathWorker returns the worker named by the path and the scope.
-func pathWorker(r *http.Request, sc scope) (scheduler.WorkerKey, error) {
+func pathWorker(r *http.Request, sc scope) (catalog.WorkerKey, error) {
 	id, err := strconv.ParseUint(r.PathValue("worker_id"), 10, 64)
 	if err != nil {
-		return scheduler.WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
+		return catalog.WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
 	}
 	key, err := sc.key(r.URL.Query(), true)
-	return scheduler.WorkerKey{Key: key, ID: id}, err
+	return catalog.WorkerKey{Key: key, ID: id}, err
 }
 
 func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, error) {
@@ -408,7 +409,7 @@ func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, er
 	if body, err := req.id(); err == nil && body != wk.ID {
 		return 0, nil, badRequest("worker_id %d in the body is not the path's %d", body, wk.ID)
 	}
-	p := scheduler.WorkerPatch{WorkerKey: wk, BlockSize: req.BlockSize, Endpoint: req.Endpoint,
+	p := catalog.WorkerPatch{WorkerKey: wk, BlockSize: req.BlockSize, Endpoint: req.Endpoint,
 		DPStart: req.DPStart, DPSize: req.DPSize, Replay: req.ReplayEndpoint}
 	if req.KVEventsEndpoints != nil {
 		if p.Events, err = events(*req.KVEventsEndpoints); err != nil {
@@ -634,7 +635,7 @@ func (s *service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 	}
 	return http.StatusCreated, reservationResponse{
 		Status: "ok", ReservationID: id, ModelName: key.Model, TenantID: key.Tenant,
-		WorkerID: wr.Worker, DPRank: wr.Rank, Endpoint: s.cat.Endpoint(scheduler.WorkerKey{Key: key, ID: wr.Worker}),
+		WorkerID: wr.Worker, DPRank: wr.Rank, Endpoint: s.cat.Endpoint(catalog.WorkerKey{Key: key, ID: wr.Worker}),
 	}, nil
 }
 

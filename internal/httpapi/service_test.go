@@ -14,6 +14,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive the slot tracker and selection service routes over
@@ -222,7 +223,7 @@ func TestWorkersSelectionShape(t *testing.T) {
 		{name: "ftp endpoint", path: "/workers", body: seed.with("endpoint", "ftp://worker:21"), status: 400, errHas: []string{"endpoint"}},
 		{name: "endpoint without port", path: "/workers", body: seed.with("endpoint", "worker"), status: 400, errHas: []string{"endpoint"}},
 		{name: "dp size 0", path: "/workers", body: seed.with("data_parallel_size", 0), status: 400, errHas: []string{"data_parallel_size"}},
-		{name: "dp size over the limit", path: "/workers", body: seed.with("data_parallel_size", scheduler.MaxDPSize+1), status: 400, errHas: []string{"data_parallel_size"}},
+		{name: "dp size over the limit", path: "/workers", body: seed.with("data_parallel_size", catalog.MaxDPSize+1), status: 400, errHas: []string{"data_parallel_size"}},
 		{name: "dp range overflows", path: "/workers", body: seed.with("data_parallel_start_rank", uint32(1<<32-1)), status: 400, errHas: []string{"overflows"}},
 		{name: "rank not a number", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"x": e0}), status: 400, errHas: []string{"kv_events_endpoints"}},
 		{name: "rank given twice", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"1": e1, "01": e2}), status: 400, errHas: []string{"twice"}},

@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive the catalog's states over its routes: listener and
@@ -29,7 +29,7 @@ func TestWorkerStatusWithAClosedPort(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		failAfter int
-		want      scheduler.Status
+		want      catalog.Status
 	}{
 		{"retrying", 1 << 30, pending},
 		{"given up", 2, failed},
@@ -70,10 +70,10 @@ func TestPauseResumeListener(t *testing.T) {
 			t.Errorf("%s changed %v listeners, want %d", rep.body, n, want)
 		}
 	}
-	statuses := func(want ...scheduler.Status) {
+	statuses := func(want ...catalog.Status) {
 		t.Helper()
 		w, _ := r.worker("m", "default", 1)
-		if got := []scheduler.Status{w.Listeners["0"].Status, w.Listeners["1"].Status, w.Status}; !slices.Equal(got, want) {
+		if got := []catalog.Status{w.Listeners["0"].Status, w.Listeners["1"].Status, w.Status}; !slices.Equal(got, want) {
 			t.Errorf("ranks 0, 1 and worker %v, want %v", got, want)
 		}
 	}
@@ -220,7 +220,7 @@ func TestReadyNeedsASchedulableWorker(t *testing.T) {
 }
 
 func TestReadyStartupGate(t *testing.T) {
-	r := newRig(t, rigOptions{catalog: scheduler.CatalogOptions{MinInitialWorkers: 2}})
+	r := newRig(t, rigOptions{catalog: catalog.Options{MinInitialWorkers: 2}})
 	r.wantReady(false, "", 0, 0)
 	if _, m := r.readiness(); m["min_initial_workers"] != float64(2) {
 		t.Errorf("GET /ready %v does not say it waits for 2 workers", m)
@@ -243,7 +243,7 @@ func TestReadyStartupGate(t *testing.T) {
 func TestUnregisteringWorkerIsNotActive(t *testing.T) {
 	// A held Set keeps /unregister waiting to drop the worker's blocks,
 	// after it stopped the worker's listeners: the worker is leaving.
-	r := newRig(t, rigOptions{set: indexer.Options{Hold: true}, catalog: scheduler.CatalogOptions{MinInitialWorkers: 1}})
+	r := newRig(t, rigOptions{set: indexer.Options{Hold: true}, catalog: catalog.Options{MinInitialWorkers: 1}})
 	r.register(rankBody("m", "", 1, 0, deadEndpoint("leaving")))
 	r.wantReady(false, "", 1, 0)
 	var wg sync.WaitGroup

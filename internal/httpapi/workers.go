@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
@@ -23,7 +23,7 @@ import (
 // WorkerRoutes returns the routes of the worker catalog cat; GET /workers
 // shows what scraper found of each worker's engine (nil when scraping is
 // off).
-func WorkerRoutes(cat *scheduler.Catalog, scraper *scrape.Scraper) []admin.Route {
+func WorkerRoutes(cat *catalog.Catalog, scraper *scrape.Scraper) []admin.Route {
 	c := catalogAPI{cat, scraper}
 	return []admin.Route{
 		{Pattern: "POST /register", Handler: c.handleRegister, Mutates: true},
@@ -37,7 +37,7 @@ func WorkerRoutes(cat *scheduler.Catalog, scraper *scrape.Scraper) []admin.Route
 
 // catalogAPI serves the catalog's routes.
 type catalogAPI struct {
-	cat     *scheduler.Catalog
+	cat     *catalog.Catalog
 	scraper *scrape.Scraper // nil when scraping is off
 }
 
@@ -46,17 +46,17 @@ type catalogAPI struct {
 func httpError(err error) error {
 	status := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, scheduler.ErrInvalid):
+	case errors.Is(err, catalog.ErrInvalid):
 		status = http.StatusBadRequest
-	case errors.Is(err, scheduler.ErrNotFound):
+	case errors.Is(err, catalog.ErrNotFound):
 		status = http.StatusNotFound
-	case errors.Is(err, scheduler.ErrConflict):
+	case errors.Is(err, catalog.ErrConflict):
 		status = http.StatusConflict
-	case errors.Is(err, scheduler.ErrUnavailable):
+	case errors.Is(err, catalog.ErrUnavailable):
 		status = http.StatusServiceUnavailable
 	}
 	msg := err.Error()
-	for _, prefix := range []error{scheduler.ErrInvalid, scheduler.ErrNotFound, scheduler.ErrConflict, scheduler.ErrUnavailable} {
+	for _, prefix := range []error{catalog.ErrInvalid, catalog.ErrNotFound, catalog.ErrConflict, catalog.ErrUnavailable} {
 		msg = strings.TrimPrefix(msg, prefix.Error()+": ")
 	}
 	return admin.Errorf(status, "%s", msg)
@@ -127,7 +127,7 @@ func (c catalogAPI) register(req registerRequest) error {
 	if req.BlockSize == nil {
 		return admin.Errorf(http.StatusBadRequest, "block_size is required")
 	}
-	wk := scheduler.WorkerKey{Key: indexer.Key{Model: model}, ID: id}
+	wk := catalog.WorkerKey{Key: indexer.Key{Model: model}, ID: id}
 	if req.TenantID != nil {
 		wk.Tenant = *req.TenantID
 	}
@@ -137,7 +137,7 @@ func (c catalogAPI) register(req registerRequest) error {
 	case hasEndpoint && hasRange:
 		return admin.Errorf(http.StatusBadRequest, "give endpoint (with dp_rank) or dp_start/dp_size, not both")
 	case hasEndpoint:
-		reg := scheduler.RankRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, Publisher: scheduler.Publisher{Endpoint: *req.Endpoint}, Source: scheduler.SourceAPI}
+		reg := catalog.RankRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, Publisher: catalog.Publisher{Endpoint: *req.Endpoint}, Source: catalog.SourceAPI}
 		if req.DPRank != nil {
 			reg.Rank = *req.DPRank
 		}
@@ -152,7 +152,7 @@ func (c catalogAPI) register(req registerRequest) error {
 		if req.DPSize == nil {
 			return admin.Errorf(http.StatusBadRequest, "dp_size is required with dp_start")
 		}
-		reg := scheduler.RangeRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, DPSize: *req.DPSize, Source: scheduler.SourceAPI}
+		reg := catalog.RangeRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, DPSize: *req.DPSize, Source: catalog.SourceAPI}
 		if req.DPStart != nil {
 			reg.DPStart = *req.DPStart
 		}
@@ -212,7 +212,7 @@ type workerView struct {
 	KVEventsEndpoints     map[string]string       `json:"kv_events_endpoints"`
 	ReplayEndpoint        string                  `json:"replay_endpoint,omitempty"`
 	Source                string                  `json:"source"`
-	Status                scheduler.Status        `json:"status"`
+	Status                catalog.Status          `json:"status"`
 	Listeners             map[string]listenerView `json:"listeners"`
 	// EngineMetrics is what the scrapes of the worker's /metrics page
 	// found (see scrape.Scraper); left out when it was never scraped.
@@ -260,16 +260,16 @@ func engineMetricsOf(s *scrape.WorkerScrape) *engineMetricsView {
 }
 
 type listenerView struct {
-	Endpoint       string           `json:"endpoint"`
-	ReplayEndpoint string           `json:"replay_endpoint,omitempty"`
-	Status         scheduler.Status `json:"status"`
-	LastError      string           `json:"last_error,omitempty"`
-	LastSeq        *uint64          `json:"last_seq,omitempty"`
+	Endpoint       string         `json:"endpoint"`
+	ReplayEndpoint string         `json:"replay_endpoint,omitempty"`
+	Status         catalog.Status `json:"status"`
+	LastError      string         `json:"last_error,omitempty"`
+	LastSeq        *uint64        `json:"last_seq,omitempty"`
 }
 
 // viewOf returns ws as GET /workers shows it, with em, what the scrapes of
 // its page found (nil: never scraped).
-func viewOf(ws scheduler.WorkerState, em *scrape.WorkerScrape) workerView {
+func viewOf(ws catalog.WorkerState, em *scrape.WorkerScrape) workerView {
 	v := workerView{
 		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
 		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
@@ -288,7 +288,7 @@ func viewOf(ws scheduler.WorkerState, em *scrape.WorkerScrape) workerView {
 		rs := strconv.FormatUint(uint64(rank), 10)
 		v.Endpoints[rs], v.KVEventsEndpoints[rs] = p.Endpoint, p.Endpoint
 		replays[p.Replay] = true
-		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: scheduler.StatusPending}
+		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: catalog.StatusPending}
 		if l, ok := ws.Listeners[rank]; ok {
 			lv.Status, lv.LastError = l.Status, l.LastError
 			if l.HasSeq {

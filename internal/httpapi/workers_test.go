@@ -15,7 +15,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
@@ -64,7 +64,7 @@ func TestRegisterIndexerShape(t *testing.T) {
 		t.Fatalf("workers %+v, want 3", ws)
 	}
 	w := ws[0]
-	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS || w.Source != scheduler.SourceAPI {
+	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS || w.Source != catalog.SourceAPI {
 		t.Errorf("worker 1: %+v", w)
 	}
 	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoints["0"] != e0 || w.Endpoints["1"] != e1 || w.DPStart != 0 || w.DPSize != 2 {
@@ -85,7 +85,7 @@ func TestRegisterSlotTrackerShape(t *testing.T) {
 		{name: "negative dp_size", path: "/register", body: w7.with("dp_size", -1), status: 400, errHas: []string{"dp_size"}},
 		{name: "dp_start without dp_size", path: "/register", body: w7.without("dp_size"), status: 400, errHas: []string{"dp_size"}},
 		{name: "overflowing range", path: "/register", body: w7.with("dp_start", uint32(1<<32-1), "dp_size", 2), status: 400},
-		{name: "dp_size over the limit", path: "/register", body: w7.with("dp_size", scheduler.MaxDPSize+1), status: 400, errHas: []string{"dp_size", "4096"}},
+		{name: "dp_size over the limit", path: "/register", body: w7.with("dp_size", catalog.MaxDPSize+1), status: 400, errHas: []string{"dp_size", "4096"}},
 		{name: "dp_rank with a range", path: "/register", body: w7.with("dp_rank", 1), status: 400, errHas: []string{"dp_rank"}},
 		{name: "replay_endpoint with a range", path: "/register", body: w7.with("replay_endpoint", "tcp://127.0.0.1:1"), status: 400, errHas: []string{"replay_endpoint"}},
 		{name: "dp_start too big", path: "/register", body: w7.with("dp_start", uint64(1<<32)), status: 400, errHas: []string{"dp_start"}},
@@ -422,8 +422,8 @@ func TestWorkersEngineMetrics(t *testing.T) {
 	clock := newFakeClock()
 	p := newMetricsPage(t, "/w1/metrics")
 	r := newRig(t, rigOptions{scrape: &scrape.Options{Interval: 10 * time.Second, Logger: quiet, Now: clock.Now}})
-	must(t, r.cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, ID: 1},
-		BlockSize: testBS, Endpoint: p.ts.URL + "/w1/v1", DPStart: 2, DPSize: 2, Source: scheduler.SourceAPI}))
+	must(t, r.cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, ID: 1},
+		BlockSize: testBS, Endpoint: p.ts.URL + "/w1/v1", DPStart: 2, DPSize: 2, Source: catalog.SourceAPI}))
 	p.set(http.StatusOK, twoEngines)
 	must(t, r.sc.ScrapeOnce(t.Context()))
 	at := clock.Now().UTC().Format(time.RFC3339Nano)

@@ -13,7 +13,7 @@ import (
 	"fmt"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // Ingester is the catalog's view of an *indexer.Ingester.
@@ -22,36 +22,36 @@ type Ingester struct{ g *indexer.Ingester }
 // New returns g as the catalog's Listeners.
 func New(g *indexer.Ingester) Ingester { return Ingester{g} }
 
-var _ scheduler.Listeners = Ingester{}
+var _ catalog.Listeners = Ingester{}
 
 // CheckEndpoint is indexer.ValidateEndpoint.
 func (a Ingester) CheckEndpoint(endpoint string) error { return indexer.ValidateEndpoint(endpoint) }
 
 // Listen registers l with the ingester; a closed one is unavailable.
-func (a Ingester) Listen(l scheduler.Listener) error {
+func (a Ingester) Listen(l catalog.Listener) error {
 	err := a.g.Register(indexer.Registration{
 		Key: l.Key, BlockSize: l.BlockSize, Worker: l.ID, Rank: l.Rank,
 		Endpoint: l.Endpoint, ReplayEndpoint: l.Replay, Topic: l.Topic,
 	})
 	if errors.Is(err, indexer.ErrClosed) {
-		return fmt.Errorf("%w: %w", scheduler.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", catalog.ErrUnavailable, err)
 	}
 	return err
 }
 
 // Stop unregisters the listeners of wk (one rank when rank is not nil).
-func (a Ingester) Stop(ctx context.Context, wk scheduler.WorkerKey, rank *uint32) error {
+func (a Ingester) Stop(ctx context.Context, wk catalog.WorkerKey, rank *uint32) error {
 	_, err := a.g.Unregister(ctx, wk.Key, wk.ID, rank)
 	return err
 }
 
 // Pause pauses the listeners of wk (one rank when rank is not nil).
-func (a Ingester) Pause(wk scheduler.WorkerKey, rank *uint32) int {
+func (a Ingester) Pause(wk catalog.WorkerKey, rank *uint32) int {
 	return a.g.Pause(wk.Key, wk.ID, rank)
 }
 
 // Resume resumes the listeners of wk (one rank when rank is not nil).
-func (a Ingester) Resume(wk scheduler.WorkerKey, rank *uint32) int {
+func (a Ingester) Resume(wk catalog.WorkerKey, rank *uint32) int {
 	return a.g.Resume(wk.Key, wk.ID, rank)
 }
 
@@ -59,16 +59,16 @@ func (a Ingester) Resume(wk scheduler.WorkerKey, rank *uint32) int {
 func (a Ingester) Generation() uint64 { return a.g.Generation() }
 
 // States returns the ingester's listeners.
-func (a Ingester) States() []scheduler.ListenerState {
+func (a Ingester) States() []catalog.ListenerState {
 	ls := a.g.Listeners()
-	out := make([]scheduler.ListenerState, len(ls))
+	out := make([]catalog.ListenerState, len(ls))
 	for i, l := range ls {
-		out[i] = scheduler.ListenerState{
-			Listener: scheduler.Listener{
-				WorkerKey: scheduler.WorkerKey{Key: l.Key, ID: l.Worker}, Rank: l.Rank, BlockSize: l.BlockSize,
-				Publisher: scheduler.Publisher{Endpoint: l.Endpoint, Replay: l.ReplayEndpoint, Topic: l.Topic},
+		out[i] = catalog.ListenerState{
+			Listener: catalog.Listener{
+				WorkerKey: catalog.WorkerKey{Key: l.Key, ID: l.Worker}, Rank: l.Rank, BlockSize: l.BlockSize,
+				Publisher: catalog.Publisher{Endpoint: l.Endpoint, Replay: l.ReplayEndpoint, Topic: l.Topic},
 			},
-			Status: scheduler.Status(l.Status), LastError: l.LastError, Seq: l.Seq, HasSeq: l.HasSeq,
+			Status: catalog.Status(l.Status), LastError: l.LastError, Seq: l.Seq, HasSeq: l.HasSeq,
 		}
 	}
 	return out

@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file holds the test rig: a catalog on real listeners with loads
@@ -33,7 +34,7 @@ var quiet = slog.New(slog.DiscardHandler)
 type rig struct {
 	t     testing.TB
 	set   *indexer.Set
-	cat   *scheduler.Catalog
+	cat   *catalog.Catalog
 	loads *scheduler.Loads
 	reg   *prometheus.Registry
 	now   func() time.Time // the loads' clock
@@ -51,7 +52,7 @@ func newRig(t testing.TB, bs int, now func() time.Time) *rig {
 	r := &rig{t: t, set: indexer.NewSet(indexer.Options{EventThreads: 2}), reg: prometheus.NewRegistry(), now: now,
 		key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, bs: bs}
 	ing := indexer.NewIngester(r.set, indexer.IngestOptions{Logger: quiet})
-	r.cat = scheduler.NewCatalog(r.set, listeners.New(ing), r.reg, scheduler.CatalogOptions{Logger: quiet})
+	r.cat = catalog.New(r.set, listeners.New(ing), r.reg, catalog.Options{Logger: quiet})
 	r.loads = scheduler.NewLoads(scheduler.LoadOptions{Now: now})
 	r.cat.Watch(r.loads.Follow)
 	t.Cleanup(func() {
@@ -65,8 +66,8 @@ func newRig(t testing.TB, bs int, now func() time.Time) *rig {
 // and ranks start .. start+size-1, without event publishers.
 func (s *rig) putWorker(id uint64, ep string, start, size uint32) {
 	s.t.Helper()
-	must(s.t, s.cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, Endpoint: ep,
-		DPStart: start, DPSize: size, Source: scheduler.SourceAPI}))
+	must(s.t, s.cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, Endpoint: ep,
+		DPStart: start, DPSize: size, Source: catalog.SourceAPI}))
 }
 
 // store stores blocks lo .. hi-1 of prompt (local hashes) on tier for r,
@@ -211,7 +212,7 @@ func (s *rig) engineMetrics(id uint64) *engineView {
 
 // listed reports whether worker id is in the catalog.
 func (s *rig) listed(id uint64) bool {
-	return slices.ContainsFunc(s.cat.Workers(s.key.Model, s.key.Tenant), func(w scheduler.WorkerState) bool { return w.ID == id })
+	return slices.ContainsFunc(s.cat.Workers(s.key.Model, s.key.Tenant), func(w catalog.WorkerState) bool { return w.ID == id })
 }
 
 // checkScrapes checks that what every worker shows of its scrapes is

@@ -34,6 +34,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // The vLLM metrics read.
@@ -107,8 +108,8 @@ type WorkerScrape struct {
 type store struct {
 	mu sync.RWMutex
 	// targets are the catalog's workers, as followed.
-	targets map[scheduler.WorkerKey]target
-	workers map[scheduler.WorkerKey]*workerScrape
+	targets map[catalog.WorkerKey]target
+	workers map[catalog.WorkerKey]*workerScrape
 	// ranks holds, per (model, tenant), the ranks of the workers whose
 	// last scrape succeeded; a key without one has no entry.
 	ranks map[indexer.Key]map[indexer.WorkerRank]scheduler.EngineReport
@@ -127,18 +128,18 @@ type workerScrape struct {
 }
 
 func newStore() *store {
-	return &store{targets: make(map[scheduler.WorkerKey]target), workers: make(map[scheduler.WorkerKey]*workerScrape),
+	return &store{targets: make(map[catalog.WorkerKey]target), workers: make(map[catalog.WorkerKey]*workerScrape),
 		ranks: make(map[indexer.Key]map[indexer.WorkerRank]scheduler.EngineReport)}
 }
 
 // follow applies a change of the catalog: what is kept of a worker goes
 // with it, or with its endpoint, and of a rank with the rank.
-func (st *store) follow(ch scheduler.Change) {
+func (st *store) follow(ch catalog.Change) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	w := ch.Worker
 	ws := st.workers[w.WorkerKey]
-	if ch.Kind == scheduler.Removed {
+	if ch.Kind == catalog.Removed {
 		delete(st.targets, w.WorkerKey)
 		st.forget(w.WorkerKey, ws)
 		return
@@ -200,7 +201,7 @@ func (st *store) record(t scrapeTarget, url string, at time.Time, loads map[uint
 
 // dropRanks removes the decision entries of ws (worker wk, may be nil).
 // Call with mu held.
-func (st *store) dropRanks(wk scheduler.WorkerKey, ws *workerScrape) {
+func (st *store) dropRanks(wk catalog.WorkerKey, ws *workerScrape) {
 	rm := st.ranks[wk.Key]
 	if ws == nil || rm == nil {
 		return
@@ -215,14 +216,14 @@ func (st *store) dropRanks(wk scheduler.WorkerKey, ws *workerScrape) {
 
 // forget drops everything kept of worker wk (ws, may be nil). Call with
 // mu held.
-func (st *store) forget(wk scheduler.WorkerKey, ws *workerScrape) {
+func (st *store) forget(wk catalog.WorkerKey, ws *workerScrape) {
 	st.dropRanks(wk, ws)
 	delete(st.workers, wk)
 }
 
 // dropRank drops what is kept of rank of ws (worker wk). Call with mu
 // held.
-func (st *store) dropRank(wk scheduler.WorkerKey, ws *workerScrape, rank uint32) {
+func (st *store) dropRank(wk catalog.WorkerKey, ws *workerScrape, rank uint32) {
 	if rm := st.ranks[wk.Key]; rm != nil {
 		delete(rm, indexer.WorkerRank{Worker: wk.ID, Rank: rank})
 		if len(rm) == 0 {
@@ -247,7 +248,7 @@ func (st *store) scrapeTargets() []scrapeTarget {
 
 // view returns a copy of what is kept of wk at time now, nil if it was
 // never scraped.
-func (st *store) view(wk scheduler.WorkerKey, now time.Time) *WorkerScrape {
+func (st *store) view(wk catalog.WorkerKey, now time.Time) *WorkerScrape {
 	st.mu.RLock()
 	defer st.mu.RUnlock()
 	ws := st.workers[wk]
@@ -305,9 +306,9 @@ type scrapeMetrics struct {
 }
 
 // Catalog is what a Scraper needs of the worker catalog
-// (*scheduler.Catalog): its workers' changes.
+// (*catalog.Catalog): its workers' changes.
 type Catalog interface {
-	Watch(func(scheduler.Change))
+	Watch(func(catalog.Change))
 }
 
 // New returns a scraper of cat's workers, following them from now on.
@@ -368,7 +369,7 @@ func New(cat Catalog, opts Options, reg prometheus.Registerer) *Scraper {
 
 // Worker returns what the scrapes of worker wk's page found; nil if it was
 // never scraped (since it last registered its request endpoint).
-func (s *Scraper) Worker(wk scheduler.WorkerKey) *WorkerScrape {
+func (s *Scraper) Worker(wk catalog.WorkerKey) *WorkerScrape {
 	return s.st.view(wk, s.opts.Now())
 }
 
@@ -384,7 +385,7 @@ func (s *Scraper) ReadReports(key indexer.Key, f func(map[indexer.WorkerRank]sch
 // ctx ends; then it returns nil. With a zero interval it returns at once.
 func (s *Scraper) Run(ctx context.Context) error {
 	if s.opts.Interval < 0 {
-		return fmt.Errorf("%w: scrape interval %s is negative", scheduler.ErrInvalid, s.opts.Interval)
+		return fmt.Errorf("%w: scrape interval %s is negative", catalog.ErrInvalid, s.opts.Interval)
 	}
 	if s.opts.Interval == 0 {
 		return nil
@@ -408,7 +409,7 @@ func (s *Scraper) Run(ctx context.Context) error {
 
 // scrapeTarget is a worker whose page is scraped.
 type scrapeTarget struct {
-	scheduler.WorkerKey
+	catalog.WorkerKey
 	endpoint string
 	ranks    []uint32
 }
@@ -541,7 +542,7 @@ func (s *Scraper) fetch(ctx context.Context, u string) (*page, string, error) {
 // its query and a trailing /v1 (the OpenAI routes' prefix, beside which
 // vLLM serves /metrics).
 func metricsURL(endpoint string) (string, error) {
-	if err := scheduler.CheckRequestEndpoint(endpoint); err != nil {
+	if err := catalog.CheckRequestEndpoint(endpoint); err != nil {
 		return "", err
 	}
 	if !strings.Contains(endpoint, "://") {
@@ -549,7 +550,7 @@ func metricsURL(endpoint string) (string, error) {
 	}
 	u, err := url.Parse(endpoint)
 	if err != nil {
-		return "", fmt.Errorf("%w: endpoint %.80q: %w", scheduler.ErrInvalid, endpoint, err)
+		return "", fmt.Errorf("%w: endpoint %.80q: %w", catalog.ErrInvalid, endpoint, err)
 	}
 	p := strings.TrimSuffix(strings.TrimRight(u.Path, "/"), "/v1")
 	v := url.URL{Scheme: u.Scheme, User: u.User, Host: u.Host, Path: p + "/metrics"}

@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive the Scraper against real HTTP servers: simulated
@@ -590,8 +591,8 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	sc := s.newScraper(t, Options{Interval: time.Minute})
 	must(t, sc.ScrapeOnce(t.Context())) // nothing to scrape
 	s.putWorker(1, p.endpoint("/a"), 0, 2)
-	s.putWorker(2, p.endpoint("/a"), 0, 2)                                                                                                     // the same page: fetched once
-	must(t, s.cat.RegisterRange(scheduler.RangeRegistration{WorkerKey: scheduler.WorkerKey{Key: s.key, ID: 3}, BlockSize: testBS, DPSize: 1})) // no endpoint
+	s.putWorker(2, p.endpoint("/a"), 0, 2)                                                                                                 // the same page: fetched once
+	must(t, s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 3}, BlockSize: testBS, DPSize: 1})) // no endpoint
 	must(t, sc.ScrapeOnce(t.Context()))
 	if got := testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess)); got != 1 {
 		t.Errorf("%v successful scrapes, want 1 for the page of workers 1 and 2", got)
@@ -624,7 +625,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	one := uint32(1)
 	_, err := s.cat.Unregister("m", nil, 1, &one)
 	must(t, err)
-	must(t, s.cat.PatchWorker(scheduler.WorkerPatch{WorkerKey: scheduler.WorkerKey{Key: s.key, ID: 2}, Endpoint: ptrTo(p.endpoint("/b"))}))
+	must(t, s.cat.PatchWorker(catalog.WorkerPatch{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 2}, Endpoint: ptrTo(p.endpoint("/b"))}))
 	if em := s.engineMetrics(1); em == nil || len(em.Ranks) != 1 || em.Ranks["0"].Waiting == nil {
 		t.Errorf("worker 1 without rank 1: engine_metrics %+v, want rank 0's only", em)
 	}
@@ -658,7 +659,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 		t.Fatal("worker 1 still registered")
 	}
 	st.mu.RLock()
-	_, kept := st.workers[scheduler.WorkerKey{Key: s.key, ID: 1}]
+	_, kept := st.workers[catalog.WorkerKey{Key: s.key, ID: 1}]
 	st.mu.RUnlock()
 	if kept || !slices.Equal(ranksOf(), []indexer.WorkerRank{rk(2, 1)}) {
 		t.Errorf("after worker 1 left: kept %v, ranks %v", kept, ranksOf())
@@ -686,7 +687,7 @@ func TestScraperRun(t *testing.T) {
 		if err := sc.Run(t.Context()); !errors.Is(err, tt.err) || (tt.err == nil && err != nil) {
 			t.Errorf("interval %v: Run = %v, want %v", tt.interval, err, tt.err)
 		}
-		if em := viewOf(sc.Worker(scheduler.WorkerKey{Key: s.key, ID: 1})); em != nil {
+		if em := viewOf(sc.Worker(catalog.WorkerKey{Key: s.key, ID: 1})); em != nil {
 			t.Fatalf("scraped without a positive interval: %+v", em)
 		}
 	}
@@ -702,7 +703,7 @@ func TestScraperRun(t *testing.T) {
 	n := testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess))
 	poll.Until(t, "two more scrapes", func() bool { return testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess)) >= n+2 })
 	sc.st.mu.RLock()
-	_, kept := sc.st.workers[scheduler.WorkerKey{Key: s.key, ID: 1}]
+	_, kept := sc.st.workers[catalog.WorkerKey{Key: s.key, ID: 1}]
 	sc.st.mu.RUnlock()
 	if kept {
 		t.Error("worker 1 unregistered, but its scrape is kept")
@@ -755,7 +756,7 @@ func TestScrapeWhileSelecting(t *testing.T) {
 	}
 	wg.Go(func() {
 		for i := range 100 {
-			if err := s.cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: s.key, ID: 5}, BlockSize: s.bs, Endpoint: p.endpoint("/a"),
+			if err := s.cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 5}, BlockSize: s.bs, Endpoint: p.endpoint("/a"),
 				DPStart: uint32(i % 2), DPSize: 1}); err != nil {
 				t.Error(err)
 				return

@@ -1,20 +1,16 @@
-// Package scheduler decides where a request goes. It owns the worker
-// catalog (which workers serve which (model, tenant), where their requests
-// and KV events go, whether they are ready; catalog.go, workers.go), the
-// active load booked on each worker rank (load.go), the cost-based
-// selection with reservations (select.go), and replica sync of active load
-// between kvgate replicas (replica.go). The load each engine reports
-// (engine.go; scheduler/scrape reads it from vLLM's /metrics) may correct
-// the cost.
-// The protocols are in docs/http-api.md and docs/scheduling.md; their
-// HTTP routes are internal/httpapi's.
+// Package catalog is the worker catalog: which workers serve which (model,
+// tenant), where their requests and KV events go, and whether they may be
+// sent requests (catalog.go); workers.go registers them in the selection
+// service's shape. Through its Listeners interface (main adapts the
+// indexer's) it starts and stops the KV event listeners of its workers'
+// publishers, which also drop a removed worker's blocks; it tells its
+// watchers of every worker added, changed or removed (Catalog.Watch):
+// that is how the loads and the engine metrics follow it. Its View says
+// which workers are schedulable.
 //
-// The catalog drives the KV event listeners through its Listeners
-// interface (main adapts the indexer's), starting and stopping them and
-// dropping a removed worker's blocks, and tells its watchers (Watch) of
-// every worker added, changed or removed: main wires the loads to them. It
-// must not touch the index's internals, event wire formats or HTTP.
-package scheduler
+// It must not touch the loads, the cost, the index's internals, event wire
+// formats or HTTP, and imports nothing of the indexer's listener layer.
+package catalog
 
 import (
 	"cmp"
@@ -34,7 +30,8 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 )
 
-// Errors of the catalog. The HTTP layer maps them to status codes.
+// Errors of the catalog, which the scheduler shares. The HTTP layer maps
+// them to status codes.
 var (
 	ErrInvalid     = errors.New("invalid request")     // 400
 	ErrNotFound    = errors.New("not found")           // 404
@@ -178,8 +175,8 @@ type RangeRegistration struct {
 	Source          string
 }
 
-// CatalogOptions configure a Catalog.
-type CatalogOptions struct {
+// Options configure a Catalog.
+type Options struct {
 	Logger *slog.Logger
 	// MinInitialWorkers is how many workers must be active at once before
 	// the catalog first reports ready (a startup gate that stays open).
@@ -193,7 +190,7 @@ type CatalogOptions struct {
 type Catalog struct {
 	set       *indexer.Set
 	listeners Listeners
-	opts      CatalogOptions
+	opts      Options
 	log       *slog.Logger
 
 	// opMu serializes changes (a change may wait for the index); mu guards
@@ -205,22 +202,22 @@ type Catalog struct {
 	holdFor  string // why readiness is held ("" when not)
 	watchers []func(Change)
 
-	gen   atomic.Uint64 // bumped on every change of workers
-	sched atomic.Pointer[schedCache]
+	gen  atomic.Uint64 // bumped on every change of workers
+	view atomic.Pointer[View]
 }
 
-// schedCache is the set of schedulable workers, valid while neither the
-// catalog nor its listeners changed.
-type schedCache struct {
+// View is the set of schedulable workers at one time: View returns the
+// same *View until the catalog or a listener changes.
+type View struct {
 	gen, listenGen uint64
 	set            map[indexer.Key]map[uint64]bool // schedulable worker ids per index
 	targets        map[indexer.Key][]Target        // the same workers, sorted by id
 }
 
-// NewCatalog returns an empty catalog of the indexes of set, whose
-// workers' events feed them through listeners. reg, if not nil, receives
-// the kvgate_workers gauges.
-func NewCatalog(set *indexer.Set, listeners Listeners, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
+// New returns an empty catalog of the indexes of set, whose workers'
+// events feed them through listeners. reg, if not nil, receives the
+// kvgate_workers gauges.
+func New(set *indexer.Set, listeners Listeners, reg prometheus.Registerer, opts Options) *Catalog {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -346,17 +343,25 @@ type Target struct {
 // Targets returns the schedulable workers of key, by id. The slice is
 // shared until the catalog or a listener changes: do not modify it.
 func (c *Catalog) Targets(key indexer.Key) []Target {
-	return c.schedView().targets[key]
+	return c.View().Targets(key)
 }
 
-// schedView returns the schedulable workers, recomputed only when the
-// catalog or its listeners changed.
-func (c *Catalog) schedView() *schedCache {
+// Targets returns the schedulable workers of key, by id. Do not modify
+// the slice.
+func (v *View) Targets(key indexer.Key) []Target { return v.targets[key] }
+
+// Schedulable returns the ids of the schedulable workers of key (nil when
+// none). Do not modify the map.
+func (v *View) Schedulable(key indexer.Key) map[uint64]bool { return v.set[key] }
+
+// View returns the schedulable workers, recomputed only when the catalog
+// or its listeners changed.
+func (c *Catalog) View() *View {
 	gen, ig := c.gen.Load(), c.listeners.Generation()
-	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.listenGen == ig {
+	if sc := c.view.Load(); sc != nil && sc.gen == gen && sc.listenGen == ig {
 		return sc
 	}
-	sc := &schedCache{gen: gen, listenGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
+	sc := &View{gen: gen, listenGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
 	for _, w := range c.Workers("", "") { // sorted by id within a key
 		if !Schedulable(w.Status) {
 			continue
@@ -367,7 +372,7 @@ func (c *Catalog) schedView() *schedCache {
 		sc.set[w.Key][w.ID] = true
 		sc.targets[w.Key] = append(sc.targets[w.Key], Target{ID: w.ID, Endpoint: w.Endpoint, Ranks: len(w.Ranks)})
 	}
-	c.sched.Store(sc)
+	c.view.Store(sc)
 	return sc
 }
 
