@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/replica"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -422,7 +423,7 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		ep, err := scheduler.NormalizeReplicaEndpoint(p)
+		ep, err := replica.NormalizeEndpoint(p)
 		if err != nil {
 			return cfg, bad("replica-sync-peers", syncPeers, err.Error())
 		}

@@ -34,6 +34,7 @@ import (
 	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/scheduler/catalog"
+	"github.com/kvgate/kvgate/scheduler/replica"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -223,17 +224,17 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	}
 	replicaRoutes := httpapi.ReplicaSyncOffRoutes()
 	if cfg.ReplicaSyncPort != 0 {
-		replica, err := scheduler.NewReplica(loads, reg, scheduler.ReplicaOptions{
+		rsync, err := replica.New(loads, reg, replica.Options{
 			Port: cfg.ReplicaSyncPort, Peers: cfg.ReplicaSyncPeers, Logger: logger})
 		if err != nil {
 			return fmt.Errorf("--replica-sync-port: %w", err)
 		}
 		defer func() {
-			if err := replica.Close(); err != nil {
+			if err := rsync.Close(); err != nil {
 				logger.Warn("replica sync close", "err", err)
 			}
 		}()
-		replicaRoutes = httpapi.ReplicaRoutes(replica)
+		replicaRoutes = httpapi.ReplicaRoutes(rsync)
 	}
 	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
 

@@ -2,15 +2,15 @@
 // booked on each worker rank (load.go: bookings, the slot tracker's and the
 // selection service's reservations, expiry, the lifecycle replica sync
 // shares), the cost-based selection over the worker catalog's schedulable
-// ranks and the index's overlaps (select.go), the correction of the cost by
-// the load engines report (engine.go), and replica sync of active load
-// between kvgate replicas (replica.go). The protocols are in
+// ranks and the index's overlaps (select.go), and the correction of the
+// cost by the load engines report (engine.go). The protocols are in
 // docs/scheduling.md and docs/http-api.md.
 //
 // Its neighbours are sub-packages: scheduler/catalog (the workers, which
 // the loads follow: Loads.Follow), scheduler/scrape (the engines' vLLM
-// /metrics). It must not touch the index's internals, the event listeners
-// or HTTP (internal/httpapi serves its routes).
+// /metrics) and scheduler/replica (replica sync of the loads between
+// kvgate replicas). It must not touch the index's internals, the event
+// listeners or HTTP (internal/httpapi serves its routes).
 package scheduler
 
 import (

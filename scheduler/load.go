@@ -202,19 +202,20 @@ func (l *Loads) notify(ev Lifecycle) {
 
 // Apply applies an event from elsewhere (a replica) without observing it:
 // an add books ev.Booking, a prefill completion or free applies to
-// ev.Booking.ID. Errors are those of Add, PrefillComplete and Free.
-func (l *Loads) Apply(ev Lifecycle) error {
+// ev.Booking.ID. It reports whether it changed anything (a repeated
+// prefill completion, or a free of a request not active, does not).
+// Errors are those of Add, PrefillComplete and Free.
+func (l *Loads) Apply(ev Lifecycle) (changed bool, err error) {
 	switch ev.Kind {
 	case LifecycleAdd:
-		return l.add(ev.Key, ev.Booking)
+		err := l.add(ev.Key, ev.Booking)
+		return err == nil, err
 	case LifecyclePrefillComplete:
-		_, err := l.prefillComplete(ev.Key, ev.Booking.ID)
-		return err
+		return l.prefillComplete(ev.Key, ev.Booking.ID)
 	case LifecycleFree:
-		_, err := l.free(ev.Key, ev.Booking.ID)
-		return err
+		return l.free(ev.Key, ev.Booking.ID)
 	}
-	return fmt.Errorf("%w: lifecycle kind %d", ErrInvalid, ev.Kind)
+	return false, fmt.Errorf("%w: lifecycle kind %d", ErrInvalid, ev.Kind)
 }
 
 func (l *Loads) tracker(key indexer.Key) *tracker {

@@ -144,11 +144,14 @@ func (op loadOp) run(l *Loads) error {
 		l.RemoveRanks(key, op.rank.Worker, rank)
 		return nil
 	case "apply-add":
-		return l.Apply(Lifecycle{Kind: LifecycleAdd, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecycleAdd, Key: key, Booking: b})
+		return err
 	case "apply-prefill":
-		return l.Apply(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: b})
+		return err
 	case "apply-free":
-		return l.Apply(Lifecycle{Kind: LifecycleFree, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecycleFree, Key: key, Booking: b})
+		return err
 	}
 	panic("unknown op " + op.do)
 }
@@ -521,10 +524,10 @@ func TestExpiryCustomTTL(t *testing.T) {
 func TestApplyUnknownKind(t *testing.T) {
 	l := NewLoads(LoadOptions{})
 	l.AddRanks(loadKey, 16, rk(1, 0))
-	if err := l.Apply(Lifecycle{Kind: 0, Key: loadKey, Booking: Booking{ID: "x", Worker: rk(1, 0)}}); !errors.Is(err, ErrInvalid) {
+	if _, err := l.Apply(Lifecycle{Kind: 0, Key: loadKey, Booking: Booking{ID: "x", Worker: rk(1, 0)}}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("kind 0: %v, want ErrInvalid", err)
 	}
-	if err := l.Apply(Lifecycle{Kind: 99, Key: loadKey}); !errors.Is(err, ErrInvalid) {
+	if _, err := l.Apply(Lifecycle{Kind: 99, Key: loadKey}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("kind 99: %v, want ErrInvalid", err)
 	}
 	checkIdle(t, l)

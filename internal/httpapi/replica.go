@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/kvgate/kvgate/internal/admin"
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/replica"
 )
 
 // This file serves replica sync's peer routes (Dynamo's selection service,
@@ -14,7 +14,7 @@ import (
 
 // ReplicaRoutes returns the replica sync routes of r: register_peer,
 // deregister_peer and peers.
-func ReplicaRoutes(r *scheduler.Replica) []admin.Route {
+func ReplicaRoutes(r *replica.Replica) []admin.Route {
 	h := replicaAPI{r}
 	return []admin.Route{
 		{Pattern: "POST /replica_sync/register_peer", Handler: h.handleRegisterPeer, Mutates: true},
@@ -39,7 +39,7 @@ func ReplicaSyncOffRoutes() []admin.Route {
 }
 
 // replicaAPI serves the replica sync routes.
-type replicaAPI struct{ r *scheduler.Replica }
+type replicaAPI struct{ r *replica.Replica }
 
 type replicaPeerRequest struct {
 	Endpoint *string `json:"endpoint"`

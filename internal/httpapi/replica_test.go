@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/replica"
 )
 
 // These tests drive replica sync's routes, on and off.
@@ -30,7 +31,7 @@ func serveReplicaRoute(t *testing.T, srv http.Handler, method, path, body, token
 func TestReplicaRoutes(t *testing.T) {
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
 	loads.AddRanks(indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, 4, rk(1, 0))
-	r, err := scheduler.NewReplica(loads, prometheus.NewRegistry(), scheduler.ReplicaOptions{BindHost: "127.0.0.1", Logger: quiet})
+	r, err := replica.New(loads, prometheus.NewRegistry(), replica.Options{BindHost: "127.0.0.1", Logger: quiet})
 	must(t, err)
 	t.Cleanup(func() { must(t, r.Close()) })
 	srv := admin.New(admin.Options{Token: "tok"})
