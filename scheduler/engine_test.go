@@ -143,7 +143,7 @@ func TestMetricsCorrectionMatchesBruteForce(t *testing.T) {
 		for pi, p := range prompts {
 			seq := indexer.SequenceHashes(nil, p)
 			isl := int64(len(seq) * bs)
-			pots, err := s.loads.Potentials(s.key, seq, 0)
+			pots, err := s.loads.potentials(s.key, seq, 0)
 			must(t, err)
 			overlaps := overlapsByRank(nil, ix.Match(seq, nil))
 			for _, ow := range []float64{1, 0, 2.5} {

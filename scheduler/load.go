@@ -127,7 +127,7 @@ type rankLoad struct {
 	ovMark uint64
 	ovAt   int32
 	// schedulable says whether the worker is schedulable in the catalog's
-	// view schedView (see costing.eligible).
+	// View schedView (see costing.eligible).
 	schedulable bool
 	schedView   *catalog.View
 	// held counts, per unique sequence hash held by active requests, the
@@ -241,9 +241,9 @@ func (l *Loads) trackerOrErr(key indexer.Key) (*tracker, error) {
 	return t, nil
 }
 
-// AddRanks makes worker ranks known to key's tracker, creating it with
+// addRanks makes worker ranks known to key's tracker, creating it with
 // blockSize if needed. Ranks already known keep their load.
-func (l *Loads) AddRanks(key indexer.Key, blockSize int, ranks ...indexer.WorkerRank) {
+func (l *Loads) addRanks(key indexer.Key, blockSize int, ranks ...indexer.WorkerRank) {
 	l.mu.Lock()
 	t := l.trackers[key]
 	if t == nil {
@@ -291,22 +291,22 @@ func cmpRank(a, b indexer.WorkerRank) int {
 func (l *Loads) Follow(ch catalog.Change) {
 	w := ch.Worker
 	if ch.Kind == catalog.Removed {
-		l.RemoveRanks(w.Key, w.ID, nil)
+		l.removeRanks(w.Key, w.ID, nil)
 		return
 	}
 	for _, rank := range ch.Gone {
-		l.RemoveRanks(w.Key, w.ID, &rank)
+		l.removeRanks(w.Key, w.ID, &rank)
 	}
 	wrs := make([]indexer.WorkerRank, len(w.Ranks))
 	for i, rank := range w.Ranks {
 		wrs[i] = indexer.WorkerRank{Worker: w.ID, Rank: rank}
 	}
-	l.AddRanks(w.Key, w.BlockSize, wrs...)
+	l.addRanks(w.Key, w.BlockSize, wrs...)
 }
 
-// RemoveRanks forgets the ranks of worker in key (one rank when rank is not
+// removeRanks forgets the ranks of worker in key (one rank when rank is not
 // nil) and every request booked on them.
-func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {
+func (l *Loads) removeRanks(key indexer.Key, worker uint64, rank *uint32) {
 	t := l.tracker(key)
 	if t == nil {
 		return
@@ -450,10 +450,10 @@ func (t *tracker) sweep(cutoff time.Time) int {
 	return n
 }
 
-// Expired returns how many requests were freed for their age (by Expire
+// expiredTotal returns how many requests were freed for their age (by Expire
 // or by the sweeps of bookings) since l was made: each is a free that
 // never came, or came after the TTL.
-func (l *Loads) Expired() uint64 { return l.expired.Load() }
+func (l *Loads) expiredTotal() uint64 { return l.expired.Load() }
 
 // Expire frees every request older than the TTL and returns how many.
 // Run it periodically; Add also sweeps its own (model, tenant).
@@ -587,11 +587,11 @@ type Potential struct {
 	DecodeBlocks  float64
 }
 
-// Potentials projects, for every known rank of key, its load with a request
+// potentials projects, for every known rank of key, its load with a request
 // of hashes (sequence hashes) and newPrefill uncached tokens added: prefill
 // grows by newPrefill, decode blocks by the prompt blocks the rank's active
 // requests do not already hold.
-func (l *Loads) Potentials(key indexer.Key, hashes []uint64, newPrefill int64) ([]Potential, error) {
+func (l *Loads) potentials(key indexer.Key, hashes []uint64, newPrefill int64) ([]Potential, error) {
 	t, err := l.trackerOrErr(key)
 	if err != nil {
 		return nil, err

@@ -20,8 +20,8 @@ import (
 // each schedulable rank's cached overlap from the index and active load
 // from Loads give a cost; the cheapest rank wins (or one is sampled with a
 // temperature), and may be booked in the same step. The load a rank's
-// engine reports on its /metrics page (Scraper) may correct the cost (see
-// CostOptions.MetricsWeight); it is off by default. The gateway's
+// engine reports on its /metrics page (EngineReports) may correct the cost
+// (see CostOptions.MetricsWeight); it is off by default. The gateway's
 // decisions also pay for the cached prefix they give up (see
 // CostOptions.ReuseWeight and SelectRequest.ChargeReuse); the
 // Dynamo-compatible routes do not, and answer with the spec's cost.
@@ -290,7 +290,7 @@ func NewScheduler(cat Workers, set *indexer.Set, loads *Loads, opts CostOptions,
 			prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "kvgate_scheduler_expired_requests_total",
 				Help: "Active requests freed because they outlived the request TTL: their free never came.",
-			}, func() float64 { return float64(loads.Expired()) }))
+			}, func() float64 { return float64(loads.expiredTotal()) }))
 	}
 	return s
 }
@@ -397,7 +397,8 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		return Decision{}, err
 	}
 	// No tracker lock from here on: the catalog's lock is taken while
-	// holding it elsewhere (registration adds ranks to the tracker).
+	// holding it elsewhere (its changes add ranks to the tracker: see
+	// Loads.Follow).
 	if b != nil {
 		s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *b})
 	}
@@ -415,13 +416,14 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	return d, nil
 }
 
-// Potentials projects, as Loads.Potentials does, the load of every known
-// rank of key with a prompt of seq (sequence hashes) and newPrefill
-// uncached tokens added, sorted by worker and rank. With isl not nil, each
-// rank's new prefill also grows by the *isl tokens of the prompt less its
-// cached prefix, credited as a decision credits it.
+// Potentials projects the load of every known rank of key with a prompt
+// of seq (sequence hashes) and newPrefill uncached tokens added, sorted by
+// worker and rank: its prefill grows by newPrefill, its decode blocks by
+// the prompt blocks its active requests do not already hold. With isl not
+// nil, each rank's new prefill also grows by the *isl tokens of the prompt
+// less its cached prefix, credited as a decision credits it.
 func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, isl *int64) ([]Potential, error) {
-	pots, err := s.loads.Potentials(key, seq, newPrefill)
+	pots, err := s.loads.potentials(key, seq, newPrefill)
 	if err != nil {
 		return nil, err
 	}

@@ -118,7 +118,7 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 	loads := s.loads
 	must(t, loads.Add(s.key, Booking{ID: "busy", Worker: rk(3, 0), Hashes: append(slices.Clone(seq[:3]), 77, 78), PrefillTokens: 8}))
 	must(t, loads.Add(s.key, Booking{ID: "same", Worker: rk(4, 0), Hashes: seq, PrefillTokens: 40}))
-	if ws := s.cat.Workers("m", ""); len(ws) != 8 || catalog.Schedulable(ws[7].Status) {
+	if ws := s.cat.Workers("m", ""); len(ws) != 8 || s.cat.View().Schedulable(s.key)[8] {
 		t.Fatalf("workers %+v: want 8, worker 8 not schedulable", ws)
 	}
 	return s
@@ -549,7 +549,7 @@ func TestConcurrentSelect(t *testing.T) {
 			default:
 			}
 			loads.Snapshot("", "")
-			if _, err := loads.Potentials(s.key, indexer.SequenceHashes(nil, prompts[i%3]), 16); err != nil {
+			if _, err := loads.potentials(s.key, indexer.SequenceHashes(nil, prompts[i%3]), 16); err != nil {
 				t.Errorf("potentials: %v", err)
 				return
 			}

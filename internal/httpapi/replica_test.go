@@ -11,6 +11,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/replica"
 )
 
@@ -30,7 +31,8 @@ func serveReplicaRoute(t *testing.T, srv http.Handler, method, path, body, token
 
 func TestReplicaRoutes(t *testing.T) {
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
-	loads.AddRanks(indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, 4, rk(1, 0))
+	loads.Follow(catalog.Change{Kind: catalog.Added, Worker: catalog.Worker{
+		WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, ID: 1}, BlockSize: 4, Ranks: []uint32{0}}})
 	r, err := replica.New(loads, prometheus.NewRegistry(), replica.Options{BindHost: "127.0.0.1", Logger: quiet})
 	must(t, err)
 	t.Cleanup(func() { must(t, r.Close()) })

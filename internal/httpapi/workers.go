@@ -1,5 +1,14 @@
 package httpapi
 
+// The scheduler's side of the admin APIs (docs/http-api.md), over
+// scheduler/catalog, scheduler (loads and selection), scheduler/scrape and
+// scheduler/replica, each a thin view owning its JSON shapes: workers.go
+// serves the worker catalog's routes (/register, /unregister, /workers,
+// /ready and the listener test hooks) and maps the scheduler's errors to
+// HTTP statuses (httpError); service.go the slot tracker's and the
+// selection service's (loads, workers, selection, reservations, overlap
+// scores); replica.go replica sync's peer routes, on or off.
+
 import (
 	"errors"
 	"math"
@@ -13,12 +22,6 @@ import (
 	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 )
-
-// This file serves the worker catalog's views (docs/http-api.md): the
-// standalone indexer's and the slot tracker's /register, /unregister and
-// /workers, and /ready; the selection service's worker routes are in
-// service.go. It owns their JSON shapes and maps the scheduler's errors to
-// HTTP statuses (httpError).
 
 // WorkerRoutes returns the routes of the worker catalog cat; GET /workers
 // shows what scraper found of each worker's engine (nil when scraping is

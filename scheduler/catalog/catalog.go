@@ -1,12 +1,12 @@
 // Package catalog is the worker catalog: which workers serve which (model,
 // tenant), where their requests and KV events go, and whether they may be
 // sent requests (catalog.go); workers.go registers them in the selection
-// service's shape. Through its Listeners interface (main adapts the
-// indexer's) it starts and stops the KV event listeners of its workers'
-// publishers, which also drop a removed worker's blocks; it tells its
-// watchers of every worker added, changed or removed (Catalog.Watch):
-// that is how the loads and the engine metrics follow it. Its View says
-// which workers are schedulable.
+// service's shape. Through its Listeners interface (internal/listeners
+// adapts the indexer's; main wires them) it starts and stops the KV event
+// listeners of its workers' publishers, which also drop a removed worker's
+// blocks; it tells its watchers of every worker added, changed or removed
+// (Catalog.Watch): that is how the loads and the engine metrics follow it.
+// Its View says which workers are schedulable.
 //
 // It must not touch the loads, the cost, the index's internals, event wire
 // formats or HTTP, and imports nothing of the indexer's listener layer.
@@ -343,12 +343,8 @@ type Target struct {
 // Targets returns the schedulable workers of key, by id. The slice is
 // shared until the catalog or a listener changes: do not modify it.
 func (c *Catalog) Targets(key indexer.Key) []Target {
-	return c.View().Targets(key)
+	return c.View().targets[key]
 }
-
-// Targets returns the schedulable workers of key, by id. Do not modify
-// the slice.
-func (v *View) Targets(key indexer.Key) []Target { return v.targets[key] }
 
 // Schedulable returns the ids of the schedulable workers of key (nil when
 // none). Do not modify the map.
@@ -363,7 +359,7 @@ func (c *Catalog) View() *View {
 	}
 	sc := &View{gen: gen, listenGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
 	for _, w := range c.Workers("", "") { // sorted by id within a key
-		if !Schedulable(w.Status) {
+		if !schedulable(w.Status) {
 			continue
 		}
 		if sc.set[w.Key] == nil {
@@ -662,9 +658,9 @@ type Readiness struct {
 	MinInitialWorkers                   int
 }
 
-// Schedulable reports whether requests may be sent to a worker in status
+// schedulable reports whether requests may be sent to a worker in status
 // s: its events flow (active), or were deliberately paused.
-func Schedulable(s Status) bool { return s == StatusActive || s == StatusPaused }
+func schedulable(s Status) bool { return s == StatusActive || s == StatusPaused }
 
 // HoldReady keeps Ready false with reason until HoldReady("") (used while
 // recovering the index from a peer).
@@ -685,7 +681,7 @@ func (c *Catalog) Ready() Readiness {
 		if w.Status == StatusActive {
 			r.ActiveWorkers++
 		}
-		if Schedulable(w.Status) {
+		if schedulable(w.Status) {
 			r.Schedulable++
 		}
 	}

@@ -33,13 +33,13 @@ import (
 	"github.com/kvgate/kvgate/scheduler"
 )
 
-// Replica sync is best effort: no sequencing,
-// acknowledgement, replay or resynchronization; output-block updates stay
-// local; events for workers this replica does not know are dropped.
+// Replica sync is best effort: no sequencing, acknowledgement, replay or
+// resynchronization; output-block updates stay local; events for workers
+// this replica does not know are dropped.
 //
 // Wire format: one two-frame ZMQ message per event,
 //
-//	[Topic, msgpack map]
+//	["kvgate.replica_sync.v1", msgpack map]
 //
 // whose map has the keys of replicaMessage: replica_id (uint64, random per
 // process, so a replica ignores its own events), kind ("add",
@@ -49,9 +49,9 @@ import (
 // whose block_size differs from the receiver's for the (model, tenant) is
 // dropped; 0 (unknown to the sender) is not checked.
 
-// Topic is the first frame of every replica sync message; SUB
+// syncTopic is the first frame of every replica sync message; SUB
 // sockets subscribe to it.
-const Topic = "kvgate.replica_sync.v1"
+const syncTopic = "kvgate.replica_sync.v1"
 
 // Reasons of kvgate_replica_sync_events_dropped_total.
 const (
@@ -259,9 +259,6 @@ func randomReplicaID() uint64 {
 // tcp://host:port (a wildcard bind host reads as 127.0.0.1).
 func (r *Replica) Endpoint() string { return r.endpoint }
 
-// ID returns the replica id carried by the events it publishes.
-func (r *Replica) ID() uint64 { return r.id }
-
 func replicaBoundEndpoint(host string, addr net.Addr) string {
 	port := 0
 	if ta, ok := addr.(*net.TCPAddr); ok {
@@ -443,7 +440,7 @@ func (r *Replica) publish(ev scheduler.Lifecycle) {
 	}
 	payload, err := msgpack.Marshal(&msg)
 	if err == nil {
-		err = r.pub.SendMulti(zmq4.NewMsgFrom([]byte(Topic), payload))
+		err = r.pub.SendMulti(zmq4.NewMsgFrom([]byte(syncTopic), payload))
 	}
 	if err != nil {
 		r.m.dropped.WithLabelValues(replicaDropSendError).Inc()
@@ -471,8 +468,8 @@ type replicaMessage struct {
 // the publisher's replica id.
 func decodeReplicaMessage(frames [][]byte) (scheduler.Lifecycle, replicaMessage, error) {
 	var m replicaMessage
-	if len(frames) != 2 || string(frames[0]) != Topic {
-		return scheduler.Lifecycle{}, m, fmt.Errorf("want 2 frames [%s, payload], got %d", Topic, len(frames))
+	if len(frames) != 2 || string(frames[0]) != syncTopic {
+		return scheduler.Lifecycle{}, m, fmt.Errorf("want 2 frames [%s, payload], got %d", syncTopic, len(frames))
 	}
 	rd := bytes.NewReader(frames[1])
 	if err := msgpack.NewDecoder(rd).Decode(&m); err != nil {
@@ -600,14 +597,14 @@ func (r *Replica) follow(ctx context.Context, ep string, p *replicaPeer) {
 	}
 }
 
-// dial connects a SUB socket to ep and subscribes to Topic. The
+// dial connects a SUB socket to ep and subscribes to syncTopic. The
 // socket lives in ctx: cancelling it interrupts a connection attempt and
 // a pending receive.
 func (r *Replica) dial(ctx context.Context, ep string) (zmq4.Socket, error) {
 	sub := zmq4.NewSub(context.WithValue(ctx, replicaTimeoutKey{}, r.opts.Timeout),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(r.opts.Timeout), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithLogger(slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)))
-	if err := sub.SetOption(zmq4.OptionSubscribe, Topic); err != nil {
+	if err := sub.SetOption(zmq4.OptionSubscribe, syncTopic); err != nil {
 		closeReplicaSocket(sub)
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}

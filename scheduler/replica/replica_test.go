@@ -22,6 +22,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // Tests of replica sync over real ZMQ sockets on the loopback interface.
@@ -71,18 +72,27 @@ func newTestReplica(t *testing.T, loads *scheduler.Loads, opts Options) *Replica
 	return r
 }
 
+// addRanks makes ranks of key known to l, with block size bs, as a
+// catalog registering their workers does.
+func addRanks(l *scheduler.Loads, key indexer.Key, bs int, wrs ...indexer.WorkerRank) {
+	for _, wr := range wrs {
+		l.Follow(catalog.Change{Kind: catalog.Changed, Worker: catalog.Worker{
+			WorkerKey: catalog.WorkerKey{Key: key, ID: wr.Worker}, BlockSize: bs, Ranks: []uint32{wr.Rank}}})
+	}
+}
+
 // replicaLoads returns loads knowing worker 1 (ranks 0 and 1) and worker 2
 // (rank 0) of replicaKey, with block size 4.
 func replicaLoads() *scheduler.Loads {
 	l := scheduler.NewLoads(scheduler.LoadOptions{})
-	l.AddRanks(replicaKey, 4, replicaWR(1, 0), replicaWR(1, 1), replicaWR(2, 0))
+	addRanks(l, replicaKey, 4, replicaWR(1, 0), replicaWR(1, 1), replicaWR(2, 0))
 	return l
 }
 
 // replicaSubscribed reports whether a subscriber's subscription reached r's
 // PUB socket: what r publishes from now on reaches it.
 func replicaSubscribed(r *Replica) bool {
-	return slices.Contains(r.pub.(zmq4.Topics).Topics(), Topic)
+	return slices.Contains(r.pub.(zmq4.Topics).Topics(), syncTopic)
 }
 
 func replicaWaitSubscribed(t *testing.T, rs ...*Replica) {
@@ -211,10 +221,10 @@ func TestReplicaDrops(t *testing.T) {
 	la, lb := replicaLoads(), replicaLoads()
 	other := indexer.Key{Model: "only-on-a", Tenant: indexer.DefaultTenant}
 	sized := indexer.Key{Model: "sized", Tenant: "t"}
-	la.AddRanks(replicaKey, 4, replicaWR(9, 0)) // a worker B does not know
-	la.AddRanks(other, 4, replicaWR(1, 0))
-	la.AddRanks(sized, 4, replicaWR(1, 0))
-	lb.AddRanks(sized, 8, replicaWR(1, 0))
+	addRanks(la, replicaKey, 4, replicaWR(9, 0)) // a worker B does not know
+	addRanks(la, other, 4, replicaWR(1, 0))
+	addRanks(la, sized, 4, replicaWR(1, 0))
+	addRanks(lb, sized, 8, replicaWR(1, 0))
 	a := newTestReplica(t, la, Options{})
 	b := newTestReplica(t, lb, Options{Peers: []string{a.Endpoint()}})
 	replicaWaitSubscribed(t, a)
@@ -314,9 +324,9 @@ func TestReplicaWireFormat(t *testing.T) {
 	if _, err := r.AddPeer(pub.ep); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the replica subscribed", func() bool { return slices.Contains(pub.Socket.(zmq4.Topics).Topics(), Topic) })
+	poll.Until(t, "the replica subscribed", func() bool { return slices.Contains(pub.Socket.(zmq4.Topics).Topics(), syncTopic) })
 
-	topic := []byte(Topic)
+	topic := []byte(syncTopic)
 	add := map[string]any{"replica_id": uint64(42), "kind": "add", "model": "m", "tenant": "default", "request_id": "x1",
 		"worker_id": uint64(1), "dp_rank": uint32(1), "block_size": 4, "hashes": []uint64{1 << 63, 2}, "prefill_tokens": int64(8),
 		"some_future_key": "ignored"}
@@ -343,7 +353,7 @@ func TestReplicaWireFormat(t *testing.T) {
 		{topic, replicaMsgpack(t, with("request_id", nil))},
 		{topic, replicaMsgpack(t, with("prefill_tokens", int64(-1)))},
 		{topic, replicaMsgpack(t, with("hashes", "not hashes"))},
-		{[]byte(Topic + ".v2"), replicaMsgpack(t, add)},
+		{[]byte(syncTopic + ".v2"), replicaMsgpack(t, add)},
 		{topic, replicaMsgpack(t, add), []byte("extra")},
 	}
 	for _, frames := range malformed {
@@ -371,7 +381,7 @@ func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 	r := newTestReplica(t, l, Options{})
 	sub := zmq4.NewSub(context.Background())
 	defer closeReplicaSocket(sub)
-	if err := sub.SetOption(zmq4.OptionSubscribe, Topic); err != nil {
+	if err := sub.SetOption(zmq4.OptionSubscribe, syncTopic); err != nil {
 		t.Fatal(err)
 	}
 	if err := sub.Dial(r.Endpoint()); err != nil {
@@ -387,16 +397,16 @@ func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []map[string]any{
-		{"replica_id": r.ID(), "kind": "add", "model": "m", "tenant": "default", "request_id": "p1",
+		{"replica_id": r.id, "kind": "add", "model": "m", "tenant": "default", "request_id": "p1",
 			"worker_id": uint64(1), "dp_rank": uint64(1), "block_size": uint64(4), "hashes": []any{uint64(1<<64 - 1), uint64(5)}, "prefill_tokens": uint64(9)},
-		{"replica_id": r.ID(), "kind": "free", "model": "m", "tenant": "default", "request_id": "p1"},
+		{"replica_id": r.id, "kind": "free", "model": "m", "tenant": "default", "request_id": "p1"},
 	}
 	for i, w := range want {
 		msg, err := sub.Recv()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(msg.Frames) != 2 || string(msg.Frames[0]) != Topic {
+		if len(msg.Frames) != 2 || string(msg.Frames[0]) != syncTopic {
 			t.Fatalf("message %d: frames %q", i, msg.Frames)
 		}
 		var got map[string]any

@@ -4,12 +4,14 @@
 // it says, the cache's size in blocks. A Scraper fetches the page of every
 // catalog worker with a request endpoint, periodically, and keeps, per
 // worker, the last values by DP rank and the last error (GET /workers
-// shows them: Worker); decisions read them through
-// scheduler.EngineReports (ReadReports), to add the load an engine
-// reports beyond the load tracked locally (CostOptions.MetricsWeight).
+// shows them: Scraper.Worker); decisions read them as
+// scheduler.EngineReports (Scraper.ReadReports), to add the load an engine
+// reports beyond the load tracked locally
+// (scheduler.CostOptions.MetricsWeight).
 //
-// It follows the catalog's workers through their changes (Catalog.Watch)
-// and must not touch the loads, the cost or the index.
+// It follows the catalog's workers through their changes
+// (catalog.Catalog.Watch) and must not touch the loads, the cost or the
+// index.
 package scrape
 
 import (
@@ -50,11 +52,11 @@ const (
 
 // Defaults of Options.
 const (
-	DefaultTimeout     = 5 * time.Second
-	DefaultConcurrency = 8
-	DefaultMaxBytes    = 8 << 20
-	// DefaultStaleScrapes is how many intervals a scrape counts for.
-	DefaultStaleScrapes = 3
+	defaultTimeout     = 5 * time.Second
+	defaultConcurrency = 8
+	defaultMaxBytes    = 8 << 20
+	// defaultStaleScrapes is how many intervals a scrape counts for.
+	defaultStaleScrapes = 3
 )
 
 // Options configure a Scraper.
@@ -62,18 +64,15 @@ type Options struct {
 	// Interval is the period of the scrapes of every worker; 0 turns
 	// scraping off (Run returns at once).
 	Interval time.Duration
-	// Timeout bounds one page's scrape. Default: the interval, at most
-	// DefaultTimeout.
+	// Timeout bounds one page's scrape. Default: the interval, at most 5s.
 	Timeout time.Duration
 	// StaleAfter is the age at which a successful scrape stops counting in
-	// the cost (a failed one stops at once). Default DefaultStaleScrapes
-	// intervals (or of DefaultTimeout when the interval is 0).
+	// the cost (a failed one stops at once). Default 3 intervals (or 15s
+	// when the interval is 0).
 	StaleAfter time.Duration
-	// Concurrency bounds the scrapes in flight. Default
-	// DefaultConcurrency.
+	// Concurrency bounds the scrapes in flight. Default 8.
 	Concurrency int
-	// MaxBytes bounds a page; a longer one is an error. Default
-	// DefaultMaxBytes.
+	// MaxBytes bounds a page; a longer one is an error. Default 8 MiB.
 	MaxBytes int64
 	// Client sends the requests. Default: a client of the Scraper's own,
 	// whose idle connections Run closes when it returns.
@@ -315,19 +314,19 @@ type Catalog interface {
 // reg, if not nil, receives the kvgate_scrape_* metrics.
 func New(cat Catalog, opts Options, reg prometheus.Registerer) *Scraper {
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
+		opts.Timeout = defaultTimeout
 		if opts.Interval > 0 {
-			opts.Timeout = min(opts.Interval, DefaultTimeout)
+			opts.Timeout = min(opts.Interval, defaultTimeout)
 		}
 	}
 	if opts.StaleAfter <= 0 {
-		opts.StaleAfter = DefaultStaleScrapes * cmp.Or(max(opts.Interval, 0), DefaultTimeout)
+		opts.StaleAfter = defaultStaleScrapes * cmp.Or(max(opts.Interval, 0), defaultTimeout)
 	}
 	if opts.Concurrency <= 0 {
-		opts.Concurrency = DefaultConcurrency
+		opts.Concurrency = defaultConcurrency
 	}
 	if opts.MaxBytes <= 0 {
-		opts.MaxBytes = DefaultMaxBytes
+		opts.MaxBytes = defaultMaxBytes
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
