@@ -386,10 +386,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	var c choice
 	var err error
 	if s.opts.MetricsWeight > 0 && s.opts.Engines != nil {
-		// The reports stay unchanged while the decision reads them.
-		s.opts.Engines.ReadReports(req.Key, func(eng map[indexer.WorkerRank]EngineReport) {
-			c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b, eng)
-		})
+		c, err = s.decideReporting(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b)
 	} else {
 		c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b, nil)
 	}
@@ -441,6 +438,27 @@ func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, 
 		pots[i].PrefillTokens += s.opts.uncached(&ov, *isl, bs)
 	}
 	return pots, nil
+}
+
+// decideReporting is decide with the engines' reports of req's key, which
+// stay unchanged while it reads them. It is apart from Select, and books a
+// copy of book, so that its closure moves nothing of Select's to the heap.
+func (s *Scheduler) decideReporting(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
+	isl int64, w, temp float64, view *catalog.View, book *Booking) (choice, error) {
+	var bk *Booking
+	if book != nil {
+		cp := *book
+		bk = &cp
+	}
+	var c choice
+	var err error
+	s.opts.Engines.ReadReports(req.Key, func(eng map[indexer.WorkerRank]EngineReport) {
+		c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, bk, eng)
+	})
+	if book != nil {
+		*book = *bk
+	}
+	return c, err
 }
 
 // decide costs every schedulable rank of t and picks one, under t's lock;
