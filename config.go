@@ -17,6 +17,7 @@ import (
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/httpapi"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/replica"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -424,7 +425,7 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		ep, err := scheduler.NormalizeReplicaEndpoint(p)
+		ep, err := replica.NormalizeEndpoint(p)
 		if err != nil {
 			return cfg, bad("replica-sync-peers", syncPeers, err.Error())
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/extproc"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -26,7 +27,7 @@ const remoteTokenizeTimeout = 5 * time.Second
 // newGateway builds the routing decision: the models (--models, plus
 // --model-name tokenized remotely when not listed), the tokenizers loaded
 // once, and the gateway over the scheduler.
-func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Scheduler, reg prometheus.Registerer, logger *slog.Logger) (*extproc.Gateway, error) {
+func newGateway(cfg serveConfig, cat *catalog.Catalog, sched *scheduler.Scheduler, reg prometheus.Registerer, logger *slog.Logger) (*extproc.Gateway, error) {
 	var models tokenize.Config
 	if cfg.ModelsFile != "" {
 		var err error
@@ -45,7 +46,7 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 				model = info.Model // an adapter's requests go to its base model's workers
 			}
 			var out []string
-			for _, t := range catalog.Targets(indexer.Key{Model: model, Tenant: cfg.TenantID}) {
+			for _, t := range cat.Targets(indexer.Key{Model: model, Tenant: cfg.TenantID}) {
 				if t.Endpoint != "" {
 					out = append(out, "http://"+extproc.HostPort(t.Endpoint))
 				}
@@ -57,7 +58,7 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 	if err != nil {
 		return nil, fmt.Errorf("--models: %w", err)
 	}
-	return extproc.New(registry, catalog, sched, extproc.Options{
+	return extproc.New(registry, cat, sched, extproc.Options{
 		Tenant: cfg.TenantID, Fallbacks: cfg.Fallbacks, MaxRequestsPerRank: cfg.MaxRequestsPerRank,
 		DefaultModel: cfg.ModelName, Policy: cfg.RoutingPolicy, Seed: randomSeed(), Logger: logger, Registerer: reg,
 	}), nil
@@ -66,7 +67,7 @@ func newGateway(cfg serveConfig, catalog *scheduler.Catalog, sched *scheduler.Sc
 // startFronts starts the ext_proc server and the embedded proxy (each
 // when its address is set) and returns the function that drains them,
 // each within the shutdown timeout.
-func startFronts(cfg serveConfig, gw *extproc.Gateway, catalog *scheduler.Catalog, logger *slog.Logger) (stop func(), err error) {
+func startFronts(cfg serveConfig, gw *extproc.Gateway, cat *catalog.Catalog, logger *slog.Logger) (stop func(), err error) {
 	var wg sync.WaitGroup
 	var stops []func(context.Context)
 	stopAll := func() {
@@ -80,7 +81,7 @@ func startFronts(cfg serveConfig, gw *extproc.Gateway, catalog *scheduler.Catalo
 	if cfg.ExtProcAddr != "" {
 		srv, err := extproc.NewServer(gw, extproc.ServerOptions{
 			TLSCert: cfg.TLSCert, TLSKey: cfg.TLSKey, Logger: logger,
-			Ready: func() bool { return catalog.Ready().Ready },
+			Ready: func() bool { return cat.Ready().Ready },
 		})
 		if err != nil {
 			return nil, fmt.Errorf("--ext-proc-addr: %w", err)

@@ -32,7 +32,11 @@ import (
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/httpapi"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
+	"github.com/kvgate/kvgate/scheduler/replica"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -186,54 +190,62 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	defer indexes.Close()
 	ingest := kvevents.NewIngester(indexes, kvevents.IngestOptions{Logger: logger, Metrics: kvevents.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
-	catalog := scheduler.NewCatalog(indexes, ingest, reg, scheduler.CatalogOptions{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
+	cat := catalog.New(indexes, listeners.New(ingest), reg, catalog.Options{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
 	indexAPI := httpapi.NewIndex(indexes, peers, reg)
 
-	// Scheduling: the catalog's loads, the scheduler over them and the
-	// index, the slot tracker and selection service routes, the periodic
-	// expiry of requests never freed, and replica sync of the loads.
-	loads := catalog.Loads()
+	// Scheduling: the loads, following the catalog's workers, the
+	// scheduler over them and the index, the slot tracker and selection
+	// service routes, the periodic expiry of requests never freed, and
+	// replica sync of the loads.
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	cat.Watch(loads.Follow)
 	// The reuse charge applies to the gateway's decisions only: the
-	// Dynamo-compatible routes answer with the spec's cost.
-	sched := scheduler.NewScheduler(catalog, indexes, loads, scheduler.CostOptions{
+	// Dynamo-compatible routes answer with the spec's cost. The engines'
+	// reports, when scraped, may correct it.
+	cost := scheduler.CostOptions{
 		OverlapWeight: zeroAs(cfg.OverlapWeight, scheduler.NoOverlapWeight), Temperature: cfg.RouterTemperature, MetricsWeight: cfg.MetricsLoadWeight,
-		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}, randomSeed(), reg)
+		ReuseWeight: zeroAs(cfg.ReuseWeight, scheduler.NoReuseWeight)}
+	var scraper *scrape.Scraper
+	if cfg.MetricsScrapeInterval > 0 {
+		scraper = scrape.New(cat, scrape.Options{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+		cost.Engines = scraper
+	}
+	sched := scheduler.NewScheduler(cat, indexes, loads, cost, randomSeed(), reg)
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stopBg()
 	bg.Go(func() { expireLoads(bgCtx, loads, loadExpiryInterval, logger) })
-	if cfg.MetricsScrapeInterval > 0 {
-		scraper := scheduler.NewScraper(catalog, scheduler.ScrapeOptions{Interval: cfg.MetricsScrapeInterval, Logger: logger}, reg)
+	if scraper != nil {
 		bg.Go(func() {
 			if err := scraper.Run(bgCtx); err != nil {
 				logger.Error("engine metrics scraping stopped", "err", err)
 			}
 		})
 	}
-	replicaRoutes := scheduler.ReplicaSyncOffRoutes()
+	replicaRoutes := httpapi.ReplicaSyncOffRoutes()
 	if cfg.ReplicaSyncPort != 0 {
-		replica, err := scheduler.NewReplica(loads, reg, scheduler.ReplicaOptions{
+		rsync, err := replica.New(loads, reg, replica.Options{
 			Port: cfg.ReplicaSyncPort, Peers: cfg.ReplicaSyncPeers, Logger: logger})
 		if err != nil {
 			return fmt.Errorf("--replica-sync-port: %w", err)
 		}
 		defer func() {
-			if err := replica.Close(); err != nil {
+			if err := rsync.Close(); err != nil {
 				logger.Warn("replica sync close", "err", err)
 			}
 		}()
-		replicaRoutes = replica.Routes()
+		replicaRoutes = httpapi.ReplicaRoutes(rsync)
 	}
-	srv.Handle(adminRoutes(reg, logger, indexAPI, catalog, scheduler.NewService(catalog, sched), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
-		err := catalog.RegisterRank(scheduler.RankRegistration{
-			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: w.ID},
+		err := cat.RegisterRank(catalog.RankRegistration{
+			WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: w.ID},
 			BlockSize: cfg.BlockSize,
 			Rank:      w.Rank,
-			Publisher: scheduler.Publisher{Endpoint: w.Endpoint, Replay: w.ReplayEndpoint, Topic: cfg.KVTopic},
-			Source:    scheduler.SourceConfig,
+			Publisher: catalog.Publisher{Endpoint: w.Endpoint, Replay: w.ReplayEndpoint, Topic: cfg.KVTopic},
+			Source:    catalog.SourceConfig,
 		})
 		if err != nil {
 			return fmt.Errorf("--workers: %w", err)
@@ -241,15 +253,15 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	}
 
 	for id, ep := range cfg.WorkerEndpoints {
-		err := catalog.PatchWorker(scheduler.WorkerPatch{
-			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: id}, Endpoint: &ep})
+		err := cat.PatchWorker(catalog.WorkerPatch{
+			WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: cfg.ModelName, Tenant: cfg.TenantID}, ID: id}, Endpoint: &ep})
 		if err != nil {
 			return fmt.Errorf("--worker-endpoints: worker %d: %w (list it in --workers too)", id, err)
 		}
 	}
 
 	if cfg.Discovery == "kubernetes" {
-		d, err := newDiscovery(cfg, catalog, reg, logger)
+		d, err := newDiscovery(cfg, cat, reg, logger)
 		if err != nil {
 			return err
 		}
@@ -260,11 +272,11 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		})
 	}
 
-	gw, err := newGateway(cfg, catalog, sched, reg, logger)
+	gw, err := newGateway(cfg, cat, sched, reg, logger)
 	if err != nil {
 		return err
 	}
-	stopFronts, err := startFronts(cfg, gw, catalog, logger)
+	stopFronts, err := startFronts(cfg, gw, cat, logger)
 	if err != nil {
 		return err
 	}
@@ -294,26 +306,26 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	if len(cfg.Peers) > 0 {
 		// Listeners are already subscribed and their events queue on the
 		// held index; load a peer's dump, then let them apply.
-		catalog.HoldReady("recovering the index from peers")
+		cat.HoldReady("recovering the index from peers")
 		var wg sync.WaitGroup
 		defer wg.Wait() // runs before ingest.Close and indexes.Close
 		wg.Go(func() {
 			httpapi.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
 			indexes.Release()
-			catalog.HoldReady("")
+			cat.HoldReady("")
 		})
 	}
 	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
 }
 
 // newDiscovery follows the InferencePool named by the configuration.
-func newDiscovery(cfg serveConfig, catalog *scheduler.Catalog, reg prometheus.Registerer, logger *slog.Logger) (*discovery.Discovery, error) {
+func newDiscovery(cfg serveConfig, cat *catalog.Catalog, reg prometheus.Registerer, logger *slog.Logger) (*discovery.Discovery, error) {
 	klog.SetSlogLogger(logger.With("component", "client-go")) // client-go logs through klog, a process-wide logger
 	kube, dyn, err := discovery.Clients(cfg.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("--discovery kubernetes: %w", err)
 	}
-	d, err := discovery.New(kube, dyn, catalog, discovery.Config{
+	d, err := discovery.New(kube, dyn, cat, discovery.Config{
 		PoolName: cfg.PoolName, PoolNamespace: cfg.PoolNamespace, APIVersion: cfg.PoolAPIVersion,
 		Model: cfg.ModelName, ModelLabel: cfg.PodModelLabel, Tenant: cfg.TenantID, BlockSize: cfg.BlockSize,
 		EventsTemplate: cfg.KVEventsTemplate, ReplayTemplate: cfg.KVReplayTemplate, Topic: cfg.KVTopic, Logger: logger,
@@ -392,15 +404,16 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 }
 
 // adminRoutes is the admin listener's route table: the process's own
-// routes, the index's, the catalog's, the slot tracker and selection
-// service's, and replica sync's (replica, or ReplicaSyncOffRoutes). The
+// routes, the index's, then the scheduling ones: the catalog's, the slot
+// tracker and selection service's, and replica sync's (on or off). The
 // routes marked Mutates are the ones --admin-token guards.
-func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *httpapi.Index, catalog *scheduler.Catalog, service *scheduler.Service, replica []admin.Route) []admin.Route {
+func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *httpapi.Index, scheduling ...[]admin.Route) []admin.Route {
 	routes := processRoutes(reg, logger)
 	routes = append(routes, index.Routes()...)
-	routes = append(routes, catalog.Routes()...)
-	routes = append(routes, service.Routes()...)
-	return append(routes, replica...)
+	for _, rs := range scheduling {
+		routes = append(routes, rs...)
+	}
+	return routes
 }
 
 // processRoutes are the routes of the process itself: liveness (always

@@ -30,7 +30,9 @@ import (
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/httpapi"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -830,13 +832,16 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	t.Cleanup(set.Close)
 	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	cat.Watch(loads.Follow)
+	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)
 	peers, err := httpapi.NewPeers(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.NewIndex(set, peers, nil), cat, scheduler.NewService(cat, sched), scheduler.ReplicaSyncOffRoutes())
+	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.NewIndex(set, peers, nil),
+		httpapi.WorkerRoutes(cat, nil), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
 }
 
 // routeFamily is a route path up to its first wildcard: "/workers/{id}"

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/replica"
 	"github.com/kvgate/kvgate/tokenize"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -637,7 +637,7 @@ func (c *checker) checkReplicaSync(w workload, ct corev1.Container, s map[string
 	}
 	seen := map[string]bool{}
 	for _, p := range list {
-		ep, err := scheduler.NormalizeReplicaEndpoint(strings.TrimSpace(p))
+		ep, err := replica.NormalizeEndpoint(strings.TrimSpace(p))
 		if err != nil {
 			c.bad("kvgate --replica-sync-peers: %v", err)
 			continue

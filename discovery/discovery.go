@@ -34,6 +34,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // Source is the catalog source of the workers Discovery registers.
@@ -97,9 +98,9 @@ type Config struct {
 }
 
 // Catalog is what Discovery needs of the worker catalog
-// (*scheduler.Catalog implements it).
+// (*catalog.Catalog implements it).
 type Catalog interface {
-	PutWorker(scheduler.WorkerSpec) error
+	PutWorker(catalog.WorkerSpec) error
 	Unregister(model string, tenant *string, id uint64, rank *uint32) (int, error)
 }
 
@@ -425,8 +426,8 @@ func parsePool(apiVersion string, u *unstructured.Unstructured) (pool, error) {
 	if len(p.ports) == 0 {
 		return p, errors.New("no target port")
 	}
-	if len(p.ports) > scheduler.MaxDPSize {
-		return p, fmt.Errorf("%d target ports, more than %d", len(p.ports), scheduler.MaxDPSize)
+	if len(p.ports) > catalog.MaxDPSize {
+		return p, fmt.Errorf("%d target ports, more than %d", len(p.ports), catalog.MaxDPSize)
 	}
 	for i, n := range p.ports {
 		if slices.Index(p.ports, n) != i {
@@ -542,12 +543,12 @@ func usable(pod *corev1.Pod) (bool, string) {
 
 // worker is a catalog worker of one rank of a pod.
 type worker struct {
-	spec scheduler.WorkerSpec
+	spec catalog.WorkerSpec
 	pod  string // pod name
 	name string // <pod>-rank-<i>
 }
 
-func sameSpec(a, b scheduler.WorkerSpec) bool {
+func sameSpec(a, b catalog.WorkerSpec) bool {
 	return a.WorkerKey == b.WorkerKey && a.BlockSize == b.BlockSize && a.Endpoint == b.Endpoint &&
 		a.DPStart == b.DPStart && a.DPSize == b.DPSize && maps.Equal(a.Events, b.Events) &&
 		a.Replay == b.Replay && a.Source == b.Source
@@ -583,8 +584,8 @@ func (r *runner) podWorkers(p pool, pod *corev1.Pod) ([]worker, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kv replay endpoint of rank %d: %w", i, err)
 		}
-		s := scheduler.WorkerSpec{
-			WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: model, Tenant: cfg.Tenant}, ID: WorkerID(pod.Namespace, pod.Name, i)},
+		s := catalog.WorkerSpec{
+			WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: model, Tenant: cfg.Tenant}, ID: WorkerID(pod.Namespace, pod.Name, i)},
 			BlockSize: cfg.BlockSize,
 			Endpoint:  net.JoinHostPort(ip, strconv.Itoa(int(port))),
 			DPStart:   uint32(i),

@@ -32,8 +32,10 @@ import (
 	"github.com/kvgate/kvgate/bench/engine/enginetest"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // The tests run a real catalog (with its ingester and index set) against
@@ -64,7 +66,7 @@ type harness struct {
 	kube *kfake.Clientset
 	dyn  *dfake.FakeDynamicClient
 	ing  *kvevents.Ingester
-	cat  *scheduler.Catalog
+	cat  *catalog.Catalog
 	reg  *prometheus.Registry
 	d    *Discovery
 
@@ -82,12 +84,12 @@ type harness struct {
 
 // newHarness builds the harness; wrap, if not nil, puts a Catalog between
 // Discovery and the real catalog. Call start to run the Discovery.
-func newHarness(t *testing.T, cfg Config, wrap func(*scheduler.Catalog) Catalog) *harness {
+func newHarness(t *testing.T, cfg Config, wrap func(*catalog.Catalog) Catalog) *harness {
 	t.Helper()
 	h := &harness{t: t, reg: prometheus.NewRegistry()}
 	set := indexer.NewSet(indexer.Options{EventThreads: 2})
 	h.ing = kvevents.NewIngester(set, kvevents.IngestOptions{Logger: quiet, MinBackoff: 5 * time.Millisecond, MaxBackoff: 50 * time.Millisecond, FailAfter: 2})
-	h.cat = scheduler.NewCatalog(set, h.ing, nil, scheduler.CatalogOptions{Logger: quiet, UnregisterTimeout: 10 * time.Second})
+	h.cat = catalog.New(set, listeners.New(h.ing), nil, catalog.Options{Logger: quiet, UnregisterTimeout: 10 * time.Second})
 	t.Cleanup(func() {
 		h.ing.Close()
 		set.Close()
@@ -409,9 +411,9 @@ func TestPodLifecycle(t *testing.T) {
 	h := newHarness(t, Config{}, nil)
 	// A worker registered by hand, with an id discovery would give
 	// another pod: discovery must leave it alone.
-	static := scheduler.WorkerSpec{
-		WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: testModel, Tenant: indexer.DefaultTenant}, ID: 7},
-		BlockSize: testBS, Endpoint: "127.0.0.99:8000", DPStart: 0, DPSize: 1, Source: scheduler.SourceAPI,
+	static := catalog.WorkerSpec{
+		WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: testModel, Tenant: indexer.DefaultTenant}, ID: 7},
+		BlockSize: testBS, Endpoint: "127.0.0.99:8000", DPStart: 0, DPSize: 1, Source: catalog.SourceAPI,
 	}
 	if err := h.cat.PutWorker(static); err != nil {
 		t.Fatal(err)
@@ -683,7 +685,7 @@ func TestNoEvents(t *testing.T) {
 	w.events = ""
 	h.expect("worker without events", w)
 	// Active at once: no listener to wait for.
-	if ws := h.cat.Workers(testModel, ""); len(ws) != 1 || ws[0].Status != kvevents.StatusActive {
+	if ws := h.cat.Workers(testModel, ""); len(ws) != 1 || ws[0].Status != catalog.StatusActive {
 		t.Errorf("workers = %+v, want one active", ws)
 	}
 }
@@ -703,8 +705,8 @@ func TestListenerFollowsPod(t *testing.T) {
 	id := WorkerID(testNS, "engine", 0)
 	poll.Until(t, "listener active", func() bool {
 		ws := h.cat.Workers(testModel, "")
-		return len(ws) == 1 && ws[0].ID == id && ws[0].Status == kvevents.StatusActive &&
-			ws[0].Listeners[0].Endpoint == pub.Endpoint() && ws[0].Listeners[0].Status == kvevents.StatusActive
+		return len(ws) == 1 && ws[0].ID == id && ws[0].Status == catalog.StatusActive &&
+			ws[0].Listeners[0].Endpoint == pub.Endpoint() && ws[0].Listeners[0].Status == catalog.StatusActive
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -723,11 +725,11 @@ func TestListenerFollowsPod(t *testing.T) {
 
 // flaky fails the first fails PutWorker calls.
 type flaky struct {
-	*scheduler.Catalog
+	*catalog.Catalog
 	fails atomic.Int32
 }
 
-func (f *flaky) PutWorker(s scheduler.WorkerSpec) error {
+func (f *flaky) PutWorker(s catalog.WorkerSpec) error {
 	if f.fails.Add(-1) >= 0 {
 		return fmt.Errorf("%w: injected", scheduler.ErrUnavailable)
 	}
@@ -737,7 +739,7 @@ func (f *flaky) PutWorker(s scheduler.WorkerSpec) error {
 func TestFailedRegistrationRetried(t *testing.T) {
 	f := &flaky{}
 	f.fails.Store(3)
-	h := newHarness(t, Config{}, func(c *scheduler.Catalog) Catalog { f.Catalog = c; return f })
+	h := newHarness(t, Config{}, func(c *catalog.Catalog) Catalog { f.Catalog = c; return f })
 	h.start()
 	h.putPool(APIVersionV1, vllm, 8000)
 	h.createPod(newPod("a", "127.0.0.2"))
@@ -751,9 +753,9 @@ func TestBlockSizeConflict(t *testing.T) {
 	// Another worker of the model holds its index at another block size:
 	// discovery's registrations fail, are counted, and change nothing.
 	h := newHarness(t, Config{}, nil)
-	other := scheduler.WorkerSpec{
-		WorkerKey: scheduler.WorkerKey{Key: indexer.Key{Model: testModel, Tenant: indexer.DefaultTenant}, ID: 1},
-		BlockSize: 2 * testBS, Endpoint: "127.0.0.99:8000", DPStart: 0, DPSize: 1, Source: scheduler.SourceConfig,
+	other := catalog.WorkerSpec{
+		WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: testModel, Tenant: indexer.DefaultTenant}, ID: 1},
+		BlockSize: 2 * testBS, Endpoint: "127.0.0.99:8000", DPStart: 0, DPSize: 1, Source: catalog.SourceConfig,
 	}
 	if err := h.cat.PutWorker(other); err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -49,7 +50,7 @@ type Options struct {
 // one Gateway. It is safe for concurrent use.
 type Gateway struct {
 	reg   *tokenize.Registry
-	cat   *scheduler.Catalog
+	cat   *catalog.Catalog
 	sched *scheduler.Scheduler
 	loads *scheduler.Loads
 	opts  Options
@@ -61,14 +62,14 @@ type Gateway struct {
 
 // New returns a gateway deciding with sched over cat's workers and
 // tokenizing with reg.
-func New(reg *tokenize.Registry, cat *scheduler.Catalog, sched *scheduler.Scheduler, opts Options) *Gateway {
+func New(reg *tokenize.Registry, cat *catalog.Catalog, sched *scheduler.Scheduler, opts Options) *Gateway {
 	if opts.Tenant == "" {
 		opts.Tenant = indexer.DefaultTenant
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	g := &Gateway{reg: reg, cat: cat, sched: sched, loads: cat.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
+	g := &Gateway{reg: reg, cat: cat, sched: sched, loads: sched.Loads(), opts: opts, log: opts.Logger, m: newMetrics(opts.Registerer)}
 	if opts.Policy != "" && opts.Policy != PolicyKV {
 		g.base = newBaseline(opts.Policy, opts.Seed)
 	}
@@ -208,7 +209,7 @@ func (g *Gateway) decide(ctx context.Context, p *Prompt, subset []string, id str
 // pickBaseline picks a rank with a baseline policy among the ranks of the
 // allowed targets (every target when allowed is nil) under the load limit,
 // and books the request there, without cache credit.
-func (g *Gateway) pickBaseline(key indexer.Key, targets []scheduler.Target, allowed []uint64, p *Prompt, local []uint64, isl int64, booking string) (indexer.WorkerRank, *Error) {
+func (g *Gateway) pickBaseline(key indexer.Key, targets []catalog.Target, allowed []uint64, p *Prompt, local []uint64, isl int64, booking string) (indexer.WorkerRank, *Error) {
 	all := g.loads.Snapshot(key.Model, key.Tenant)
 	if g.base.policy == PolicyPrefixHash && g.seq.Load()%1024 == 0 {
 		g.base.forget(key, all) // now and then, the chunks of ranks gone
@@ -216,7 +217,7 @@ func (g *Gateway) pickBaseline(key indexer.Key, targets []scheduler.Target, allo
 	cands := all[:0:0]
 	for _, l := range all {
 		if l.Key != key || (allowed != nil && !slices.Contains(allowed, l.Worker.Worker)) ||
-			!slices.ContainsFunc(targets, func(t scheduler.Target) bool { return t.ID == l.Worker.Worker }) {
+			!slices.ContainsFunc(targets, func(t catalog.Target) bool { return t.ID == l.Worker.Worker }) {
 			continue
 		}
 		if limit := g.opts.MaxRequestsPerRank; limit > 0 && l.Requests >= limit {
@@ -264,7 +265,7 @@ func tokenizeError(err error) *Error {
 
 // candidates returns the worker ids allowed by the subset hint (nil: all)
 // and under the load limit, or the error when none is.
-func (g *Gateway) candidates(key indexer.Key, targets []scheduler.Target, subset []string) ([]uint64, *Error) {
+func (g *Gateway) candidates(key indexer.Key, targets []catalog.Target, subset []string) ([]uint64, *Error) {
 	var allowed []uint64
 	if subset != nil {
 		want := make(map[string]bool, len(subset))
@@ -304,7 +305,7 @@ func (g *Gateway) candidates(key indexer.Key, targets []scheduler.Target, subset
 
 // fallbacks returns up to Options.Fallbacks next-best worker ranks: the
 // decision repeated without the workers already chosen (no booking).
-func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed []uint64, targets []scheduler.Target, chosen uint64) []pick {
+func (g *Gateway) fallbacks(key indexer.Key, local []uint64, isl int64, allowed []uint64, targets []catalog.Target, chosen uint64) []pick {
 	n := g.opts.Fallbacks
 	if n <= 0 {
 		return nil

@@ -11,7 +11,9 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -165,7 +167,7 @@ func TestGatewayPolicies(t *testing.T) {
 	logger, cat, sched, reg := newTestCore(t, tokenize.ModelConfig{Name: "m", BlockSize: 16})
 	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 	for id := uint64(1); id <= 3; id++ {
-		ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 2}
+		ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 2}
 		if err := cat.PutWorker(ws); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +181,7 @@ func TestGatewayPolicies(t *testing.T) {
 	}
 	booked := func() map[indexer.WorkerRank]int {
 		out := map[indexer.WorkerRank]int{}
-		for _, l := range cat.Loads().Snapshot("m", indexer.DefaultTenant) {
+		for _, l := range sched.Loads().Snapshot("m", indexer.DefaultTenant) {
 			if l.Requests > 0 {
 				out[l.Worker] = l.Requests
 			}
@@ -280,11 +282,13 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			t.Cleanup(set.Close)
 			ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 			t.Cleanup(ingest.Close)
-			cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-			sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
+			cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+			loads := scheduler.NewLoads(scheduler.LoadOptions{})
+			cat.Watch(loads.Follow)
+			sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{ReuseWeight: tc.reuse}, 1, nil)
 			key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 			for id := uint64(1); id <= 2; id++ {
-				ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
+				ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: fmt.Sprintf("10.0.0.%d:8000", id), DPSize: 1}
 				if err := cat.PutWorker(ws); err != nil {
 					t.Fatal(err)
 				}
@@ -305,7 +309,6 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			loads := cat.Loads()
 			if err := loads.Add(key, scheduler.Booking{ID: "busy", Worker: indexer.WorkerRank{Worker: 1}, PrefillTokens: 500}); err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/envoytest"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -96,7 +97,7 @@ func TestProxyServedHeaders(t *testing.T) {
 	for id := uint64(1); id <= 2; id++ {
 		ep := strings.TrimPrefix(fakeWorker(t, id).URL, "http://")
 		endpoints = append(endpoints, ep)
-		if err := cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: "http://" + ep,
+		if err := cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: "http://" + ep,
 			DPSize: uint32(ranks[fmt.Sprint(id)])}); err != nil {
 			t.Fatal(err)
 		}
@@ -142,16 +143,16 @@ func TestProxyServedHeaders(t *testing.T) {
 		// Worker 3, idle, is the best choice, but nothing listens there
 		// (the last subtest: it stays registered).
 		down := closedEndpoint(t)
-		if err := cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: 3}, BlockSize: 16, Endpoint: down, DPSize: 2}); err != nil {
+		if err := cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: 3}, BlockSize: 16, Endpoint: down, DPSize: 2}); err != nil {
 			t.Fatal(err)
 		}
 		for i, wr := range []indexer.WorkerRank{{Worker: 2}, {Worker: 1}, {Worker: 1, Rank: 1}} {
 			b := scheduler.Booking{ID: fmt.Sprint("busy", i), Worker: wr, PrefillTokens: int64(5000 * (3 - i))}
-			if err := cat.Loads().Add(key, b); err != nil {
+			if err := sched.Loads().Add(key, b); err != nil {
 				t.Fatal(err)
 			}
 			defer func() {
-				if _, err := cat.Loads().Free(key, b.ID); err != nil {
+				if _, err := sched.Loads().Free(key, b.ID); err != nil {
 					t.Error(err)
 				}
 			}()
@@ -191,7 +192,7 @@ func TestExtProcServedHeaders(t *testing.T) {
 	for id := uint64(1); id <= 3; id++ {
 		ep := fmt.Sprintf("10.0.0.%d:8000", id)
 		workerOf[ep] = fmt.Sprint(id)
-		if err := cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: ep, DPSize: uint32(id%2 + 1)}); err != nil {
+		if err := cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: 16, Endpoint: ep, DPSize: uint32(id%2 + 1)}); err != nil {
 			t.Fatal(err)
 		}
 	}

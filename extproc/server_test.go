@@ -27,8 +27,10 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/envoytest"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -70,15 +72,17 @@ func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 
 // newTestCore returns what a Gateway stands on, with model mc and no
 // worker; everything is closed when t ends.
-func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *scheduler.Catalog, *scheduler.Scheduler, *tokenize.Registry) {
+func newTestCore(t *testing.T, mc tokenize.ModelConfig) (*slog.Logger, *catalog.Catalog, *scheduler.Scheduler, *tokenize.Registry) {
 	t.Helper()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	set := indexer.NewSet(indexer.Options{})
 	t.Cleanup(set.Close)
 	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
 	t.Cleanup(ingest.Close) // before set.Close: cleanups run last-in first-out
-	cat := scheduler.NewCatalog(set, ingest, nil, scheduler.CatalogOptions{Logger: logger})
-	sched := scheduler.NewScheduler(cat, set, cat.Loads(), scheduler.CostOptions{}, 1, nil)
+	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+	loads := scheduler.NewLoads(scheduler.LoadOptions{})
+	cat.Watch(loads.Follow)
+	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)
 	reg, err := tokenize.NewRegistry(tokenize.Config{Models: []tokenize.ModelConfig{mc}}, tokenize.RegistryOptions{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +146,7 @@ func TestServerTLSHealthAndDrain(t *testing.T) {
 	}
 
 	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
-	if err := cat.PutWorker(scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: 7}, BlockSize: 16, Endpoint: "http://127.0.0.1:9", DPSize: 1}); err != nil {
+	if err := cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: 7}, BlockSize: 16, Endpoint: "http://127.0.0.1:9", DPSize: 1}); err != nil {
 		t.Fatal(err)
 	}
 	x, err = envoy.Route(ctx, envoytest.Request{Path: "/v1/completions", Body: []byte(`{"model":"m","prompt":"hello"}`)})
@@ -151,7 +155,7 @@ func TestServerTLSHealthAndDrain(t *testing.T) {
 	}
 	booked := func() int {
 		n := 0
-		for _, l := range cat.Loads().Snapshot("m", indexer.DefaultTenant) {
+		for _, l := range sched.Loads().Snapshot("m", indexer.DefaultTenant) {
 			n += l.Requests
 		}
 		return n

@@ -35,7 +35,7 @@ func BenchmarkSelect(b *testing.B) {
 	for p := range prompts {
 		prompts[p] = promptOf(p, blocks)
 	}
-	loads := s.cat.Loads()
+	loads := s.loads
 	for w := range workers {
 		for r := range dp {
 			i := w*dp + r

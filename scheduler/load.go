@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file is the active-load accounting (the slot tracker of
@@ -126,9 +127,9 @@ type rankLoad struct {
 	ovMark uint64
 	ovAt   int32
 	// schedulable says whether the worker is schedulable in the catalog's
-	// view schedView (see costing.eligible).
+	// View schedView (see costing.eligible).
 	schedulable bool
-	schedView   *schedCache
+	schedView   *catalog.View
 	// held counts, per unique sequence hash held by active requests, the
 	// references to it, and keeps the rank's position in tracker.holders.
 	held hashRefs
@@ -201,25 +202,35 @@ func (l *Loads) notify(ev Lifecycle) {
 
 // Apply applies an event from elsewhere (a replica) without observing it:
 // an add books ev.Booking, a prefill completion or free applies to
-// ev.Booking.ID. Errors are those of Add, PrefillComplete and Free.
-func (l *Loads) Apply(ev Lifecycle) error {
+// ev.Booking.ID. It reports whether it changed anything (a repeated
+// prefill completion, or a free of a request not active, does not).
+// Errors are those of Add, PrefillComplete and Free.
+func (l *Loads) Apply(ev Lifecycle) (changed bool, err error) {
 	switch ev.Kind {
 	case LifecycleAdd:
-		return l.add(ev.Key, ev.Booking)
+		err := l.add(ev.Key, ev.Booking)
+		return err == nil, err
 	case LifecyclePrefillComplete:
-		_, err := l.prefillComplete(ev.Key, ev.Booking.ID)
-		return err
+		return l.prefillComplete(ev.Key, ev.Booking.ID)
 	case LifecycleFree:
-		_, err := l.free(ev.Key, ev.Booking.ID)
-		return err
+		return l.free(ev.Key, ev.Booking.ID)
 	}
-	return fmt.Errorf("%w: lifecycle kind %d", ErrInvalid, ev.Kind)
+	return false, fmt.Errorf("%w: lifecycle kind %d", ErrInvalid, ev.Kind)
 }
 
 func (l *Loads) tracker(key indexer.Key) *tracker {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	return l.trackers[key]
+}
+
+// BlockSize returns the block size of key's ranks, and false when no rank
+// of key was ever known.
+func (l *Loads) BlockSize(key indexer.Key) (int, bool) {
+	if t := l.tracker(key); t != nil {
+		return t.blockSize, true
+	}
+	return 0, false
 }
 
 func (l *Loads) trackerOrErr(key indexer.Key) (*tracker, error) {
@@ -230,9 +241,9 @@ func (l *Loads) trackerOrErr(key indexer.Key) (*tracker, error) {
 	return t, nil
 }
 
-// AddRanks makes worker ranks known to key's tracker, creating it with
+// addRanks makes worker ranks known to key's tracker, creating it with
 // blockSize if needed. Ranks already known keep their load.
-func (l *Loads) AddRanks(key indexer.Key, blockSize int, ranks ...indexer.WorkerRank) {
+func (l *Loads) addRanks(key indexer.Key, blockSize int, ranks ...indexer.WorkerRank) {
 	l.mu.Lock()
 	t := l.trackers[key]
 	if t == nil {
@@ -274,9 +285,28 @@ func cmpRank(a, b indexer.WorkerRank) int {
 	return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 }
 
-// RemoveRanks forgets the ranks of worker in key (one rank when rank is not
+// Follow keeps the known ranks in step with a change of the catalog (see
+// Catalog.Watch): the ranks a worker lost are forgotten with the requests
+// booked on them, and its ranks are made known.
+func (l *Loads) Follow(ch catalog.Change) {
+	w := ch.Worker
+	if ch.Kind == catalog.Removed {
+		l.removeRanks(w.Key, w.ID, nil)
+		return
+	}
+	for _, rank := range ch.Gone {
+		l.removeRanks(w.Key, w.ID, &rank)
+	}
+	wrs := make([]indexer.WorkerRank, len(w.Ranks))
+	for i, rank := range w.Ranks {
+		wrs[i] = indexer.WorkerRank{Worker: w.ID, Rank: rank}
+	}
+	l.addRanks(w.Key, w.BlockSize, wrs...)
+}
+
+// removeRanks forgets the ranks of worker in key (one rank when rank is not
 // nil) and every request booked on them.
-func (l *Loads) RemoveRanks(key indexer.Key, worker uint64, rank *uint32) {
+func (l *Loads) removeRanks(key indexer.Key, worker uint64, rank *uint32) {
 	t := l.tracker(key)
 	if t == nil {
 		return
@@ -420,10 +450,10 @@ func (t *tracker) sweep(cutoff time.Time) int {
 	return n
 }
 
-// Expired returns how many requests were freed for their age (by Expire
+// expiredTotal returns how many requests were freed for their age (by Expire
 // or by the sweeps of bookings) since l was made: each is a free that
 // never came, or came after the TTL.
-func (l *Loads) Expired() uint64 { return l.expired.Load() }
+func (l *Loads) expiredTotal() uint64 { return l.expired.Load() }
 
 // Expire frees every request older than the TTL and returns how many.
 // Run it periodically; Add also sweeps its own (model, tenant).
@@ -557,11 +587,11 @@ type Potential struct {
 	DecodeBlocks  float64
 }
 
-// Potentials projects, for every known rank of key, its load with a request
+// potentials projects, for every known rank of key, its load with a request
 // of hashes (sequence hashes) and newPrefill uncached tokens added: prefill
 // grows by newPrefill, decode blocks by the prompt blocks the rank's active
 // requests do not already hold.
-func (l *Loads) Potentials(key indexer.Key, hashes []uint64, newPrefill int64) ([]Potential, error) {
+func (l *Loads) potentials(key indexer.Key, hashes []uint64, newPrefill int64) ([]Potential, error) {
 	t, err := l.trackerOrErr(key)
 	if err != nil {
 		return nil, err

@@ -141,14 +141,17 @@ func (op loadOp) run(l *Loads) error {
 		if !op.all {
 			rank = &op.rank.Rank
 		}
-		l.RemoveRanks(key, op.rank.Worker, rank)
+		l.removeRanks(key, op.rank.Worker, rank)
 		return nil
 	case "apply-add":
-		return l.Apply(Lifecycle{Kind: LifecycleAdd, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecycleAdd, Key: key, Booking: b})
+		return err
 	case "apply-prefill":
-		return l.Apply(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecyclePrefillComplete, Key: key, Booking: b})
+		return err
 	case "apply-free":
-		return l.Apply(Lifecycle{Kind: LifecycleFree, Key: key, Booking: b})
+		_, err := l.Apply(Lifecycle{Kind: LifecycleFree, Key: key, Booking: b})
+		return err
 	}
 	panic("unknown op " + op.do)
 }
@@ -226,7 +229,7 @@ func TestLoadsLifecycle(t *testing.T) {
 			{do: "add", id: "r1", rank: c, hashes: []uint64{3}, prefill: 4, notify: LifecycleAdd, want: map[indexer.WorkerRank]load{c: {4, 1, 1}}},
 			{do: "free", id: "r1", freed: true, notify: LifecycleFree},
 		}},
-		{"RemoveRanks drops the rank's requests and load", []loadOp{
+		{"removeRanks drops the rank's requests and load", []loadOp{
 			{do: "add", id: "ra", rank: a, hashes: []uint64{1, 2}, prefill: 8, notify: LifecycleAdd, want: map[indexer.WorkerRank]load{a: {8, 2, 1}}},
 			{do: "add", id: "rb", rank: b, hashes: []uint64{1, 2}, prefill: 4, notify: LifecycleAdd, want: map[indexer.WorkerRank]load{a: {8, 2, 1}, b: {4, 2, 1}}},
 			{do: "add", id: "rc", rank: c, hashes: []uint64{1}, prefill: 2, notify: LifecycleAdd, want: map[indexer.WorkerRank]load{a: {8, 2, 1}, b: {4, 2, 1}, c: {2, 1, 1}}},
@@ -256,9 +259,9 @@ func TestLoadsLifecycle(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := NewLoads(LoadOptions{})
-			l.AddRanks(loadKey, 16, a, c)
-			l.AddRanks(loadKey, 16, b, a) // a again keeps its (empty) load
-			l.AddRanks(indexer.Key{Model: "m", Tenant: "t"}, 16, a)
+			l.addRanks(loadKey, 16, a, c)
+			l.addRanks(loadKey, 16, b, a) // a again keeps its (empty) load
+			l.addRanks(indexer.Key{Model: "m", Tenant: "t"}, 16, a)
 			rec := observe(l)
 			ranks := []indexer.WorkerRank{a, b, c}
 			for i, op := range tt.ops {
@@ -330,7 +333,7 @@ func checkNotified(t *testing.T, what string, evs []Lifecycle, op loadOp) {
 
 func TestLoadsAddCopiesHashes(t *testing.T) {
 	l := NewLoads(LoadOptions{})
-	l.AddRanks(loadKey, 16, rk(1, 0))
+	l.addRanks(loadKey, 16, rk(1, 0))
 	hashes := []uint64{1, 2, 3}
 	if err := l.Add(loadKey, Booking{ID: "r", Worker: rk(1, 0), Hashes: hashes}); err != nil {
 		t.Fatal(err)
@@ -340,7 +343,7 @@ func TestLoadsAddCopiesHashes(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkIdle(t, l)
-	p, err := l.Potentials(loadKey, []uint64{1, 2, 3}, 0)
+	p, err := l.potentials(loadKey, []uint64{1, 2, 3}, 0)
 	if err != nil || len(p) != 1 || p[0].DecodeBlocks != 3 {
 		t.Errorf("potentials after free: %+v, %v; want 3 decode blocks (nothing held)", p, err)
 	}
@@ -354,7 +357,7 @@ func TestPotentials(t *testing.T) {
 	// = 4 blocks (only 404 is new there); rank 1, idle, to 48 and 4.
 	neg22 := uint64(1<<64 - 22) // -22 reinterpreted bit for bit
 	l := NewLoads(LoadOptions{})
-	l.AddRanks(loadKey, 16, rk(7, 0), rk(7, 1), rk(8, 0))
+	l.addRanks(loadKey, 16, rk(7, 0), rk(7, 1), rk(8, 0))
 	must(t, l.Add(loadKey, Booking{ID: "req-123", Worker: rk(7, 0), Hashes: []uint64{101, neg22, 303}, PrefillTokens: 48}))
 	// Rank 8/0 runs a request holding 303 (not a prefix: any held block
 	// counts) and 500, with an output block at decay 0.75: 2 + 0.25 blocks.
@@ -362,7 +365,7 @@ func TestPotentials(t *testing.T) {
 	must(t, l.OutputBlock(loadKey, "x", 0.75))
 	must(t, l.PrefillComplete(loadKey, "x"))
 
-	got, err := l.Potentials(loadKey, []uint64{101, neg22, 303, 404}, 48)
+	got, err := l.potentials(loadKey, []uint64{101, neg22, 303, 404}, 48)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,10 +378,10 @@ func TestPotentials(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("potentials\n got %+v\nwant %+v", got, want)
 	}
-	if got, err := l.Potentials(loadKey, nil, 0); err != nil || len(got) != 3 || got[0].DecodeBlocks+got[1].DecodeBlocks+got[2].DecodeBlocks != 3+0+2.25 {
+	if got, err := l.potentials(loadKey, nil, 0); err != nil || len(got) != 3 || got[0].DecodeBlocks+got[1].DecodeBlocks+got[2].DecodeBlocks != 3+0+2.25 {
 		t.Errorf("empty request: %+v, %v; want the current loads", got, err)
 	}
-	if _, err := l.Potentials(indexer.Key{Model: "nope", Tenant: "default"}, nil, 0); !errors.Is(err, ErrNotFound) {
+	if _, err := l.potentials(indexer.Key{Model: "nope", Tenant: "default"}, nil, 0); !errors.Is(err, ErrNotFound) {
 		t.Errorf("unknown model: %v, want ErrNotFound", err)
 	}
 	if before := loadsOf(l, loadKey); before[rk(7, 0)] != (load{48, 3, 1}) || before[rk(7, 1)] != (load{}) {
@@ -398,9 +401,9 @@ func TestSnapshotSortedAndFiltered(t *testing.T) {
 	mb := indexer.Key{Model: "b", Tenant: "default"}
 	ma := indexer.Key{Model: "a", Tenant: "z"}
 	mat := indexer.Key{Model: "a", Tenant: "default"}
-	l.AddRanks(mb, 16, rk(2, 1), rk(10, 0), rk(2, 0))
-	l.AddRanks(ma, 16, rk(3, 0))
-	l.AddRanks(mat, 16, rk(9, 3), rk(1, 2))
+	l.addRanks(mb, 16, rk(2, 1), rk(10, 0), rk(2, 0))
+	l.addRanks(ma, 16, rk(3, 0))
+	l.addRanks(mat, 16, rk(9, 3), rk(1, 2))
 	must(t, l.Add(mb, Booking{ID: "x", Worker: rk(2, 1), Hashes: []uint64{1}, PrefillTokens: 3}))
 	type row struct {
 		key indexer.Key
@@ -438,8 +441,8 @@ func TestExpiry(t *testing.T) {
 	clk := newFakeClock()
 	l := NewLoads(LoadOptions{Now: clk.Now}) // the default TTL, 300 s
 	other := indexer.Key{Model: "other", Tenant: indexer.DefaultTenant}
-	l.AddRanks(loadKey, 16, rk(1, 0))
-	l.AddRanks(other, 16, rk(1, 0))
+	l.addRanks(loadKey, 16, rk(1, 0))
+	l.addRanks(other, 16, rk(1, 0))
 	add := func(key indexer.Key, id string) {
 		t.Helper()
 		must(t, l.Add(key, Booking{ID: id, Worker: rk(1, 0), Hashes: []uint64{uint64(len(id))}, PrefillTokens: 10}))
@@ -456,8 +459,8 @@ func TestExpiry(t *testing.T) {
 		t.Fatalf("at the TTL: expired %d, %d active; want 0 and 2", n, active(loadKey))
 	}
 	clk.Advance(time.Second)
-	if n := l.Expire(); n != 2 || l.Expired() != 2 {
-		t.Fatalf("at 301 s: expired %d (counted %d), want 2 (old, other-old)", n, l.Expired())
+	if n := l.Expire(); n != 2 || l.expiredTotal() != 2 {
+		t.Fatalf("at 301 s: expired %d (counted %d), want 2 (old, other-old)", n, l.expiredTotal())
 	}
 	if got := loadsOf(l, loadKey)[rk(1, 0)]; got != (load{10, 1, 1}) {
 		t.Errorf("after expiry: %+v, want young alone", got)
@@ -476,15 +479,15 @@ func TestExpiry(t *testing.T) {
 	if got := loadsOf(l, loadKey)[rk(1, 0)]; got != (load{10, 1, 1}) {
 		t.Errorf("after an add at 501 s: %+v, want late alone", got)
 	}
-	if freed, _ := l.Free(loadKey, "young"); freed || l.Expired() != 3 {
-		t.Errorf("young was not expired by the add, or not counted (%d expired, want 3)", l.Expired())
+	if freed, _ := l.Free(loadKey, "young"); freed || l.expiredTotal() != 3 {
+		t.Errorf("young was not expired by the add, or not counted (%d expired, want 3)", l.expiredTotal())
 	}
 	clk.Advance(101 * time.Second) // other-young is 301 s old
 	if active(other) != 1 {
 		t.Errorf("other: %d active, want other-young until swept", active(other))
 	}
-	if n := l.Expire(); n != 1 || active(other) != 0 || l.Expired() != 4 {
-		t.Errorf("Expire: %d expired (%d counted in all), %d left in other; want 1 (4) and 0", n, l.Expired(), active(other))
+	if n := l.Expire(); n != 1 || active(other) != 0 || l.expiredTotal() != 4 {
+		t.Errorf("Expire: %d expired (%d counted in all), %d left in other; want 1 (4) and 0", n, l.expiredTotal(), active(other))
 	}
 	must(t, l.PrefillComplete(loadKey, "late"))
 	if freed, err := l.Free(loadKey, "late"); !freed || err != nil {
@@ -496,7 +499,7 @@ func TestExpiry(t *testing.T) {
 func TestExpiryCustomTTL(t *testing.T) {
 	clk := newFakeClock()
 	l := NewLoads(LoadOptions{Now: clk.Now, TTL: 10 * time.Second})
-	l.AddRanks(loadKey, 16, rk(1, 0))
+	l.addRanks(loadKey, 16, rk(1, 0))
 	must(t, l.Add(loadKey, Booking{ID: "a", Worker: rk(1, 0), Hashes: []uint64{1, 2}, PrefillTokens: 7}))
 	must(t, l.OutputBlock(loadKey, "a", 0.5))
 	clk.Advance(10 * time.Second)
@@ -520,11 +523,11 @@ func TestExpiryCustomTTL(t *testing.T) {
 
 func TestApplyUnknownKind(t *testing.T) {
 	l := NewLoads(LoadOptions{})
-	l.AddRanks(loadKey, 16, rk(1, 0))
-	if err := l.Apply(Lifecycle{Kind: 0, Key: loadKey, Booking: Booking{ID: "x", Worker: rk(1, 0)}}); !errors.Is(err, ErrInvalid) {
+	l.addRanks(loadKey, 16, rk(1, 0))
+	if _, err := l.Apply(Lifecycle{Kind: 0, Key: loadKey, Booking: Booking{ID: "x", Worker: rk(1, 0)}}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("kind 0: %v, want ErrInvalid", err)
 	}
-	if err := l.Apply(Lifecycle{Kind: 99, Key: loadKey}); !errors.Is(err, ErrInvalid) {
+	if _, err := l.Apply(Lifecycle{Kind: 99, Key: loadKey}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("kind 99: %v, want ErrInvalid", err)
 	}
 	checkIdle(t, l)
@@ -830,7 +833,7 @@ func TestAgeHeap(t *testing.T) {
 func TestExpiryOutOfOrder(t *testing.T) {
 	clk := newFakeClock()
 	l := NewLoads(LoadOptions{Now: clk.Now, TTL: 10 * time.Second})
-	l.AddRanks(loadKey, 16, rk(1, 0))
+	l.addRanks(loadKey, 16, rk(1, 0))
 	clk.Advance(100 * time.Second)
 	must(t, l.Add(loadKey, Booking{ID: "late", Worker: rk(1, 0), Hashes: []uint64{1}}))      // t = 100
 	clk.Advance(-95 * time.Second)                                                           // the clock steps back
@@ -855,7 +858,7 @@ func TestExpiryOutOfOrder(t *testing.T) {
 // such ranks, as decisions rely on costs bounds that assume none.
 func TestNegativeOutputCounted(t *testing.T) {
 	l := NewLoads(LoadOptions{})
-	l.AddRanks(loadKey, 16, rk(1, 0), rk(2, 0))
+	l.addRanks(loadKey, 16, rk(1, 0), rk(2, 0))
 	negative := func() int {
 		tr := l.tracker(loadKey)
 		tr.mu.Lock()
@@ -895,13 +898,14 @@ func TestNegativeOutputCounted(t *testing.T) {
 	checkIdle(t, l)
 }
 
-// TestExpiredMetric: the catalog exports its Loads' expirations as
+// TestExpiredMetric: the scheduler exports its Loads' expirations as
 // kvgate_scheduler_expired_requests_total.
 func TestExpiredMetric(t *testing.T) {
 	clk := newFakeClock()
-	s := newSelRig(t, 16, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clk.Now, TTL: time.Minute})}})
+	s := newSelRig(t, 16, rigOptions{loads: LoadOptions{Now: clk.Now, TTL: time.Minute}})
 	s.ranks(1, 1)
-	l, reg := s.cat.Loads(), s.reg
+	l, reg := s.loads, s.reg
+	NewScheduler(s.cat, s.set, l, CostOptions{}, 1, reg)
 	expired := func() float64 {
 		t.Helper()
 		mfs, err := reg.Gather()

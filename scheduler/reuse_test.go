@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"net/http"
 	"testing"
 
 	"github.com/kvgate/kvgate/indexer"
@@ -40,7 +39,7 @@ func newReuseRig(t *testing.T, busy int64) *selRig {
 	s.store(rk(4, 0), indexer.TierDevice, p, 0, 2)
 	s.store(rk(5, 0), indexer.TierHost, p, 0, 5)
 	if busy > 0 {
-		must(t, s.cat.Loads().Add(s.key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: busy}))
+		must(t, s.loads.Add(s.key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: busy}))
 	}
 	return s
 }
@@ -104,7 +103,7 @@ func TestSelectReuseCharge(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newReuseRig(t, tt.busy)
-			before := loadsOf(s.cat.Loads(), s.key)
+			before := loadsOf(s.loads, s.key)
 			for seed := range uint64(4) {
 				d, err := s.scheduler(seed, tt.opts).Select(s.fill(tt.req))
 				if err != nil {
@@ -114,7 +113,7 @@ func TestSelectReuseCharge(t *testing.T) {
 					t.Errorf("seed %d: %s at cost %v (charge %v), want %s at cost %v (charge %v)", seed, d.Worker, d.Cost, d.ReuseCharge, tt.worker, tt.cost, tt.charge)
 				}
 			}
-			if after := loadsOf(s.cat.Loads(), s.key); !mapsEqual(before, after) {
+			if after := loadsOf(s.loads, s.key); !mapsEqual(before, after) {
 				t.Errorf("selecting changed the loads: %v, then %v", before, after)
 			}
 		})
@@ -156,40 +155,11 @@ func TestSelectReuseHotPrefix(t *testing.T) {
 				}
 			}
 			for _, id := range ids {
-				if freed, err := s.cat.Loads().Free(s.key, id); !freed || err != nil {
+				if freed, err := s.loads.Free(s.key, id); !freed || err != nil {
 					t.Errorf("free %s: %v %v", id, freed, err)
 				}
 			}
-			checkIdle(t, s.cat.Loads())
+			checkIdle(t, s.loads)
 		})
-	}
-}
-
-// TestSelectRoutesIgnoreReuseCharge: the Dynamo-compatible routes answer
-// with the spec's cost even though the scheduler's ReuseWeight is the
-// default, while the gateway's charged selection over the same state
-// differs. The seed's rig: rank 0 holds 4 device blocks, 6 with host and
-// 8 with disk (effective 4 + 0.8*2 + 0.5*2 = 6.6 blocks: 106 tokens cached,
-// 406 of 512 new), rank 1 holds 2 (480 new). With 200 prefill tokens
-// booked on rank 0 (no blocks): rank 0 costs (200 + 406)/16 + 8 = 45.875,
-// rank 1 costs 480/16 + 8 = 38, plus 16 * 74/16 = 74 when charged.
-func TestSelectRoutesIgnoreReuseCharge(t *testing.T) {
-	r := svcSelectRig(t, CostOptions{})
-	key := indexer.Key{Model: "model", Tenant: indexer.DefaultTenant}
-	must(t, r.cat.Loads().Add(key, Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: 200}))
-	sch := NewScheduler(r.cat, r.set, r.cat.Loads(), CostOptions{}, 1, nil)
-	req := SelectRequest{Key: key, Local: []uint64{11, 12, 13, 14, 15, 16, 17, 18}, ISL: 512}
-	if d, err := sch.Select(req); err != nil || d.Worker != rk(1, 1) || d.Cost != 38 {
-		t.Errorf("uncharged: %s cost %v (%v), want rank 1 at 38", d.Worker, d.Cost, err)
-	}
-	req.ChargeReuse = true
-	if d, err := sch.Select(req); err != nil || d.Worker != rk(1, 0) || d.Cost != 45.875 || d.EffectivePrefillTokens != 406 {
-		t.Errorf("charged: %s cost %v prefill %d (%v), want rank 0 at 45.875, 406 tokens", d.Worker, d.Cost, d.EffectivePrefillTokens, err)
-	}
-	for _, path := range []string{"/select", "/select_and_reserve"} {
-		m := r.post(path, svcSeedSelect).expect(t, http.StatusOK)
-		if m["dp_rank"] != 1.0 || m["effective_prefill_tokens"] != 480.0 {
-			t.Errorf("%s: %v, want dp_rank 1 and 480 tokens (the spec's cost)", path, m)
-		}
 	}
 }

@@ -13,14 +13,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file is the decision (docs/scheduling.md): for a prompt,
 // each schedulable rank's cached overlap from the index and active load
 // from Loads give a cost; the cheapest rank wins (or one is sampled with a
 // temperature), and may be booked in the same step. The load a rank's
-// engine reports on its /metrics page (Scraper) may correct the cost (see
-// CostOptions.MetricsWeight); it is off by default. The gateway's
+// engine reports on its /metrics page (EngineReports) may correct the cost
+// (see CostOptions.MetricsWeight); it is off by default. The gateway's
 // decisions also pay for the cached prefix they give up (see
 // CostOptions.ReuseWeight and SelectRequest.ChargeReuse); the
 // Dynamo-compatible routes do not, and answer with the spec's cost.
@@ -38,7 +39,7 @@ type CostOptions struct {
 	// or only on disk/external storage, as a fraction of a device block.
 	// Defaults 0.8 and 0.5; NoDiscount gives 0.
 	HostWeight, DiskWeight float64
-	// MetricsWeight weighs the load a rank's engine reports (Scraper)
+	// MetricsWeight weighs the load a rank's engine reports (Engines)
 	// beyond the load tracked locally; 0, the default, ignores it and
 	// leaves every decision as without it. It must be finite and not
 	// negative (other values count as 0). The reported load is expressed
@@ -63,6 +64,9 @@ type CostOptions struct {
 	// MetricsRequestBlocks is b, in blocks; 0 (the default) takes the
 	// size of the prompt being placed (isl / block size, at least 1).
 	MetricsRequestBlocks float64
+	// Engines are the reports MetricsWeight weighs; nil: none, no
+	// correction.
+	Engines EngineReports
 	// ReuseWeight, R, charges the decisions made with
 	// SelectRequest.ChargeReuse (the gateway's KV-aware routing) for the
 	// cached prefix they give up:
@@ -248,7 +252,7 @@ type Decision struct {
 
 // Scheduler decides where requests go. It is safe for concurrent use.
 type Scheduler struct {
-	cat   *Catalog
+	cat   Workers
 	set   *indexer.Set
 	loads *Loads
 	opts  CostOptions
@@ -267,9 +271,10 @@ type schedMetrics struct {
 }
 
 // NewScheduler returns a scheduler over the catalog's workers, the index set
-// and the loads. seed seeds tie-breaking and sampling (tests fix it).
-// reg, if not nil, receives kvgate_scheduler_* metrics.
-func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions, seed uint64, reg prometheus.Registerer) *Scheduler {
+// and the loads (which must follow the catalog: see Loads.Follow). seed
+// seeds tie-breaking and sampling (tests fix it). reg, if not nil, receives
+// kvgate_scheduler_* metrics.
+func NewScheduler(cat Workers, set *indexer.Set, loads *Loads, opts CostOptions, seed uint64, reg prometheus.Registerer) *Scheduler {
 	s := &Scheduler{cat: cat, set: set, loads: loads, opts: opts.withDefaults(), rand: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		m: schedMetrics{
 			selections: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -281,10 +286,17 @@ func NewScheduler(cat *Catalog, set *indexer.Set, loads *Loads, opts CostOptions
 			}),
 		}}
 	if reg != nil {
-		reg.MustRegister(s.m.selections, s.m.latency, loadCollector{loads})
+		reg.MustRegister(s.m.selections, s.m.latency, loadCollector{loads},
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "kvgate_scheduler_expired_requests_total",
+				Help: "Active requests freed because they outlived the request TTL: their free never came.",
+			}, func() float64 { return float64(loads.expiredTotal()) }))
 	}
 	return s
 }
+
+// Loads returns the active-load accounting the scheduler books on.
+func (s *Scheduler) Loads() *Loads { return s.loads }
 
 // candidate is one rank's inputs and cost, kept small: a decision costs
 // thousands.
@@ -362,7 +374,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 	}
 	sc.overlaps = ix.Match(match, sc.overlaps[:0])
 	overlaps := sc.overlaps
-	view := s.cat.schedView()
+	view := s.cat.View()
 	var b *Booking
 	if req.Reserve {
 		// The booking keeps its hashes: never the scratch's.
@@ -371,12 +383,19 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 			b.Hashes = slices.Clone(seq)
 		}
 	}
-	c, err := s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b)
+	var c choice
+	var err error
+	if s.opts.MetricsWeight > 0 && s.opts.Engines != nil {
+		c, err = s.decideReporting(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b)
+	} else {
+		c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, b, nil)
+	}
 	if err != nil {
 		return Decision{}, err
 	}
 	// No tracker lock from here on: the catalog's lock is taken while
-	// holding it elsewhere (registration adds ranks to the tracker).
+	// holding it elsewhere (its changes add ranks to the tracker: see
+	// Loads.Follow).
 	if b != nil {
 		s.loads.notify(Lifecycle{Kind: LifecycleAdd, Key: req.Key, Booking: *b})
 	}
@@ -389,14 +408,63 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 		d.BestDevice = max(d.BestDevice, int(o.Device))
 	}
 	d.DP[d.Worker.Rank] = int(c.ov.Device) // present even with no overlap
-	d.Endpoint = s.cat.endpoint(WorkerKey{req.Key, d.Worker.Worker})
+	d.Endpoint = s.cat.Endpoint(catalog.WorkerKey{Key: req.Key, ID: d.Worker.Worker})
 	s.m.selections.WithLabelValues(req.Key.Model, req.Key.Tenant, strconv.FormatUint(d.Worker.Worker, 10)).Inc()
 	return d, nil
 }
 
+// Potentials projects the load of every known rank of key with a prompt
+// of seq (sequence hashes) and newPrefill uncached tokens added, sorted by
+// worker and rank: its prefill grows by newPrefill, its decode blocks by
+// the prompt blocks its active requests do not already hold. With isl not
+// nil, each rank's new prefill also grows by the *isl tokens of the prompt
+// less its cached prefix, credited as a decision credits it.
+func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, isl *int64) ([]Potential, error) {
+	pots, err := s.loads.potentials(key, seq, newPrefill)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(pots, func(a, b Potential) int { return cmpRank(a.Worker, b.Worker) })
+	if isl == nil {
+		return pots, nil
+	}
+	var cached map[indexer.WorkerRank]indexer.Overlap
+	bs := 1
+	if ix := s.set.Lookup(key); ix != nil {
+		bs, cached = ix.BlockSize(), overlapsByRank(nil, ix.Match(seq, nil))
+	}
+	for i := range pots {
+		ov := cached[pots[i].Worker]
+		pots[i].PrefillTokens += s.opts.uncached(&ov, *isl, bs)
+	}
+	return pots, nil
+}
+
+// decideReporting is decide with the engines' reports of req's key, which
+// stay unchanged while it reads them. It is apart from Select, and books a
+// copy of book, so that its closure moves nothing of Select's to the heap.
+func (s *Scheduler) decideReporting(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
+	isl int64, w, temp float64, view *catalog.View, book *Booking) (choice, error) {
+	var bk *Booking
+	if book != nil {
+		cp := *book
+		bk = &cp
+	}
+	var c choice
+	var err error
+	s.opts.Engines.ReadReports(req.Key, func(eng map[indexer.WorkerRank]EngineReport) {
+		c, err = s.decide(sc, t, ix, req, overlaps, seq, isl, w, temp, view, bk, eng)
+	})
+	if book != nil {
+		*book = *bk
+	}
+	return c, err
+}
+
 // decide costs every schedulable rank of t and picks one, under t's lock;
 // with book not nil it also books the request there (filling in book's
-// Worker and PrefillTokens), in the same critical section.
+// Worker and PrefillTokens), in the same critical section. eng are the
+// engines' reports of key's ranks, for the metrics correction (nil: none).
 //
 // Counting the prompt's blocks held by every busy rank's requests is the
 // costly part. At temperature 0 only the cheapest ranks matter, so a busy
@@ -412,7 +480,7 @@ func (s *Scheduler) Select(req SelectRequest) (Decision, error) {
 // Nor does the reuse charge (CostOptions.ReuseWeight), which cold adds
 // for a rank without cached blocks.
 func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req SelectRequest, overlaps []indexer.Overlap, seq []uint64,
-	isl int64, w, temp float64, view *schedCache, book *Booking) (choice, error) {
+	isl int64, w, temp float64, view *catalog.View, book *Booking, eng map[indexer.WorkerRank]EngineReport) (choice, error) {
 	bs := ix.BlockSize()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -422,22 +490,17 @@ func (s *Scheduler) decide(sc *scratch, t *tracker, ix *indexer.Index, req Selec
 	// they do not repeat, and a chained booking's hashes past its first
 	// difference with them need no lookup.
 	chained := req.Seq == nil
-	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.set[req.Key], isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
+	k := costing{s: s, t: t, req: req, overlaps: overlaps, view: view, sched: view.Schedulable(req.Key), isl: isl, w: w, bs: bs, n: len(seq), counted: temp > 0,
 		cands: sc.cands[:0], bounded: sc.bounded[:0]}
 	if req.ChargeReuse && s.opts.ReuseWeight > 0 {
 		k.reuse = s.opts.ReuseWeight
 		k.leastNew = k.leastPrefill()
 	}
-	if mw := s.opts.MetricsWeight; mw > 0 {
-		st := &s.cat.scrape
-		st.mu.RLock()
-		defer st.mu.RUnlock()
-		if k.eng = st.ranks[req.Key]; k.eng != nil {
-			k.mw, k.now = mw, s.loads.now()
-			k.reqBlocks = s.opts.MetricsRequestBlocks
-			if k.reqBlocks == 0 {
-				k.reqBlocks = max(1, float64(isl)/float64(bs))
-			}
+	if mw := s.opts.MetricsWeight; mw > 0 && eng != nil {
+		k.eng, k.mw, k.now = eng, mw, s.loads.now()
+		k.reqBlocks = s.opts.MetricsRequestBlocks
+		if k.reqBlocks == 0 {
+			k.reqBlocks = max(1, float64(isl)/float64(bs))
 		}
 	}
 	k.reset()
@@ -511,7 +574,7 @@ type costing struct {
 	t                *tracker
 	req              SelectRequest
 	overlaps         []indexer.Overlap // Match's answer; rankLoad.ovAt indexes it
-	view             *schedCache
+	view             *catalog.View
 	sched            map[uint64]bool // view's schedulable workers of the key
 	isl              int64
 	w                float64
@@ -520,7 +583,7 @@ type costing struct {
 	// The metrics correction's inputs (see engineExtra): the scraped ranks
 	// (nil: no correction), its weight, the clock and the blocks of a
 	// request.
-	eng           map[indexer.WorkerRank]rankEngine
+	eng           map[indexer.WorkerRank]EngineReport
 	mw, reqBlocks float64
 	now           time.Time
 	// The reuse charge (see CostOptions.ReuseWeight): R (0: none), and
@@ -617,7 +680,7 @@ func (k *costing) chargeOf(prefill int64) float64 {
 
 // eligible reports whether rl may be chosen: its worker is schedulable
 // and, when the request names workers, one of them. When it names none,
-// the answer is kept on the rank for the catalog's view (schedCache); when
+// the answer is kept on the rank for the catalog's View; when
 // it does, it is worked out once per pass, on the worker's first rank.
 func (k *costing) eligible(rl *rankLoad) bool {
 	if len(k.req.Workers) == 0 { // schedulable is all it takes

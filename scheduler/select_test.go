@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive Scheduler.Select (docs/scheduling.md, "Cost of
@@ -35,14 +36,13 @@ type selRig struct {
 }
 
 func newSelRig(tb testing.TB, blockSize int, o rigOptions) *selRig {
-	o.inProcess = true
 	return &selRig{rig: newRig(tb, o), key: loadKey, bs: blockSize}
 }
 
 // ranks registers worker id with DP ranks 0 .. size-1.
 func (s *selRig) ranks(id uint64, size uint32) {
 	s.t.Helper()
-	must(s.t, s.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, DPSize: size, Source: SourceAPI}))
+	must(s.t, s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, DPSize: size, Source: catalog.SourceAPI}))
 }
 
 // store stores blocks lo .. hi-1 of prompt (local hashes) on tier for r,
@@ -64,7 +64,7 @@ func (s *selRig) store(r indexer.WorkerRank, tier indexer.Tier, prompt []uint64,
 }
 
 func (s *selRig) scheduler(seed uint64, opts CostOptions) *Scheduler {
-	return NewScheduler(s.cat, s.set, s.cat.Loads(), opts, seed, nil)
+	return NewScheduler(s.cat, s.set, s.loads, opts, seed, nil)
 }
 
 // promptOf returns n local block hashes of prompt p.
@@ -103,8 +103,8 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 		}
 		s.ranks(id, size)
 	}
-	must(t, s.cat.RegisterRank(RankRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
-		Publisher: Publisher{Endpoint: closedPort(t)}, Source: SourceAPI}))
+	must(t, s.cat.RegisterRank(catalog.RankRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
+		Publisher: catalog.Publisher{Endpoint: closedPort(t)}, Source: catalog.SourceAPI}))
 	p := costPrompt
 	seq := indexer.SequenceHashes(nil, p)
 	s.store(rk(1, 0), indexer.TierDevice, p, 0, 7)
@@ -115,10 +115,10 @@ func newCostRig(t testing.TB, o rigOptions) *selRig {
 	s.store(rk(5, 1), indexer.TierDevice, p, 0, 4)
 	s.store(rk(8, 0), indexer.TierDevice, p, 0, 10)
 	s.store(rk(9, 0), indexer.TierDevice, p, 0, 10)
-	loads := s.cat.Loads()
+	loads := s.loads
 	must(t, loads.Add(s.key, Booking{ID: "busy", Worker: rk(3, 0), Hashes: append(slices.Clone(seq[:3]), 77, 78), PrefillTokens: 8}))
 	must(t, loads.Add(s.key, Booking{ID: "same", Worker: rk(4, 0), Hashes: seq, PrefillTokens: 40}))
-	if ws := s.cat.Workers("m", ""); len(ws) != 8 || Schedulable(ws[7].Status) {
+	if ws := s.cat.Workers("m", ""); len(ws) != 8 || s.cat.View().Schedulable(s.key)[8] {
 		t.Fatalf("workers %+v: want 8, worker 8 not schedulable", ws)
 	}
 	return s
@@ -191,7 +191,7 @@ func TestSelectCost(t *testing.T) {
 		{name: "NaN temperature", req: SelectRequest{Temperature: ptrTo(math.NaN())}, err: ErrInvalid},
 		{name: "negative temperature", req: SelectRequest{Temperature: ptrTo(-0.5)}, err: ErrInvalid},
 	}
-	before := loadsOf(s.cat.Loads(), s.key)
+	before := loadsOf(s.loads, s.key)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// Several seeds: a decision at temperature 0 without a tie
@@ -201,7 +201,7 @@ func TestSelectCost(t *testing.T) {
 			}
 		})
 	}
-	if after := loadsOf(s.cat.Loads(), s.key); !mapsEqual(before, after) {
+	if after := loadsOf(s.loads, s.key); !mapsEqual(before, after) {
 		t.Errorf("selecting without reserving changed the loads:\nbefore %v\nafter  %v", before, after)
 	}
 }
@@ -260,7 +260,7 @@ func TestSelectSeed002Example(t *testing.T) {
 	s := newSelRig(t, 16, rigOptions{})
 	s.ranks(7, 2)
 	neg22 := uint64(1<<64 - 22)
-	must(t, s.cat.Loads().Add(s.key, Booking{ID: "req-123", Worker: rk(7, 0), Hashes: []uint64{101, neg22, 303}, PrefillTokens: 48}))
+	must(t, s.loads.Add(s.key, Booking{ID: "req-123", Worker: rk(7, 0), Hashes: []uint64{101, neg22, 303}, PrefillTokens: 48}))
 	sch := s.scheduler(1, CostOptions{})
 	d, err := sch.Select(SelectRequest{Key: s.key, Seq: []uint64{101, neg22, 303, 404}, ISL: 48})
 	if err != nil || d.Worker != rk(7, 1) || d.Cost != 7 || d.EffectivePrefillTokens != 48 {
@@ -400,8 +400,8 @@ func TestSelectTemperature(t *testing.T) {
 
 func TestSelectNoSchedulableWorker(t *testing.T) {
 	s := newSelRig(t, testBS, rigOptions{})
-	must(t, s.cat.RegisterRank(RankRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
-		Publisher: Publisher{Endpoint: closedPort(t)}, Source: SourceAPI}))
+	must(t, s.cat.RegisterRank(catalog.RankRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 8}, BlockSize: testBS,
+		Publisher: catalog.Publisher{Endpoint: closedPort(t)}, Source: catalog.SourceAPI}))
 	s.store(rk(8, 0), indexer.TierDevice, costPrompt, 0, 10)
 	sch := s.scheduler(1, CostOptions{})
 	if _, err := sch.Select(s.fill(SelectRequest{})); !errors.Is(err, ErrUnavailable) {
@@ -420,13 +420,13 @@ func TestSelectNoSchedulableWorker(t *testing.T) {
 	if _, err := sch.Select(s.fill(SelectRequest{})); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("worker 1 unregistered: %v, want ErrUnavailable", err)
 	}
-	checkIdle(t, s.cat.Loads())
+	checkIdle(t, s.loads)
 }
 
 func TestSelectReserve(t *testing.T) {
 	clk := newFakeClock()
-	s := newCostRig(t, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clk.Now})}})
-	loads := s.cat.Loads()
+	s := newCostRig(t, rigOptions{loads: LoadOptions{Now: clk.Now}})
+	loads := s.loads
 	rec := observe(loads)
 	sch := s.scheduler(1, CostOptions{})
 	seq := indexer.SequenceHashes(nil, costPrompt)
@@ -524,7 +524,7 @@ func TestConcurrentSelect(t *testing.T) {
 			}
 		}
 	}
-	loads := s.cat.Loads()
+	loads := s.loads
 	var adds, completes, frees atomic.Int64
 	loads.Observe(func(ev Lifecycle) {
 		switch ev.Kind {
@@ -549,7 +549,7 @@ func TestConcurrentSelect(t *testing.T) {
 			default:
 			}
 			loads.Snapshot("", "")
-			if _, err := loads.Potentials(s.key, indexer.SequenceHashes(nil, prompts[i%3]), 16); err != nil {
+			if _, err := loads.potentials(s.key, indexer.SequenceHashes(nil, prompts[i%3]), 16); err != nil {
 				t.Errorf("potentials: %v", err)
 				return
 			}
@@ -635,7 +635,7 @@ func TestSelectWhileRegistering(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 200 {
-			if err := s.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 9}, BlockSize: testBS, DPSize: uint32(1 + i%3)}); err != nil {
+			if err := s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 9}, BlockSize: testBS, DPSize: uint32(1 + i%3)}); err != nil {
 				t.Errorf("register 9: %v", err)
 				return
 			}
@@ -651,12 +651,12 @@ func TestSelectWhileRegistering(t *testing.T) {
 		if err != nil {
 			t.Fatalf("select %d: %v", i, err)
 		}
-		if freed, err := s.cat.Loads().Free(s.key, id); !freed && d.Worker.Worker == 1 || err != nil {
+		if freed, err := s.loads.Free(s.key, id); !freed && d.Worker.Worker == 1 || err != nil {
 			t.Fatalf("free %d on %s: %v %v", i, d.Worker, freed, err)
 		}
 	}
 	wg.Wait()
-	checkIdle(t, s.cat.Loads())
+	checkIdle(t, s.loads)
 }
 
 // TestSelectMatchesBruteForce compares decisions with costs worked out
@@ -717,7 +717,7 @@ func bruteForceCase(t *testing.T, seed uint64, bs, workers, dp, busyEvery, perRa
 		output  float64
 	}
 	state := map[indexer.WorkerRank]*rankState{}
-	loads := s.cat.Loads()
+	loads := s.loads
 	id := 0
 	for w := range workers {
 		s.ranks(uint64(w+1), uint32(dp))

@@ -73,7 +73,9 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/envoytest"
+	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/tokenize"
 )
 
@@ -177,7 +179,8 @@ type bench struct {
 	log    *slog.Logger
 	set    *indexer.Set
 	ingest *kvevents.Ingester
-	cat    *scheduler.Catalog
+	cat    *catalog.Catalog
+	loads  *scheduler.Loads
 	ix     *indexer.Index
 	srv    *extproc.Server
 	served chan error
@@ -208,11 +211,13 @@ func newBench(cfg config) (*bench, error) {
 	}
 	b.set = indexer.NewSet(indexer.Options{})
 	b.ingest = kvevents.NewIngester(b.set, kvevents.IngestOptions{Logger: b.log})
-	b.cat = scheduler.NewCatalog(b.set, b.ingest, nil, scheduler.CatalogOptions{Logger: b.log})
+	b.cat = catalog.New(b.set, listeners.New(b.ingest), nil, catalog.Options{Logger: b.log})
+	b.loads = scheduler.NewLoads(scheduler.LoadOptions{})
+	b.cat.Watch(b.loads.Follow)
 	key := indexer.Key{Model: model, Tenant: indexer.DefaultTenant}
 	b.ids = map[string]uint64{}
 	for id := 1; id <= cfg.workers; id++ {
-		ws := scheduler.WorkerSpec{WorkerKey: scheduler.WorkerKey{Key: key, ID: uint64(id)}, BlockSize: 16,
+		ws := catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: key, ID: uint64(id)}, BlockSize: 16,
 			Endpoint: fmt.Sprintf("10.0.%d.%d:8000", id/250, id%250+1), DPSize: 1}
 		b.ids[ws.Endpoint] = ws.WorkerKey.ID
 		if err := b.cat.PutWorker(ws); err != nil {
@@ -224,7 +229,7 @@ func newBench(cfg config) (*bench, error) {
 		b.close()
 		return nil, err
 	}
-	sched := scheduler.NewScheduler(b.cat, b.set, b.cat.Loads(), scheduler.CostOptions{}, cfg.seed, nil)
+	sched := scheduler.NewScheduler(b.cat, b.set, b.loads, scheduler.CostOptions{}, cfg.seed, nil)
 	g := extproc.New(reg, b.cat, sched, extproc.Options{Logger: b.log, Registerer: prometheus.NewRegistry()})
 	if b.srv, err = extproc.NewServer(g, extproc.ServerOptions{Logger: b.log, Ready: func() bool { return true }}); err != nil {
 		b.close()
@@ -529,7 +534,7 @@ func (b *bench) drained(ctx context.Context) error {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		n := 0
-		for _, l := range b.cat.Loads().Snapshot(model, indexer.DefaultTenant) {
+		for _, l := range b.loads.Snapshot(model, indexer.DefaultTenant) {
 			n += l.Requests
 		}
 		if n == 0 {

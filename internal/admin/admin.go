@@ -4,8 +4,8 @@
 // decoding and error helpers every handler uses (docs/http-api.md,
 // "Errors and limits").
 //
-// It owns no API of its own: internal/httpapi and the scheduler packages define the
-// routes and hand them to a Server. It must not know about workers, indexes
+// It owns no API of its own: internal/httpapi defines the
+// routes and hands them to a Server. It must not know about workers, indexes
 // or any other domain type.
 package admin
 

@@ -1,23 +1,27 @@
-package scheduler
+package httpapi
 
 import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler/catalog"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
 // These tests drive the catalog's routes over real HTTP requests; see
-// catalog_test.go for the rig.
+// rig_test.go for the rig.
 
 func TestRegisterIndexerShape(t *testing.T) {
 	r := newRig(t, rigOptions{})
@@ -53,7 +57,7 @@ func TestRegisterIndexerShape(t *testing.T) {
 		{name: "array body", path: "/register", body: `[]`, status: 400},
 		{name: "empty body", path: "/register", body: ``, status: 400},
 		{name: "trailing data", path: "/register", body: `{"instance_id": 3} {}`, status: 400},
-		{name: "same ids, unknown fields", path: "/register", body: w3.with("worker_id", 3, "future_field", obj{"x": 1}), status: 201},
+		{name: "same ids, unknown fields", path: "/register", body: w3.with("worker_id", 3, "future_field", jsonObj{"x": 1}), status: 201},
 	})
 
 	ws := r.workers("")
@@ -61,7 +65,7 @@ func TestRegisterIndexerShape(t *testing.T) {
 		t.Fatalf("workers %+v, want 3", ws)
 	}
 	w := ws[0]
-	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS || w.Source != SourceAPI {
+	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS || w.Source != catalog.SourceAPI {
 		t.Errorf("worker 1: %+v", w)
 	}
 	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoints["0"] != e0 || w.Endpoints["1"] != e1 || w.DPStart != 0 || w.DPSize != 2 {
@@ -82,7 +86,7 @@ func TestRegisterSlotTrackerShape(t *testing.T) {
 		{name: "negative dp_size", path: "/register", body: w7.with("dp_size", -1), status: 400, errHas: []string{"dp_size"}},
 		{name: "dp_start without dp_size", path: "/register", body: w7.without("dp_size"), status: 400, errHas: []string{"dp_size"}},
 		{name: "overflowing range", path: "/register", body: w7.with("dp_start", uint32(1<<32-1), "dp_size", 2), status: 400},
-		{name: "dp_size over the limit", path: "/register", body: w7.with("dp_size", MaxDPSize+1), status: 400, errHas: []string{"dp_size", "4096"}},
+		{name: "dp_size over the limit", path: "/register", body: w7.with("dp_size", catalog.MaxDPSize+1), status: 400, errHas: []string{"dp_size", "4096"}},
 		{name: "dp_rank with a range", path: "/register", body: w7.with("dp_rank", 1), status: 400, errHas: []string{"dp_rank"}},
 		{name: "replay_endpoint with a range", path: "/register", body: w7.with("replay_endpoint", "tcp://127.0.0.1:1"), status: 400, errHas: []string{"replay_endpoint"}},
 		{name: "dp_start too big", path: "/register", body: w7.with("dp_start", uint64(1<<32)), status: 400, errHas: []string{"dp_start"}},
@@ -123,7 +127,7 @@ func TestRegisterSamePublisherInTwoTenants(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	ep := deadEndpoint("shared")
 	r.register(rankBody("m", "a", 1, 0, ep))
-	for _, body := range []obj{rankBody("m", "b", 1, 0, ep), rankBody("m2", "a", 1, 0, ep)} {
+	for _, body := range []jsonObj{rankBody("m", "b", 1, 0, ep), rankBody("m2", "a", 1, 0, ep)} {
 		before := r.state()
 		rep := r.post("/register", body)
 		m, err := rep.object()
@@ -148,7 +152,7 @@ func TestUnregisterWhatWasRegistered(t *testing.T) {
 	// The body that registered a worker unregisters it.
 	for _, tc := range []struct {
 		name string
-		body obj
+		body jsonObj
 	}{
 		{"rank, tenant omitted", rankBody("m", "", 1, 0, deadEndpoint("rt"))},
 		{"rank, default tenant", rankBody("m", "default", 1, 0, deadEndpoint("rt"))},
@@ -186,7 +190,7 @@ func TestUnregisterTenants(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		body obj
+		body jsonObj
 		want []string
 	}{
 		{"every tenant of the model", who("m", "", 5), []string{"m:a:6", "m:b:6", "m2:a:5"}},
@@ -343,22 +347,91 @@ func TestWorkersView(t *testing.T) {
 	}
 }
 
+// metricsPage is a vLLM /metrics page whose answer the test changes.
+type metricsPage struct {
+	ts     *httptest.Server
+	mu     sync.Mutex
+	status int
+	body   string
+}
+
+func newMetricsPage(t *testing.T, path string) *metricsPage {
+	p := &metricsPage{status: http.StatusOK}
+	p.ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != path {
+			http.NotFound(w, r)
+			return
+		}
+		p.mu.Lock()
+		status, body := p.status, p.body
+		p.mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(p.ts.Close)
+	return p
+}
+
+func (p *metricsPage) set(status int, body string) {
+	p.mu.Lock()
+	p.status, p.body = status, body
+	p.mu.Unlock()
+}
+
+// fakeClock is a clock the tests move by hand.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// twoEngines is a page of model m's engines 2 (waiting 3, running 5,
+// usage 0.5, 2048 blocks) and 3 (waiting 0, usage 0.25, nothing else).
+const twoEngines = `# HELP vllm:num_requests_waiting help
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m",engine="2"} 3
+vllm:num_requests_waiting{model_name="m",engine="3"} 0
+# HELP vllm:num_requests_running help
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",engine="2"} 5
+# HELP vllm:kv_cache_usage_perc help
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m",engine="2"} 0.5
+vllm:kv_cache_usage_perc{model_name="m",engine="3"} 0.25
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",model_name="m",engine="2",num_gpu_blocks="2048"} 1.0
+`
+
 // TestWorkersEngineMetrics checks the engine_metrics of GET /workers: the
 // values a scrape found, by rank, each left out when not reported, and the
 // state of the scrapes.
 func TestWorkersEngineMetrics(t *testing.T) {
 	clock := newFakeClock()
-	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clock.Now})}})
-	s.putWorker(1, p.endpoint("/w1/v1"), 2, 2)
-	p.set("/w1/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"2": engLoad(3, 5, 0.5, 2048), "3": engLoad(0, nan, 0.25, nan)})})
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: 10 * time.Second}, s.rig)
-	must(t, sc.ScrapeOnce(t.Context()))
+	p := newMetricsPage(t, "/w1/metrics")
+	r := newRig(t, rigOptions{scrape: &scrape.Options{Interval: 10 * time.Second, Logger: quiet, Now: clock.Now}})
+	must(t, r.cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, ID: 1},
+		BlockSize: testBS, Endpoint: p.ts.URL + "/w1/v1", DPStart: 2, DPSize: 2, Source: catalog.SourceAPI}))
+	p.set(http.StatusOK, twoEngines)
+	must(t, r.sc.ScrapeOnce(t.Context()))
 	at := clock.Now().UTC().Format(time.RFC3339Nano)
-	url := p.endpoint("/w1/metrics")
+	url := p.ts.URL + "/w1/metrics"
 	engineJSON := func() string {
 		t.Helper()
-		rep := s.do(http.MethodGet, "/workers", nil)
+		rep := r.do(http.MethodGet, "/workers", nil)
 		var raw []map[string]json.RawMessage
 		if err := json.Unmarshal(rep.body, &raw); err != nil || len(raw) != 1 {
 			t.Fatalf("GET /workers: %s (%v)", rep.body, err)
@@ -375,8 +448,8 @@ func TestWorkersEngineMetrics(t *testing.T) {
 	if got, want := engineJSON(), strings.Replace(want, `"fresh":true`, `"fresh":false`, 1); got != want {
 		t.Errorf("stale engine_metrics\n%s\nwant\n%s", got, want)
 	}
-	p.set("/w1/metrics", pageAnswer{status: http.StatusServiceUnavailable, body: "starting"})
-	must(t, sc.ScrapeOnce(t.Context()))
+	p.set(http.StatusServiceUnavailable, "starting")
+	must(t, r.sc.ScrapeOnce(t.Context()))
 	failedAt := clock.Now().UTC().Format(time.RFC3339Nano)
 	want = `{"url":"` + url + `","scraped_at":"` + at + `","attempted_at":"` + failedAt + `",` +
 		`"last_error":"scrape ` + url + `: 503 Service Unavailable: \"starting\"","fresh":false,"ranks":{` +
@@ -385,7 +458,7 @@ func TestWorkersEngineMetrics(t *testing.T) {
 	if got := engineJSON(); got != want {
 		t.Errorf("engine_metrics after a failure\n%s\nwant\n%s", got, want)
 	}
-	s.checkViews()
+	r.checkViews()
 }
 
 func TestWorkersSortedAndFiltered(t *testing.T) {
@@ -433,7 +506,7 @@ func TestBearerToken(t *testing.T) {
 	r.follow("m", "", 1, 0) // with the token
 	for _, rt := range []struct {
 		path string
-		body obj
+		body jsonObj
 		ok   int
 		then func(workerView) bool // the worker once the request was served
 	}{

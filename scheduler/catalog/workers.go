@@ -1,4 +1,4 @@
-package scheduler
+package catalog
 
 import (
 	"context"
@@ -9,9 +9,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-
-	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
 // This file registers workers in the selection service's shape (seed 003,
@@ -72,9 +69,9 @@ func rangeRanks(start, size uint32) ([]uint32, error) {
 	return ranks, nil
 }
 
-// checkRequestEndpoint checks a worker's request endpoint: an http(s) URL
-// with a host, or host:port.
-func checkRequestEndpoint(ep string) error {
+// CheckRequestEndpoint checks a worker's request endpoint: an http(s) URL
+// with a host, or host:port. Its error wraps ErrInvalid.
+func CheckRequestEndpoint(ep string) error {
 	if strings.Contains(ep, "://") {
 		if u, err := url.Parse(ep); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Hostname() != "" {
 			return nil
@@ -85,11 +82,12 @@ func checkRequestEndpoint(ep string) error {
 	return fmt.Errorf("%w: endpoint %.80q is not an http(s) URL or host:port", ErrInvalid, ep)
 }
 
-func checkReplay(ep string) error {
+// checkReplay checks a replay endpoint ("" for none).
+func (c *Catalog) checkReplay(ep string) error {
 	if ep == "" {
 		return nil
 	}
-	if err := kvevents.ValidateEndpoint(ep); err != nil {
+	if err := c.listeners.CheckEndpoint(ep); err != nil {
 		return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 	}
 	return nil
@@ -97,9 +95,9 @@ func checkReplay(ep string) error {
 
 // validate checks l on its own: the endpoint, when set, and every
 // publisher, which must be on one of the ranks.
-func (l layout) validate() error {
+func (c *Catalog) validate(l layout) error {
 	if l.endpoint != "" {
-		if err := checkRequestEndpoint(l.endpoint); err != nil {
+		if err := CheckRequestEndpoint(l.endpoint); err != nil {
 			return err
 		}
 	}
@@ -109,10 +107,10 @@ func (l layout) validate() error {
 			return fmt.Errorf("%w: kv_events_endpoints rank %d is not one of the worker's dp ranks (%d..%d)",
 				ErrInvalid, rank, l.ranks[0], l.ranks[len(l.ranks)-1])
 		}
-		if err := kvevents.ValidateEndpoint(p.Endpoint); err != nil {
+		if err := c.listeners.CheckEndpoint(p.Endpoint); err != nil {
 			return fmt.Errorf("%w: kv_events_endpoints rank %d: %w", ErrInvalid, rank, err)
 		}
-		if err := checkReplay(p.Replay); err != nil {
+		if err := c.checkReplay(p.Replay); err != nil {
 			return err
 		}
 	}
@@ -134,14 +132,14 @@ func (c *Catalog) PutWorker(s WorkerSpec) error {
 	if err != nil {
 		return err
 	}
-	if err := checkReplay(s.Replay); err != nil {
+	if err := c.checkReplay(s.Replay); err != nil {
 		return err
 	}
 	l := layout{endpoint: s.Endpoint, ranks: ranks, events: make(map[uint32]Publisher, len(s.Events))}
 	for rank, ep := range s.Events {
 		l.events[rank] = Publisher{Endpoint: ep, Replay: s.Replay, Topic: s.Topic}
 	}
-	if err := l.validate(); err != nil {
+	if err := c.validate(l); err != nil {
 		return err
 	}
 	w, err := c.lock(s.WorkerKey, s.BlockSize)
@@ -162,7 +160,7 @@ func (c *Catalog) PatchWorker(p WorkerPatch) error {
 		return fmt.Errorf("%w: endpoint must not be empty", ErrInvalid)
 	}
 	if p.Replay != nil {
-		if err := checkReplay(*p.Replay); err != nil {
+		if err := c.checkReplay(*p.Replay); err != nil {
 			return err
 		}
 	}
@@ -180,7 +178,7 @@ func (c *Catalog) PatchWorker(p WorkerPatch) error {
 	if err != nil {
 		return err
 	}
-	if err := l.validate(); err != nil {
+	if err := c.validate(l); err != nil {
 		return err
 	}
 	return c.apply(w, p.WorkerKey, w.BlockSize, w.Source, l)
@@ -239,8 +237,8 @@ func (c *Catalog) apply(w *Worker, wk WorkerKey, blockSize int, source string, l
 	ranks := slices.Sorted(maps.Keys(l.events))
 	// One publisher (worker, rank, endpoint) feeds one index: check them
 	// all before starting any.
-	for _, li := range c.ingest.Listeners() {
-		if p, ok := l.events[li.Rank]; ok && li.Worker == wk.ID && li.Endpoint == p.Endpoint && li.Key != wk.Key {
+	for _, li := range c.listeners.States() {
+		if p, ok := l.events[li.Rank]; ok && li.ID == wk.ID && li.Endpoint == p.Endpoint && li.Key != wk.Key {
 			return fmt.Errorf("%w: %s rank %d: publisher %s already feeds %s", ErrConflict, wk, li.Rank, p.Endpoint, li.Key)
 		}
 	}
@@ -267,32 +265,24 @@ func (c *Catalog) apply(w *Worker, wk WorkerKey, blockSize int, source string, l
 		}
 	}
 	for _, rank := range ranks {
-		p := l.events[rank]
-		err := c.ingest.Register(kvevents.Registration{
-			Key: wk.Key, BlockSize: blockSize, Worker: wk.ID, Rank: rank,
-			Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Topic: p.Topic,
-		})
-		switch {
-		case errors.Is(err, indexer.ErrClosed):
-			return fmt.Errorf("%w: %w", ErrUnavailable, err)
-		case err != nil:
-			return fmt.Errorf("%w: %w", ErrConflict, err)
+		if err := c.listeners.Listen(Listener{WorkerKey: wk, Rank: rank, BlockSize: blockSize, Publisher: l.events[rank]}); err != nil {
+			if len(stop) > 0 {
+				c.emit(Changed, w, nil) // it lost the publishers stopped
+			}
+			return listenError(err)
 		}
 	}
-	w = c.add(w, wk, blockSize, source)
+	w, kind := c.add(w, wk, blockSize, source)
+	var gone []uint32
 	for _, rank := range w.Ranks {
 		if _, found := slices.BinarySearch(l.ranks, rank); !found {
-			c.loads.RemoveRanks(wk.Key, wk.ID, &rank)
+			gone = append(gone, rank)
 		}
 	}
 	w.Endpoint = l.endpoint
 	w.Ranks = slices.Clone(l.ranks)
 	w.Events = l.events
-	wrs := make([]indexer.WorkerRank, len(w.Ranks))
-	for i, rank := range w.Ranks {
-		wrs[i] = indexer.WorkerRank{Worker: wk.ID, Rank: rank}
-	}
-	c.loads.AddRanks(wk.Key, blockSize, wrs...)
+	c.emit(kind, w, gone)
 	c.log.Info("registered worker", "model", wk.Key.Model, "tenant", wk.Key.Tenant, "worker", wk.ID, "endpoint", l.endpoint,
 		"dp_start", w.Ranks[0], "dp_size", len(w.Ranks), "kv_events_ranks", ranks, "source", w.Source)
 	return nil
@@ -304,7 +294,7 @@ func (c *Catalog) stopRanks(wk WorkerKey, ranks []uint32) error {
 	defer cancel()
 	var errs []error
 	for _, rank := range ranks {
-		if _, err := c.ingest.Unregister(ctx, wk.Key, wk.ID, &rank); err != nil {
+		if err := c.listeners.Stop(ctx, wk, &rank); err != nil {
 			errs = append(errs, err)
 		}
 	}

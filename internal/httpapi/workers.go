@@ -1,4 +1,13 @@
-package scheduler
+package httpapi
+
+// The scheduler's side of the admin APIs (docs/http-api.md), over
+// scheduler/catalog, scheduler (loads and selection), scheduler/scrape and
+// scheduler/replica, each a thin view owning its JSON shapes: workers.go
+// serves the worker catalog's routes (/register, /unregister, /workers,
+// /ready and the listener test hooks) and maps the scheduler's errors to
+// HTTP statuses (httpError); service.go the slot tracker's and the
+// selection service's (loads, workers, selection, reservations, overlap
+// scores); replica.go replica sync's peer routes, on or off.
 
 import (
 	"errors"
@@ -9,15 +18,16 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler/catalog"
+	"github.com/kvgate/kvgate/scheduler/scrape"
 )
 
-// This file serves the catalog's views: the standalone indexer's and the
-// slot tracker's /register, /unregister and /workers, and /ready.
-
-// Routes returns the catalog routes.
-func (c *Catalog) Routes() []admin.Route {
+// WorkerRoutes returns the routes of the worker catalog cat; GET /workers
+// shows what scraper found of each worker's engine (nil when scraping is
+// off).
+func WorkerRoutes(cat *catalog.Catalog, scraper *scrape.Scraper) []admin.Route {
+	c := catalogAPI{cat, scraper}
 	return []admin.Route{
 		{Pattern: "POST /register", Handler: c.handleRegister, Mutates: true},
 		{Pattern: "POST /unregister", Handler: c.handleUnregister, Mutates: true},
@@ -28,21 +38,28 @@ func (c *Catalog) Routes() []admin.Route {
 	}
 }
 
-// httpError maps catalog errors to API errors.
+// catalogAPI serves the catalog's routes.
+type catalogAPI struct {
+	cat     *catalog.Catalog
+	scraper *scrape.Scraper // nil when scraping is off
+}
+
+// httpError maps the scheduler's errors to API errors, their prefix left
+// out of the message.
 func httpError(err error) error {
 	status := http.StatusInternalServerError
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, catalog.ErrInvalid):
 		status = http.StatusBadRequest
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, catalog.ErrNotFound):
 		status = http.StatusNotFound
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, catalog.ErrConflict):
 		status = http.StatusConflict
-	case errors.Is(err, ErrUnavailable):
+	case errors.Is(err, catalog.ErrUnavailable):
 		status = http.StatusServiceUnavailable
 	}
 	msg := err.Error()
-	for _, prefix := range []error{ErrInvalid, ErrNotFound, ErrConflict, ErrUnavailable} {
+	for _, prefix := range []error{catalog.ErrInvalid, catalog.ErrNotFound, catalog.ErrConflict, catalog.ErrUnavailable} {
 		msg = strings.TrimPrefix(msg, prefix.Error()+": ")
 	}
 	return admin.Errorf(status, "%s", msg)
@@ -88,7 +105,7 @@ type registerRequest struct {
 	DPSize         *uint32 `json:"dp_size"`
 }
 
-func (c *Catalog) handleRegister(w http.ResponseWriter, r *http.Request) {
+func (c catalogAPI) handleRegister(w http.ResponseWriter, r *http.Request) {
 	var req registerRequest
 	if err := admin.Decode(r, &req); err != nil {
 		admin.WriteError(w, err)
@@ -101,7 +118,7 @@ func (c *Catalog) handleRegister(w http.ResponseWriter, r *http.Request) {
 	admin.OK(w, http.StatusCreated)
 }
 
-func (c *Catalog) register(req registerRequest) error {
+func (c catalogAPI) register(req registerRequest) error {
 	id, err := req.id()
 	if err != nil {
 		return err
@@ -113,7 +130,7 @@ func (c *Catalog) register(req registerRequest) error {
 	if req.BlockSize == nil {
 		return admin.Errorf(http.StatusBadRequest, "block_size is required")
 	}
-	wk := WorkerKey{Key: indexer.Key{Model: model}, ID: id}
+	wk := catalog.WorkerKey{Key: indexer.Key{Model: model}, ID: id}
 	if req.TenantID != nil {
 		wk.Tenant = *req.TenantID
 	}
@@ -123,14 +140,14 @@ func (c *Catalog) register(req registerRequest) error {
 	case hasEndpoint && hasRange:
 		return admin.Errorf(http.StatusBadRequest, "give endpoint (with dp_rank) or dp_start/dp_size, not both")
 	case hasEndpoint:
-		reg := RankRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, Publisher: Publisher{Endpoint: *req.Endpoint}, Source: SourceAPI}
+		reg := catalog.RankRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, Publisher: catalog.Publisher{Endpoint: *req.Endpoint}, Source: catalog.SourceAPI}
 		if req.DPRank != nil {
 			reg.Rank = *req.DPRank
 		}
 		if req.ReplayEndpoint != nil {
 			reg.Replay = *req.ReplayEndpoint
 		}
-		err = c.RegisterRank(reg)
+		err = c.cat.RegisterRank(reg)
 	case hasRange:
 		if req.DPRank != nil || req.ReplayEndpoint != nil {
 			return admin.Errorf(http.StatusBadRequest, "dp_rank and replay_endpoint go with endpoint, not with dp_start/dp_size")
@@ -138,11 +155,11 @@ func (c *Catalog) register(req registerRequest) error {
 		if req.DPSize == nil {
 			return admin.Errorf(http.StatusBadRequest, "dp_size is required with dp_start")
 		}
-		reg := RangeRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, DPSize: *req.DPSize, Source: SourceAPI}
+		reg := catalog.RangeRegistration{WorkerKey: wk, BlockSize: *req.BlockSize, DPSize: *req.DPSize, Source: catalog.SourceAPI}
 		if req.DPStart != nil {
 			reg.DPStart = *req.DPStart
 		}
-		err = c.RegisterRange(reg)
+		err = c.cat.RegisterRange(reg)
 	default:
 		return admin.Errorf(http.StatusBadRequest, "endpoint is required (the worker's ZMQ KV event endpoint), or dp_start/dp_size to register a DP range")
 	}
@@ -162,7 +179,7 @@ func decodeIdentity(r *http.Request) (workerIdentity, uint64, error) {
 	return req, id, err
 }
 
-func (c *Catalog) handleUnregister(w http.ResponseWriter, r *http.Request) {
+func (c catalogAPI) handleUnregister(w http.ResponseWriter, r *http.Request) {
 	req, id, err := decodeIdentity(r)
 	if err != nil {
 		admin.WriteError(w, err)
@@ -173,7 +190,7 @@ func (c *Catalog) handleUnregister(w http.ResponseWriter, r *http.Request) {
 		admin.WriteError(w, err)
 		return
 	}
-	if _, err := c.Unregister(model, req.TenantID, id, req.DPRank); err != nil {
+	if _, err := c.cat.Unregister(model, req.TenantID, id, req.DPRank); err != nil {
 		admin.WriteError(w, httpError(err))
 		return
 	}
@@ -198,10 +215,10 @@ type workerView struct {
 	KVEventsEndpoints     map[string]string       `json:"kv_events_endpoints"`
 	ReplayEndpoint        string                  `json:"replay_endpoint,omitempty"`
 	Source                string                  `json:"source"`
-	Status                Status                  `json:"status"`
+	Status                catalog.Status          `json:"status"`
 	Listeners             map[string]listenerView `json:"listeners"`
 	// EngineMetrics is what the scrapes of the worker's /metrics page
-	// found (see Scraper); left out when it was never scraped.
+	// found (see scrape.Scraper); left out when it was never scraped.
 	EngineMetrics *engineMetricsView `json:"engine_metrics,omitempty"`
 }
 
@@ -224,7 +241,7 @@ type rankMetricsView struct {
 	KVBlocks     *float64 `json:"num_gpu_blocks,omitempty"`
 }
 
-func engineMetricsOf(s *WorkerScrape) *engineMetricsView {
+func engineMetricsOf(s *scrape.WorkerScrape) *engineMetricsView {
 	if s == nil {
 		return nil
 	}
@@ -246,19 +263,21 @@ func engineMetricsOf(s *WorkerScrape) *engineMetricsView {
 }
 
 type listenerView struct {
-	Endpoint       string  `json:"endpoint"`
-	ReplayEndpoint string  `json:"replay_endpoint,omitempty"`
-	Status         Status  `json:"status"`
-	LastError      string  `json:"last_error,omitempty"`
-	LastSeq        *uint64 `json:"last_seq,omitempty"`
+	Endpoint       string         `json:"endpoint"`
+	ReplayEndpoint string         `json:"replay_endpoint,omitempty"`
+	Status         catalog.Status `json:"status"`
+	LastError      string         `json:"last_error,omitempty"`
+	LastSeq        *uint64        `json:"last_seq,omitempty"`
 }
 
-func viewOf(ws WorkerState) workerView {
+// viewOf returns ws as GET /workers shows it, with em, what the scrapes of
+// its page found (nil: never scraped).
+func viewOf(ws catalog.WorkerState, em *scrape.WorkerScrape) workerView {
 	v := workerView{
 		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
 		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
 		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
-		EngineMetrics: engineMetricsOf(ws.Scrape),
+		EngineMetrics: engineMetricsOf(em),
 	}
 	if v.DPRanks == nil {
 		v.DPRanks = []uint32{}
@@ -272,7 +291,7 @@ func viewOf(ws WorkerState) workerView {
 		rs := strconv.FormatUint(uint64(rank), 10)
 		v.Endpoints[rs], v.KVEventsEndpoints[rs] = p.Endpoint, p.Endpoint
 		replays[p.Replay] = true
-		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: kvevents.StatusPending}
+		lv := listenerView{Endpoint: p.Endpoint, ReplayEndpoint: p.Replay, Status: catalog.StatusPending}
 		if l, ok := ws.Listeners[rank]; ok {
 			lv.Status, lv.LastError = l.Status, l.LastError
 			if l.HasSeq {
@@ -289,39 +308,53 @@ func viewOf(ws WorkerState) workerView {
 	return v
 }
 
-func (c *Catalog) handleWorkers(w http.ResponseWriter, r *http.Request) {
+func (c catalogAPI) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	ws := c.Workers(q.Get("model_name"), q.Get("tenant_id"))
+	ws := c.cat.Workers(q.Get("model_name"), q.Get("tenant_id"))
 	out := make([]workerView, len(ws))
 	for i, s := range ws {
-		out[i] = viewOf(s)
+		var em *scrape.WorkerScrape
+		if c.scraper != nil {
+			em = c.scraper.Worker(s.WorkerKey)
+		}
+		out[i] = viewOf(s, em)
 	}
 	admin.WriteJSON(w, http.StatusOK, out)
 }
 
-func (c *Catalog) handleReady(w http.ResponseWriter, _ *http.Request) {
-	rd := c.Ready()
+// readiness is Readiness as GET /ready answers it.
+type readiness struct {
+	Ready             bool   `json:"ready"`
+	Reason            string `json:"reason,omitempty"`
+	Workers           int    `json:"workers"`
+	ActiveWorkers     int    `json:"active_workers"`
+	Schedulable       int    `json:"schedulable_workers"`
+	MinInitialWorkers int    `json:"min_initial_workers"`
+}
+
+func (c catalogAPI) handleReady(w http.ResponseWriter, _ *http.Request) {
+	rd := readiness(c.cat.Ready())
 	if !rd.Ready {
 		admin.WriteJSON(w, http.StatusServiceUnavailable, struct {
 			Error string `json:"error"`
-			Readiness
+			readiness
 		}{rd.Reason, rd})
 		return
 	}
 	admin.WriteJSON(w, http.StatusOK, struct {
 		Status string `json:"status"`
-		Readiness
+		readiness
 	}{"ready", rd})
 }
 
-func (c *Catalog) handleListener(pause bool) http.HandlerFunc {
+func (c catalogAPI) handleListener(pause bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		req, id, err := decodeIdentity(r)
 		if err != nil {
 			admin.WriteError(w, err)
 			return
 		}
-		n, err := c.SetListeners(id, req.DPRank, pause)
+		n, err := c.cat.SetListeners(id, req.DPRank, pause)
 		if err != nil {
 			admin.WriteError(w, httpError(err))
 			return

@@ -1,17 +1,16 @@
-// Package scheduler decides where a request goes. It owns the worker
-// catalog (which workers serve which (model, tenant), where their requests
-// and KV events go, whether they are ready; catalog.go, workers.go), the
-// active load booked on each worker rank (load.go), the cost-based
-// selection (select.go), the Dynamo slot tracker and selection service
-// routes with reservations (service.go, http.go), replica sync of active
-// load between kvgate replicas (replica.go), and the load each engine
-// reports on its vLLM /metrics page (scrape.go), an optional correction of
-// the cost. The protocols are in docs/http-api.md and docs/scheduling.md.
+// Package catalog is the worker catalog: which workers serve which (model,
+// tenant), where their requests and KV events go, and whether they may be
+// sent requests (catalog.go); workers.go registers them in the selection
+// service's shape. Through its Listeners interface (internal/listeners
+// adapts the indexer's; main wires them) it starts and stops the KV event
+// listeners of its workers' publishers, which also drop a removed worker's
+// blocks; it tells its watchers of every worker added, changed or removed
+// (Catalog.Watch): that is how the loads and the engine metrics follow it.
+// Its View says which workers are schedulable.
 //
-// It drives the indexer (an Ingester per process) to start and stop event
-// listeners and drop a removed worker's blocks, and must not touch the
-// index's internals, event wire formats or HTTP plumbing beyond its routes.
-package scheduler
+// It must not touch the loads, the cost, the index's internals, event wire
+// formats or HTTP, and imports nothing of the indexer's listener layer.
+package catalog
 
 import (
 	"cmp"
@@ -29,10 +28,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/indexer/kvevents"
 )
 
-// Errors of the catalog. The HTTP layer maps them to status codes.
+// Errors of the catalog, which the scheduler shares. The HTTP layer maps
+// them to status codes.
 var (
 	ErrInvalid     = errors.New("invalid request")     // 400
 	ErrNotFound    = errors.New("not found")           // 404
@@ -73,8 +72,86 @@ type Worker struct {
 	Source   string
 }
 
-// Status is a worker's aggregated listener state.
-type Status = kvevents.ListenerStatus
+// Status is the state of a listener, or a worker's aggregated state.
+type Status string
+
+// The listener states. A listener starts pending, becomes active once
+// connected, goes back to pending when the connection breaks and to failed
+// after repeated failed attempts (it keeps retrying); paused listeners are
+// disconnected until resumed.
+const (
+	StatusPending Status = "pending"
+	StatusActive  Status = "active"
+	StatusFailed  Status = "failed"
+	StatusPaused  Status = "paused"
+)
+
+// Listener names the KV event listener of one publisher of a worker rank.
+type Listener struct {
+	WorkerKey
+	Rank      uint32
+	BlockSize int // of the worker's index
+	Publisher
+}
+
+// ListenerState is a listener as the Listeners report it.
+type ListenerState struct {
+	Listener
+	Status    Status
+	LastError string // why the last connection attempt or receive failed
+	// Seq is the last batch sequence number applied; HasSeq is false until
+	// one was.
+	Seq    uint64
+	HasSeq bool
+}
+
+// Listeners are the KV event listeners the catalog starts and stops for
+// its workers' publishers. They must be safe for concurrent use.
+type Listeners interface {
+	// CheckEndpoint checks that endpoint is a publisher endpoint the
+	// listeners can connect to.
+	CheckEndpoint(endpoint string) error
+	// Listen starts the listener of l, or updates it (replay endpoint,
+	// topic), creating the index of l.Key with l.BlockSize if needed, and
+	// returns without waiting for it to connect. On error nothing changes:
+	// an error wrapping ErrUnavailable says the listeners are shut down,
+	// any other that l conflicts with a listener or index.
+	Listen(l Listener) error
+	// Stop stops the listeners of worker wk (of one rank when rank is not
+	// nil) and removes the blocks of what it stopped from the index, after
+	// the events already queued.
+	Stop(ctx context.Context, wk WorkerKey, rank *uint32) error
+	// Pause disconnects the listeners of worker wk (one rank when rank is
+	// not nil) without forgetting them or their blocks; Resume reconnects
+	// them. Both report how many listeners they changed.
+	Pause(wk WorkerKey, rank *uint32) int
+	Resume(wk WorkerKey, rank *uint32) int
+	// States returns the state of every listener.
+	States() []ListenerState
+	// Generation returns a number that changes whenever a listener is
+	// added, removed or changes state.
+	Generation() uint64
+}
+
+// ChangeKind says what a Change did to a worker.
+type ChangeKind uint8
+
+// The kinds of change.
+const (
+	Added ChangeKind = iota + 1
+	Changed
+	Removed
+)
+
+// Change is one change of a worker in the catalog (see Catalog.Watch).
+type Change struct {
+	Kind ChangeKind
+	// Worker is the worker after the change; when removed, as it was.
+	// Watchers must not modify it.
+	Worker Worker
+	// Gone are the ranks the worker lost: all of them when removed.
+	Gone []uint32
+}
 
 // RankRegistration registers one DP rank of a worker by its KV event
 // publisher (the standalone indexer's /register).
@@ -98,79 +175,116 @@ type RangeRegistration struct {
 	Source          string
 }
 
-// CatalogOptions configure a Catalog.
-type CatalogOptions struct {
+// Options configure a Catalog.
+type Options struct {
 	Logger *slog.Logger
 	// MinInitialWorkers is how many workers must be active at once before
 	// the catalog first reports ready (a startup gate that stays open).
 	MinInitialWorkers int
 	// UnregisterTimeout bounds the removal of a worker's blocks. Default 30s.
 	UnregisterTimeout time.Duration
-	// Loads is the active-load accounting the catalog keeps in step with
-	// its workers' ranks; default a new one (see Catalog.Loads).
-	Loads *Loads
 }
 
 // Catalog is the process's one worker catalog. It is safe for concurrent
 // use; registrations and removals are serialized.
 type Catalog struct {
-	set    *indexer.Set
-	ingest *kvevents.Ingester
-	opts   CatalogOptions
-	log    *slog.Logger
+	set       *indexer.Set
+	listeners Listeners
+	opts      Options
+	log       *slog.Logger
 
 	// opMu serializes changes (a change may wait for the index); mu guards
 	// the fields below, briefly, so that reads never wait for a change.
-	opMu    sync.Mutex
-	mu      sync.Mutex
-	workers map[WorkerKey]*Worker
-	open    bool   // the startup gate opened
-	holdFor string // why readiness is held ("" when not)
+	opMu     sync.Mutex
+	mu       sync.Mutex
+	workers  map[WorkerKey]*Worker
+	open     bool   // the startup gate opened
+	holdFor  string // why readiness is held ("" when not)
+	watchers []func(Change)
 
-	loads *Loads
-	gen   atomic.Uint64 // bumped on every change of workers
-	sched atomic.Pointer[schedCache]
-	// scrape keeps what the Scraper read of the workers' engines; an
-	// entry goes with its worker (or rank).
-	scrape scrapeStore
+	gen  atomic.Uint64 // bumped on every change of workers
+	view atomic.Pointer[View]
 }
 
-// schedCache is the set of schedulable workers, valid while neither the
-// catalog nor the ingester's listeners changed.
-type schedCache struct {
-	gen, ingestGen uint64
+// View is the set of schedulable workers at one time: View returns the
+// same *View until the catalog or a listener changes.
+type View struct {
+	gen, listenGen uint64
 	set            map[indexer.Key]map[uint64]bool // schedulable worker ids per index
 	targets        map[indexer.Key][]Target        // the same workers, sorted by id
 }
 
-// NewCatalog returns an empty catalog whose workers' events feed set
-// through ingest. reg, if not nil, receives the kvgate_workers gauges and
-// the count of expired requests of its Loads.
-func NewCatalog(set *indexer.Set, ingest *kvevents.Ingester, reg prometheus.Registerer, opts CatalogOptions) *Catalog {
+// New returns an empty catalog of the indexes of set, whose workers'
+// events feed them through listeners. reg, if not nil, receives the
+// kvgate_workers gauges.
+func New(set *indexer.Set, listeners Listeners, reg prometheus.Registerer, opts Options) *Catalog {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	if opts.UnregisterTimeout <= 0 {
 		opts.UnregisterTimeout = 30 * time.Second
 	}
-	if opts.Loads == nil {
-		opts.Loads = NewLoads(LoadOptions{})
-	}
-	c := &Catalog{set: set, ingest: ingest, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker), loads: opts.Loads}
+	c := &Catalog{set: set, listeners: listeners, opts: opts, log: opts.Logger, workers: make(map[WorkerKey]*Worker)}
 	if reg != nil {
-		for _, s := range []Status{kvevents.StatusActive, kvevents.StatusPending, kvevents.StatusFailed, kvevents.StatusPaused} {
+		for _, s := range []Status{StatusActive, StatusPending, StatusFailed, StatusPaused} {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "kvgate_workers",
 				Help:        "Workers in the catalog, by aggregated status.",
 				ConstLabels: prometheus.Labels{"status": string(s)},
 			}, func() float64 { return float64(c.countStatus(s)) }))
 		}
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "kvgate_scheduler_expired_requests_total",
-			Help: "Active requests freed because they outlived the request TTL: their free never came.",
-		}, func() float64 { return float64(c.loads.Expired()) }))
 	}
 	return c
+}
+
+// Watch calls f with a change Added for every worker already in the
+// catalog, then with every change of a worker, in order. f runs under the
+// catalog's lock, in the goroutine making the change: it must be quick and
+// must not call the catalog.
+func (c *Catalog) Watch(f func(Change)) {
+	c.opMu.Lock()
+	defer c.opMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range slices.SortedFunc(maps.Keys(c.workers), cmpWorkerKey) {
+		f(Change{Kind: Added, Worker: snapshot(c.workers[k])})
+	}
+	c.watchers = append(c.watchers, f)
+}
+
+func cmpWorkerKey(a, b WorkerKey) int {
+	return cmp.Or(strings.Compare(a.Model, b.Model), strings.Compare(a.Tenant, b.Tenant), cmp.Compare(a.ID, b.ID))
+}
+
+// snapshot returns a copy of w that shares nothing with it.
+func snapshot(w *Worker) Worker {
+	out := *w
+	out.Ranks = slices.Clone(w.Ranks)
+	out.Events = maps.Clone(w.Events)
+	return out
+}
+
+// emit tells the watchers that w changed (kind), losing ranks gone. Call
+// with mu held.
+func (c *Catalog) emit(kind ChangeKind, w *Worker, gone []uint32) {
+	if len(c.watchers) == 0 {
+		return
+	}
+	ch := Change{Kind: kind, Worker: snapshot(w), Gone: gone}
+	if kind == Removed && len(gone) == 0 {
+		ch.Gone = ch.Worker.Ranks
+	}
+	for _, f := range c.watchers {
+		f(ch)
+	}
+}
+
+// listenError maps an error of Listeners.Listen to the catalog's.
+func listenError(err error) error {
+	if errors.Is(err, ErrUnavailable) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrConflict, err)
 }
 
 // checkIndex fails with ErrConflict when key's index exists with another
@@ -213,13 +327,9 @@ func (c *Catalog) lock(wk WorkerKey, blockSize int) (*Worker, error) {
 
 func (c *Catalog) unlock() {
 	c.gen.Add(1)
-	c.scrape.retain(c.workers) // a change may move a worker or drop ranks
 	c.mu.Unlock()
 	c.opMu.Unlock()
 }
-
-// Loads returns the active-load accounting of the catalog's workers.
-func (c *Catalog) Loads() *Loads { return c.loads }
 
 // Target is a schedulable worker as a gateway sees it.
 type Target struct {
@@ -233,19 +343,23 @@ type Target struct {
 // Targets returns the schedulable workers of key, by id. The slice is
 // shared until the catalog or a listener changes: do not modify it.
 func (c *Catalog) Targets(key indexer.Key) []Target {
-	return c.schedView().targets[key]
+	return c.View().targets[key]
 }
 
-// schedView returns the schedulable workers, recomputed only when the
-// catalog or the ingester's listeners changed.
-func (c *Catalog) schedView() *schedCache {
-	gen, ig := c.gen.Load(), c.ingest.Generation()
-	if sc := c.sched.Load(); sc != nil && sc.gen == gen && sc.ingestGen == ig {
+// Schedulable returns the ids of the schedulable workers of key (nil when
+// none). Do not modify the map.
+func (v *View) Schedulable(key indexer.Key) map[uint64]bool { return v.set[key] }
+
+// View returns the schedulable workers, recomputed only when the catalog
+// or its listeners changed.
+func (c *Catalog) View() *View {
+	gen, ig := c.gen.Load(), c.listeners.Generation()
+	if sc := c.view.Load(); sc != nil && sc.gen == gen && sc.listenGen == ig {
 		return sc
 	}
-	sc := &schedCache{gen: gen, ingestGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
+	sc := &View{gen: gen, listenGen: ig, set: make(map[indexer.Key]map[uint64]bool), targets: make(map[indexer.Key][]Target)}
 	for _, w := range c.Workers("", "") { // sorted by id within a key
-		if !Schedulable(w.Status) {
+		if !schedulable(w.Status) {
 			continue
 		}
 		if sc.set[w.Key] == nil {
@@ -254,12 +368,12 @@ func (c *Catalog) schedView() *schedCache {
 		sc.set[w.Key][w.ID] = true
 		sc.targets[w.Key] = append(sc.targets[w.Key], Target{ID: w.ID, Endpoint: w.Endpoint, Ranks: len(w.Ranks)})
 	}
-	c.sched.Store(sc)
+	c.view.Store(sc)
 	return sc
 }
 
-// endpoint returns where wk's requests go ("" if unknown).
-func (c *Catalog) endpoint(wk WorkerKey) string {
+// Endpoint returns where wk's requests go ("" if unknown).
+func (c *Catalog) Endpoint(wk WorkerKey) string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w := c.workers[wk]; w != nil {
@@ -268,13 +382,15 @@ func (c *Catalog) endpoint(wk WorkerKey) string {
 	return ""
 }
 
-// add returns the entry of wk, created if needed. Call with mu held.
-func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Worker {
+// add returns the entry of wk, created if needed, and the kind of change
+// its registration is. Call with mu held.
+func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) (*Worker, ChangeKind) {
 	if w == nil {
 		w = &Worker{WorkerKey: wk, BlockSize: blockSize, Events: make(map[uint32]Publisher), Source: source}
 		c.workers[wk] = w
+		return w, Added
 	}
-	return w
+	return w, Changed
 }
 
 // RegisterRank adds one DP rank of a worker with its event publisher and
@@ -284,11 +400,11 @@ func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) *Wo
 // first). On error nothing changes.
 func (c *Catalog) RegisterRank(r RankRegistration) error {
 	r.WorkerKey = normKey(r.WorkerKey)
-	if err := kvevents.ValidateEndpoint(r.Endpoint); err != nil {
+	if err := c.listeners.CheckEndpoint(r.Endpoint); err != nil {
 		return fmt.Errorf("%w: endpoint: %w", ErrInvalid, err)
 	}
 	if r.Replay != "" {
-		if err := kvevents.ValidateEndpoint(r.Replay); err != nil {
+		if err := c.listeners.CheckEndpoint(r.Replay); err != nil {
 			return fmt.Errorf("%w: replay_endpoint: %w", ErrInvalid, err)
 		}
 	}
@@ -302,24 +418,15 @@ func (c *Catalog) RegisterRank(r RankRegistration) error {
 			return fmt.Errorf("%w: %s rank %d already publishes on %s; unregister the rank first", ErrConflict, r.WorkerKey, r.Rank, p.Endpoint)
 		}
 	}
-	err = c.ingest.Register(kvevents.Registration{
-		Key: r.Key, BlockSize: r.BlockSize, Worker: r.ID, Rank: r.Rank,
-		Endpoint: r.Endpoint, ReplayEndpoint: r.Replay, Topic: r.Topic,
-	})
-	switch {
-	case errors.Is(err, indexer.ErrBlockSizeConflict), errors.Is(err, kvevents.ErrRegistration):
-		return fmt.Errorf("%w: %w", ErrConflict, err)
-	case errors.Is(err, indexer.ErrClosed):
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	case err != nil:
-		return err
+	if err := c.listeners.Listen(Listener{WorkerKey: r.WorkerKey, Rank: r.Rank, BlockSize: r.BlockSize, Publisher: r.Publisher}); err != nil {
+		return listenError(err)
 	}
-	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	w, kind := c.add(w, r.WorkerKey, r.BlockSize, r.Source)
 	w.Events[r.Rank] = r.Publisher
 	if i, found := slices.BinarySearch(w.Ranks, r.Rank); !found {
 		w.Ranks = slices.Insert(w.Ranks, i, r.Rank)
 	}
-	c.loads.AddRanks(r.Key, r.BlockSize, indexer.WorkerRank{Worker: r.ID, Rank: r.Rank})
+	c.emit(kind, w, nil)
 	c.log.Info("registered worker rank", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID, "rank", r.Rank,
 		"endpoint", r.Endpoint, "replay_endpoint", r.Replay, "source", r.Source)
 	return nil
@@ -352,19 +459,18 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 	if _, err := c.set.Index(r.Key, r.BlockSize); err != nil {
 		return fmt.Errorf("%w: %w", ErrConflict, err)
 	}
-	w = c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	w, kind := c.add(w, r.WorkerKey, r.BlockSize, r.Source)
+	var gone []uint32
 	for _, rank := range w.Ranks {
 		if rank < r.DPStart || rank-r.DPStart >= r.DPSize {
-			c.loads.RemoveRanks(r.Key, r.ID, &rank)
+			gone = append(gone, rank)
 		}
 	}
 	w.Ranks = w.Ranks[:0]
-	wrs := make([]indexer.WorkerRank, 0, r.DPSize)
 	for i := range r.DPSize {
 		w.Ranks = append(w.Ranks, r.DPStart+i)
-		wrs = append(wrs, indexer.WorkerRank{Worker: r.ID, Rank: r.DPStart + i})
 	}
-	c.loads.AddRanks(r.Key, r.BlockSize, wrs...)
+	c.emit(kind, w, gone)
 	c.log.Info("registered worker", "model", r.Key.Model, "tenant", r.Key.Tenant, "worker", r.ID,
 		"dp_start", r.DPStart, "dp_size", r.DPSize, "source", r.Source)
 	return nil
@@ -410,24 +516,25 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 	defer cancel()
 	var errs []error
 	for _, w := range hit {
-		if _, err := c.ingest.Unregister(ctx, w.Key, w.ID, rank); err != nil {
+		if err := c.listeners.Stop(ctx, w.WorkerKey, rank); err != nil {
 			errs = append(errs, err)
 		}
-		c.loads.RemoveRanks(w.Key, w.ID, rank)
 		c.mu.Lock()
 		c.gen.Add(1)
 		if rank == nil {
 			delete(c.workers, w.WorkerKey)
-			c.scrape.forget(w.WorkerKey, nil)
+			c.emit(Removed, w, nil)
 		} else {
+			was := snapshot(w)
 			delete(w.Events, *rank)
 			if i, found := slices.BinarySearch(w.Ranks, *rank); found {
 				w.Ranks = slices.Delete(w.Ranks, i, i+1)
 			}
-			c.scrape.forget(w.WorkerKey, rank)
 			if len(w.Ranks) == 0 {
 				delete(c.workers, w.WorkerKey)
-				c.scrape.forget(w.WorkerKey, nil)
+				c.emit(Removed, &was, nil)
+			} else {
+				c.emit(Changed, w, []uint32{*rank})
 			}
 		}
 		c.mu.Unlock()
@@ -461,9 +568,9 @@ func (c *Catalog) SetListeners(id uint64, rank *uint32, pause bool) (int, error)
 		}
 		found = true
 		if pause {
-			n += c.ingest.Pause(k.Key, id, rank)
+			n += c.listeners.Pause(k, rank)
 		} else {
-			n += c.ingest.Resume(k.Key, id, rank)
+			n += c.listeners.Resume(k, rank)
 		}
 	}
 	if !found {
@@ -476,9 +583,7 @@ func (c *Catalog) SetListeners(id uint64, rank *uint32, pause bool) (int, error)
 type WorkerState struct {
 	Worker
 	Status    Status
-	Listeners map[uint32]kvevents.ListenerInfo // by rank
-	// Scrape is what the Scraper read of its engine; nil if never scraped.
-	Scrape *WorkerScrape
+	Listeners map[uint32]ListenerState // by rank
 }
 
 // Workers returns the workers of model and tenant ("" matches any),
@@ -486,19 +591,17 @@ type WorkerState struct {
 // aggregates the listeners: failed > pending > active > paused; a worker
 // without listeners is active.
 func (c *Catalog) Workers(model, tenant string) []WorkerState {
-	byWorker := make(map[WorkerKey][]kvevents.ListenerInfo)
-	for _, l := range c.ingest.Listeners() {
-		k := WorkerKey{l.Key, l.Worker}
-		byWorker[k] = append(byWorker[k], l)
+	byWorker := make(map[WorkerKey][]ListenerState)
+	for _, l := range c.listeners.States() {
+		byWorker[l.WorkerKey] = append(byWorker[l.WorkerKey], l)
 	}
-	now := c.loads.now()
 	c.mu.Lock()
 	out := make([]WorkerState, 0, len(c.workers))
 	for k, w := range c.workers {
 		if (model != "" && k.Model != model) || (tenant != "" && k.Tenant != tenant) {
 			continue
 		}
-		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]kvevents.ListenerInfo)}
+		ws := WorkerState{Worker: *w, Listeners: make(map[uint32]ListenerState)}
 		ws.Ranks = slices.Clone(w.Ranks)
 		ws.Events = maps.Clone(w.Events)
 		for _, l := range byWorker[k] {
@@ -506,29 +609,26 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 				ws.Listeners[l.Rank] = l
 			}
 		}
-		ws.Scrape = c.scrape.view(w, now)
 		ws.Status = aggregate(ws.Listeners)
-		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[kvevents.StatusPending] {
+		if len(ws.Listeners) < len(w.Events) && statusRank[ws.Status] < statusRank[StatusPending] {
 			// A rank whose listener is gone (being unregistered) or not
 			// yet visible is not active.
-			ws.Status = kvevents.StatusPending
+			ws.Status = StatusPending
 		}
 		out = append(out, ws)
 	}
 	c.mu.Unlock()
-	slices.SortFunc(out, func(a, b WorkerState) int {
-		return cmp.Or(strings.Compare(a.Key.Model, b.Key.Model), strings.Compare(a.Key.Tenant, b.Key.Tenant), cmp.Compare(a.ID, b.ID))
-	})
+	slices.SortFunc(out, func(a, b WorkerState) int { return cmpWorkerKey(a.WorkerKey, b.WorkerKey) })
 	return out
 }
 
 // statusRank orders listener states for aggregation: the highest wins.
-var statusRank = map[Status]int{kvevents.StatusPaused: 1, kvevents.StatusActive: 2, kvevents.StatusPending: 3, kvevents.StatusFailed: 4}
+var statusRank = map[Status]int{StatusPaused: 1, StatusActive: 2, StatusPending: 3, StatusFailed: 4}
 
-func aggregate(ls map[uint32]kvevents.ListenerInfo) Status {
-	s := kvevents.StatusActive
+func aggregate(ls map[uint32]ListenerState) Status {
+	s := StatusActive
 	if len(ls) > 0 {
-		s = kvevents.StatusPaused
+		s = StatusPaused
 	}
 	for _, l := range ls {
 		if statusRank[l.Status] > statusRank[s] {
@@ -550,17 +650,17 @@ func (c *Catalog) countStatus(s Status) int {
 
 // Readiness explains Ready's answer.
 type Readiness struct {
-	Ready             bool   `json:"ready"`
-	Reason            string `json:"reason,omitempty"`
-	Workers           int    `json:"workers"`
-	ActiveWorkers     int    `json:"active_workers"`
-	Schedulable       int    `json:"schedulable_workers"`
-	MinInitialWorkers int    `json:"min_initial_workers"`
+	Ready  bool
+	Reason string // why not ready ("" when ready)
+	// Workers counts the workers, ActiveWorkers those whose listeners are
+	// all active, Schedulable those that may be sent requests.
+	Workers, ActiveWorkers, Schedulable int
+	MinInitialWorkers                   int
 }
 
-// Schedulable reports whether requests may be sent to a worker in status
+// schedulable reports whether requests may be sent to a worker in status
 // s: its events flow (active), or were deliberately paused.
-func Schedulable(s Status) bool { return s == kvevents.StatusActive || s == kvevents.StatusPaused }
+func schedulable(s Status) bool { return s == StatusActive || s == StatusPaused }
 
 // HoldReady keeps Ready false with reason until HoldReady("") (used while
 // recovering the index from a peer).
@@ -578,10 +678,10 @@ func (c *Catalog) Ready() Readiness {
 	ws := c.Workers("", "")
 	r := Readiness{Workers: len(ws), MinInitialWorkers: c.opts.MinInitialWorkers}
 	for _, w := range ws {
-		if w.Status == kvevents.StatusActive {
+		if w.Status == StatusActive {
 			r.ActiveWorkers++
 		}
-		if Schedulable(w.Status) {
+		if schedulable(w.Status) {
 			r.Schedulable++
 		}
 	}

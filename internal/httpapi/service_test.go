@@ -1,4 +1,4 @@
-package scheduler
+package httpapi
 
 import (
 	"cmp"
@@ -14,20 +14,22 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive the slot tracker and selection service routes over
-// real HTTP requests, on the rig of catalog_test.go.
+// real HTTP requests, on the rig of rig_test.go.
 
 // newSvcRig is a rig whose admin server also serves a Service, over a
 // scheduler with cost options cost and a fixed seed.
-func newSvcRig(t testing.TB, o rigOptions, cost CostOptions) *rig {
+func newSvcRig(t testing.TB, o rigOptions, cost scheduler.CostOptions) *rig {
 	t.Helper()
 	inProcess := o.inProcess
 	o.inProcess = true // the routes go in before any request is served
 	r := newRig(t, o)
-	svc := NewService(r.cat, NewScheduler(r.cat, r.set, r.cat.Loads(), cost, 1, r.reg))
-	r.handler.(*admin.Server).Handle(svc.Routes()...)
+	sched := scheduler.NewScheduler(r.cat, r.set, r.loads, cost, 1, r.reg)
+	r.handler.(*admin.Server).Handle(ServiceRoutes(r.cat, sched, r.set)...)
 	if !inProcess {
 		r.ts = httptest.NewServer(r.handler) // closed by the rig
 	}
@@ -111,14 +113,14 @@ func (r *rig) svcGet(path string) reply { r.t.Helper(); return r.do(http.MethodG
 
 // The slot tracker seed's bodies (002_*).
 var (
-	svcSTWorker = obj{"worker_id": 7, "model_name": "llama-3-8b", "tenant_id": "default", "block_size": 16, "dp_start": 0, "dp_size": 2}
-	svcSTAdd    = obj{"model_name": "llama-3-8b", "tenant_id": "default", "request_id": "req-123", "worker_id": 7, "dp_rank": 0,
+	svcSTWorker = jsonObj{"worker_id": 7, "model_name": "llama-3-8b", "tenant_id": "default", "block_size": 16, "dp_start": 0, "dp_size": 2}
+	svcSTAdd    = jsonObj{"model_name": "llama-3-8b", "tenant_id": "default", "request_id": "req-123", "worker_id": 7, "dp_rank": 0,
 		"sequence_hashes": []any{101, -22, 303}, "new_isl_tokens": 48}
-	svcSTReq = obj{"model_name": "llama-3-8b", "tenant_id": "default", "request_id": "req-123"}
+	svcSTReq = jsonObj{"model_name": "llama-3-8b", "tenant_id": "default", "request_id": "req-123"}
 )
 
 func TestSlotTrackerLifecycle(t *testing.T) {
-	r := newSvcRig(t, rigOptions{}, CostOptions{})
+	r := newSvcRig(t, rigOptions{}, scheduler.CostOptions{})
 	r.register(svcSTWorker)
 	onRank1 := svcSTAdd.with("dp_rank", 1).without("new_isl_tokens")
 	r.svcCalls(t, []svcCall{
@@ -141,13 +143,13 @@ func TestSlotTrackerLifecycle(t *testing.T) {
 		{name: "empty", path: "/add", body: ``, status: 400},
 		{name: "empty hashes, no new_isl_tokens", path: "/add", body: onRank1.with("request_id", "r-empty", "sequence_hashes", []any{}), status: 201},
 		{name: "one hash signed and unsigned", path: "/add", body: onRank1.with("request_id", "r-twice", "sequence_hashes", []any{-22, "18446744073709551594"}), status: 201},
-		{name: "unknown fields, default tenant", path: "/add", body: onRank1.with("request_id", "r-future", "future", obj{"x": 1}, "new_isl_tokens", 5).without("tenant_id"), status: 201},
+		{name: "unknown fields, default tenant", path: "/add", body: onRank1.with("request_id", "r-future", "future", jsonObj{"x": 1}, "new_isl_tokens", 5).without("tenant_id"), status: 201},
 	})
 	svcJSON(t, "loads", r.svcGet("/loads"), 200, `[
 		{"model_name":"llama-3-8b","tenant_id":"default","worker_id":7,"dp_rank":0,"active_prefill_tokens":48,"active_decode_blocks":3},
 		{"model_name":"llama-3-8b","tenant_id":"default","worker_id":7,"dp_rank":1,"active_prefill_tokens":5,"active_decode_blocks":3}]`)
 	// -22 is 2^64-22: the projection counts the seed's blocks once.
-	svcJSON(t, "potential loads", r.post("/potential_loads", obj{"model_name": "llama-3-8b", "tenant_id": "default",
+	svcJSON(t, "potential loads", r.post("/potential_loads", jsonObj{"model_name": "llama-3-8b", "tenant_id": "default",
 		"sequence_hashes": []any{101, uint64(1<<64 - 22), 303, 404}, "new_isl_tokens": 48}), 200, `[
 		{"worker_id":7,"dp_rank":0,"potential_prefill_tokens":96,"potential_decode_blocks":4},
 		{"worker_id":7,"dp_rank":1,"potential_prefill_tokens":53,"potential_decode_blocks":4}]`)
@@ -179,7 +181,7 @@ func TestSlotTrackerLifecycle(t *testing.T) {
 }
 
 func TestLoadsFilteredAndSorted(t *testing.T) {
-	r := newSvcRig(t, rigOptions{}, CostOptions{})
+	r := newSvcRig(t, rigOptions{}, scheduler.CostOptions{})
 	r.register(rangeBody("b", "t", 2, 0, 1), rangeBody("b", "", 3, 0, 1), rangeBody("a", "t", 9, 1, 1), rangeBody("b", "", 1, 0, 1))
 	row := func(model, tenant string, id, rank int) string {
 		return `{"model_name":"` + model + `","tenant_id":"` + tenant + `","worker_id":` + string(rune('0'+id)) +
@@ -193,23 +195,23 @@ func TestLoadsFilteredAndSorted(t *testing.T) {
 		svcJSON(t, "GET /loads"+query, r.svcGet("/loads"+query), 200, "["+strings.Join(want, ",")+"]")
 	}
 	r.svcCalls(t, []svcCall{
-		{name: "potential loads, unknown model", path: "/potential_loads", body: obj{"model_name": "c", "sequence_hashes": []any{}}, status: 404},
-		{name: "potential loads, no hashes", path: "/potential_loads", body: obj{"model_name": "b"}, status: 400, errHas: []string{"sequence_hashes"}},
-		{name: "potential loads, negative isl", path: "/potential_loads", body: obj{"model_name": "b", "sequence_hashes": []any{}, "new_isl_tokens": -1}, status: 400},
-		{name: "potential loads, lengths differ", path: "/potential_loads", body: obj{"model_name": "b", "sequence_hashes": []any{1}, "block_hashes": []any{1, 2}}, status: 400},
-		{name: "wrong method", method: http.MethodPost, path: "/loads", body: obj{}, status: 405},
+		{name: "potential loads, unknown model", path: "/potential_loads", body: jsonObj{"model_name": "c", "sequence_hashes": []any{}}, status: 404},
+		{name: "potential loads, no hashes", path: "/potential_loads", body: jsonObj{"model_name": "b"}, status: 400, errHas: []string{"sequence_hashes"}},
+		{name: "potential loads, negative isl", path: "/potential_loads", body: jsonObj{"model_name": "b", "sequence_hashes": []any{}, "new_isl_tokens": -1}, status: 400},
+		{name: "potential loads, lengths differ", path: "/potential_loads", body: jsonObj{"model_name": "b", "sequence_hashes": []any{1}, "block_hashes": []any{1, 2}}, status: 400},
+		{name: "wrong method", method: http.MethodPost, path: "/loads", body: jsonObj{}, status: 405},
 	})
 }
 
 // The selection service seed's worker (003_*), without event publishers
 // so that it is schedulable from the start.
-var svcSSWorker = obj{"worker_id": 1, "model_name": "model", "tenant_id": "default", "endpoint": "http://worker:8000",
+var svcSSWorker = jsonObj{"worker_id": 1, "model_name": "model", "tenant_id": "default", "endpoint": "http://worker:8000",
 	"block_size": 16, "data_parallel_start_rank": 0, "data_parallel_size": 2}
 
 func TestWorkersSelectionShape(t *testing.T) {
-	r := newSvcRig(t, rigOptions{}, CostOptions{})
+	r := newSvcRig(t, rigOptions{}, scheduler.CostOptions{})
 	e0, e1, e2, replay := deadEndpoint("w1-r0"), deadEndpoint("w1-r1"), deadEndpoint("w1-r1b"), deadEndpoint("w1-replay")
-	seed := svcSSWorker.with("kv_events_endpoints", obj{"0": e0, "1": e1}, "replay_endpoint", replay)
+	seed := svcSSWorker.with("kv_events_endpoints", jsonObj{"0": e0, "1": e1}, "replay_endpoint", replay)
 	p1 := "/workers/1?model_name=model"
 	r.svcCalls(t, []svcCall{
 		{name: "seed", path: "/workers", body: seed, status: 201},
@@ -222,12 +224,12 @@ func TestWorkersSelectionShape(t *testing.T) {
 		{name: "ftp endpoint", path: "/workers", body: seed.with("endpoint", "ftp://worker:21"), status: 400, errHas: []string{"endpoint"}},
 		{name: "endpoint without port", path: "/workers", body: seed.with("endpoint", "worker"), status: 400, errHas: []string{"endpoint"}},
 		{name: "dp size 0", path: "/workers", body: seed.with("data_parallel_size", 0), status: 400, errHas: []string{"data_parallel_size"}},
-		{name: "dp size over the limit", path: "/workers", body: seed.with("data_parallel_size", MaxDPSize+1), status: 400, errHas: []string{"data_parallel_size"}},
+		{name: "dp size over the limit", path: "/workers", body: seed.with("data_parallel_size", catalog.MaxDPSize+1), status: 400, errHas: []string{"data_parallel_size"}},
 		{name: "dp range overflows", path: "/workers", body: seed.with("data_parallel_start_rank", uint32(1<<32-1)), status: 400, errHas: []string{"overflows"}},
-		{name: "rank not a number", path: "/workers", body: seed.with("kv_events_endpoints", obj{"x": e0}), status: 400, errHas: []string{"kv_events_endpoints"}},
-		{name: "rank given twice", path: "/workers", body: seed.with("kv_events_endpoints", obj{"1": e1, "01": e2}), status: 400, errHas: []string{"twice"}},
-		{name: "rank outside the range", path: "/workers", body: seed.with("kv_events_endpoints", obj{"2": e2}), status: 400, errHas: []string{"rank 2"}},
-		{name: "udp events endpoint", path: "/workers", body: seed.with("kv_events_endpoints", obj{"0": "udp://127.0.0.1:1"}), status: 400, errHas: []string{"rank 0"}},
+		{name: "rank not a number", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"x": e0}), status: 400, errHas: []string{"kv_events_endpoints"}},
+		{name: "rank given twice", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"1": e1, "01": e2}), status: 400, errHas: []string{"twice"}},
+		{name: "rank outside the range", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"2": e2}), status: 400, errHas: []string{"rank 2"}},
+		{name: "udp events endpoint", path: "/workers", body: seed.with("kv_events_endpoints", jsonObj{"0": "udp://127.0.0.1:1"}), status: 400, errHas: []string{"rank 0"}},
 		{name: "bind replay endpoint", path: "/workers", body: seed.with("replay_endpoint", "tcp://*:5560"), status: 400, errHas: []string{"replay_endpoint"}},
 		{name: "one events endpoint, two ranks", path: "/workers", body: seed.without("kv_events_endpoints").with("kv_events_endpoint", e0), status: 400, errHas: []string{"kv_events_endpoints"}},
 		{name: "publisher of another tenant", path: "/workers", body: seed.with("tenant_id", "t"), status: 409, errHas: []string{e0}},
@@ -243,21 +245,21 @@ func TestWorkersSelectionShape(t *testing.T) {
 	}
 
 	r.svcCalls(t, []svcCall{
-		{name: "patch endpoint", method: http.MethodPatch, path: p1, body: obj{"endpoint": "worker:9000"}, status: 200},
+		{name: "patch endpoint", method: http.MethodPatch, path: p1, body: jsonObj{"endpoint": "worker:9000"}, status: 200},
 		{name: "patch nothing", method: http.MethodPatch, path: p1, status: 200},
-		{name: "patch same block size, scope in the body", method: http.MethodPatch, path: "/workers/1", body: obj{"model_name": "model", "block_size": 16}, status: 200},
-		{name: "patch other block size", method: http.MethodPatch, path: p1, body: obj{"block_size": 32}, status: 409, errHas: []string{"32"}},
-		{name: "patch unknown worker", method: http.MethodPatch, path: "/workers/9?model_name=model", body: obj{"endpoint": "worker:1"}, status: 404, errHas: []string{"worker 9"}},
-		{name: "patch other tenant", method: http.MethodPatch, path: p1 + "&tenant_id=t", body: obj{"endpoint": "worker:1"}, status: 404},
-		{name: "patch bad id", method: http.MethodPatch, path: "/workers/x", body: obj{}, status: 400, errHas: []string{"worker_id"}},
-		{name: "patch ids differ", method: http.MethodPatch, path: p1, body: obj{"worker_id": 2}, status: 400, errHas: []string{"worker_id"}},
-		{name: "patch scopes differ", method: http.MethodPatch, path: p1, body: obj{"model_name": "other"}, status: 400, errHas: []string{"model_name"}},
-		{name: "patch empty endpoint", method: http.MethodPatch, path: p1, body: obj{"endpoint": ""}, status: 400, errHas: []string{"endpoint"}},
-		{name: "patch bad endpoint", method: http.MethodPatch, path: p1, body: obj{"endpoint": "worker"}, status: 400, errHas: []string{"endpoint"}},
-		{name: "patch rank outside", method: http.MethodPatch, path: p1, body: obj{"kv_events_endpoints": obj{"5": e2}}, status: 400, errHas: []string{"rank 5"}},
-		{name: "patch bad replay", method: http.MethodPatch, path: p1, body: obj{"replay_endpoint": "udp://x:1"}, status: 400, errHas: []string{"replay_endpoint"}},
+		{name: "patch same block size, scope in the body", method: http.MethodPatch, path: "/workers/1", body: jsonObj{"model_name": "model", "block_size": 16}, status: 200},
+		{name: "patch other block size", method: http.MethodPatch, path: p1, body: jsonObj{"block_size": 32}, status: 409, errHas: []string{"32"}},
+		{name: "patch unknown worker", method: http.MethodPatch, path: "/workers/9?model_name=model", body: jsonObj{"endpoint": "worker:1"}, status: 404, errHas: []string{"worker 9"}},
+		{name: "patch other tenant", method: http.MethodPatch, path: p1 + "&tenant_id=t", body: jsonObj{"endpoint": "worker:1"}, status: 404},
+		{name: "patch bad id", method: http.MethodPatch, path: "/workers/x", body: jsonObj{}, status: 400, errHas: []string{"worker_id"}},
+		{name: "patch ids differ", method: http.MethodPatch, path: p1, body: jsonObj{"worker_id": 2}, status: 400, errHas: []string{"worker_id"}},
+		{name: "patch scopes differ", method: http.MethodPatch, path: p1, body: jsonObj{"model_name": "other"}, status: 400, errHas: []string{"model_name"}},
+		{name: "patch empty endpoint", method: http.MethodPatch, path: p1, body: jsonObj{"endpoint": ""}, status: 400, errHas: []string{"endpoint"}},
+		{name: "patch bad endpoint", method: http.MethodPatch, path: p1, body: jsonObj{"endpoint": "worker"}, status: 400, errHas: []string{"endpoint"}},
+		{name: "patch rank outside", method: http.MethodPatch, path: p1, body: jsonObj{"kv_events_endpoints": jsonObj{"5": e2}}, status: 400, errHas: []string{"rank 5"}},
+		{name: "patch bad replay", method: http.MethodPatch, path: p1, body: jsonObj{"replay_endpoint": "udp://x:1"}, status: 400, errHas: []string{"replay_endpoint"}},
 		{name: "patch malformed", method: http.MethodPatch, path: p1, body: `{"endpoint"`, status: 400},
-		{name: "patch rank 1's publisher", method: http.MethodPatch, path: p1, body: obj{"kv_events_endpoints": obj{"0": e0, "1": e2}}, status: 200},
+		{name: "patch rank 1's publisher", method: http.MethodPatch, path: p1, body: jsonObj{"kv_events_endpoints": jsonObj{"0": e0, "1": e2}}, status: 200},
 	})
 	w, _ = r.worker("model", "default", 1)
 	if w.Endpoint != "worker:9000" || !reflect.DeepEqual(w.KVEventsEndpoints, map[string]string{"0": e0, "1": e2}) || w.ReplayEndpoint != replay {
@@ -268,7 +270,7 @@ func TestWorkersSelectionShape(t *testing.T) {
 	}
 
 	r.svcCalls(t, []svcCall{
-		{name: "patch range", method: http.MethodPatch, path: p1, body: obj{"data_parallel_size": 1, "replay_endpoint": ""}, status: 200},
+		{name: "patch range", method: http.MethodPatch, path: p1, body: jsonObj{"data_parallel_size": 1, "replay_endpoint": ""}, status: 200},
 		{name: "delete unknown", method: http.MethodDelete, path: "/workers/9?model_name=model", status: 404},
 		{name: "delete bad id", method: http.MethodDelete, path: "/workers/-1", status: 400},
 	})
@@ -291,13 +293,13 @@ func TestWorkersSelectionShape(t *testing.T) {
 }
 
 // svcSeedSelect is the selection service seed's /select_and_reserve body.
-var svcSeedSelect = obj{"selection_id": "select-123", "reservation_id": "request-123", "model_name": "model", "tenant_id": "default",
+var svcSeedSelect = jsonObj{"selection_id": "select-123", "reservation_id": "request-123", "model_name": "model", "tenant_id": "default",
 	"block_hashes": []any{11, 12, 13, 14, 15, 16, 17, 18}, "sequence_hashes": []any{21, 22, 23, 24, 25, 26, 27, 28}, "isl_tokens": 512}
 
 // svcSelectRig serves the seed's worker 1 of "model", whose rank 0 holds
 // blocks 11..14 on device, to 16 in host memory and to 18 on disk, and rank
 // 1 blocks 11 and 12 on device: the seed's overlap.
-func svcSelectRig(t *testing.T, cost CostOptions) *rig {
+func svcSelectRig(t *testing.T, cost scheduler.CostOptions) *rig {
 	r := newSvcRig(t, rigOptions{}, cost)
 	r.post("/workers", svcSSWorker).expect(t, http.StatusCreated)
 	r.svcStore("model", 1, 0, indexer.TierDevice, 11, 12, 13, 14)
@@ -310,7 +312,7 @@ func svcSelectRig(t *testing.T, cost CostOptions) *rig {
 func TestSelectSeedExample(t *testing.T) {
 	// Host and disk blocks credited in full, the seed's prefill is
 	// 512 - 8*16 = 384 on rank 0.
-	r := svcSelectRig(t, CostOptions{HostWeight: 1, DiskWeight: 1})
+	r := svcSelectRig(t, scheduler.CostOptions{HostWeight: 1, DiskWeight: 1})
 	answer := `{"selection_id":"select-123","reservation_id":"request-123","model_name":"model","tenant_id":"default",
 		"worker_id":1,"dp_rank":0,"endpoint":"http://worker:8000","block_size":16,
 		"overlap":{"longest_matched":128,"gpu":64,"dp":{"0":64,"1":32},"cpu":96,"disk":128},"effective_prefill_tokens":384}`
@@ -324,7 +326,7 @@ func TestSelectSeedExample(t *testing.T) {
 		{"model_name":"model","tenant_id":"default","worker_id":1,"dp_rank":1,"active_prefill_tokens":0,"active_decode_blocks":0}]`
 	svcJSON(t, "loads after select_and_reserve", r.svcGet("/loads"), 200, booked)
 	r.svcCalls(t, []svcCall{{name: "duplicate reservation", path: "/select_and_reserve", body: svcSeedSelect, status: 409, errHas: []string{"request-123"}}})
-	svcJSON(t, "overlap scores", r.post("/overlap_scores", obj{"model_name": "model", "block_hashes": svcSeedSelect["block_hashes"]}), 200, `[
+	svcJSON(t, "overlap scores", r.post("/overlap_scores", jsonObj{"model_name": "model", "block_hashes": svcSeedSelect["block_hashes"]}), 200, `[
 		{"worker_id":1,"dp_rank":0,"longest_matched":128,"gpu":64,"cpu":96,"disk":128},
 		{"worker_id":1,"dp_rank":1,"longest_matched":32,"gpu":32,"cpu":32,"disk":32}]`)
 	svcJSON(t, "potential loads by isl_tokens", r.post("/potential_loads", svcSeedSelect), 200, `[
@@ -347,7 +349,7 @@ func TestSelectSeedExample(t *testing.T) {
 		made[id] = true
 		if hasRes {
 			r.do(http.MethodDelete, "/reservations/"+id+"?model_name=model", nil).expect(t, http.StatusOK)
-			if l := r.cat.Loads().Snapshot("model", ""); l[0].Requests != 0 {
+			if l := r.loads.Snapshot("model", ""); l[0].Requests != 0 {
 				t.Errorf("reservation %s not freed: %+v", id, l)
 			}
 		}
@@ -355,10 +357,10 @@ func TestSelectSeedExample(t *testing.T) {
 }
 
 func TestSelectThenReserve(t *testing.T) {
-	r := svcSelectRig(t, CostOptions{})
+	r := svcSelectRig(t, scheduler.CostOptions{})
 	m := r.post("/select", svcSeedSelect.without("reservation_id")).expect(t, http.StatusOK)
 	eff := m["effective_prefill_tokens"]
-	res := obj{"reservation_id": "request-123", "model_name": "model", "tenant_id": "default", "worker_id": m["worker_id"], "dp_rank": m["dp_rank"],
+	res := jsonObj{"reservation_id": "request-123", "model_name": "model", "tenant_id": "default", "worker_id": m["worker_id"], "dp_rank": m["dp_rank"],
 		"sequence_hashes": svcSeedSelect["sequence_hashes"], "isl_tokens": 512, "effective_prefill_tokens": eff}
 	svcJSON(t, "reserve", r.post("/reservations", res), 201, `{"status":"ok","reservation_id":"request-123","model_name":"model",
 		"tenant_id":"default","worker_id":1,"dp_rank":0,"endpoint":"http://worker:8000"}`)
@@ -377,14 +379,14 @@ func TestSelectThenReserve(t *testing.T) {
 		{name: "isl from the blocks", path: "/reservations", body: res.without("isl_tokens", "effective_prefill_tokens").with("reservation_id", "r3", "dp_rank", 1, "sequence_hashes", []any{1}), status: 201},
 
 		{name: "prefill complete", path: life + "prefill_complete?model_name=model", status: 200},
-		{name: "prefill complete again, scope in the body", path: life + "prefill_complete", body: obj{"model_name": "model"}, status: 200},
+		{name: "prefill complete again, scope in the body", path: life + "prefill_complete", body: jsonObj{"model_name": "model"}, status: 200},
 		{name: "prefill complete, unknown", path: "/reservations/r9/prefill_complete?model_name=model", status: 404, errHas: []string{"r9"}},
 		{name: "prefill complete, unknown model", path: life + "prefill_complete", status: 404},
-		{name: "prefill complete, scopes differ", path: life + "prefill_complete?model_name=model", body: obj{"model_name": "m"}, status: 400},
-		{name: "output block", path: life + "output_block?model_name=model", body: obj{"decay_fraction": 0.25}, status: 200},
+		{name: "prefill complete, scopes differ", path: life + "prefill_complete?model_name=model", body: jsonObj{"model_name": "m"}, status: 400},
+		{name: "output block", path: life + "output_block?model_name=model", body: jsonObj{"decay_fraction": 0.25}, status: 200},
 		{name: "output block, no body", path: life + "output_block?model_name=model", status: 200},
-		{name: "output block, decay over 1", path: life + "output_block?model_name=model", body: obj{"decay_fraction": 1.5}, status: 400, errHas: []string{"decay_fraction"}},
-		{name: "output block, negative decay", path: life + "output_block?model_name=model", body: obj{"decay_fraction": -0.5}, status: 400, errHas: []string{"decay_fraction"}},
+		{name: "output block, decay over 1", path: life + "output_block?model_name=model", body: jsonObj{"decay_fraction": 1.5}, status: 400, errHas: []string{"decay_fraction"}},
+		{name: "output block, negative decay", path: life + "output_block?model_name=model", body: jsonObj{"decay_fraction": -0.5}, status: 400, errHas: []string{"decay_fraction"}},
 		{name: "output block, unknown", path: "/reservations/r9/output_block?model_name=model", status: 404},
 		{name: "output block, malformed", path: life + "output_block?model_name=model", body: `{"decay_fraction":`, status: 400},
 	})
@@ -397,10 +399,10 @@ func TestSelectThenReserve(t *testing.T) {
 		{name: "free", method: http.MethodDelete, path: "/reservations/request-123?model_name=model", status: 200},
 		{name: "free again", method: http.MethodDelete, path: "/reservations/request-123?model_name=model", status: 200},
 		{name: "free s1", method: http.MethodDelete, path: "/reservations/s1?model_name=model", status: 200},
-		{name: "free r3, scope in the body", method: http.MethodDelete, path: "/reservations/r3", body: obj{"model_name": "model"}, status: 200},
+		{name: "free r3, scope in the body", method: http.MethodDelete, path: "/reservations/r3", body: jsonObj{"model_name": "model"}, status: 200},
 		{name: "free, unknown model", method: http.MethodDelete, path: "/reservations/r3", status: 404},
 	})
-	for _, l := range r.cat.Loads().Snapshot("", "") {
+	for _, l := range r.loads.Snapshot("", "") {
 		if l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
 			t.Errorf("load left after the frees: %+v", l)
 		}
@@ -408,21 +410,21 @@ func TestSelectThenReserve(t *testing.T) {
 }
 
 func TestSelectCandidatesAndErrors(t *testing.T) {
-	r := svcSelectRig(t, CostOptions{})
+	r := svcSelectRig(t, scheduler.CostOptions{})
 	r.post("/workers", svcSSWorker.with("worker_id", 2, "endpoint", "worker2:8000", "data_parallel_size", 1)).expect(t, http.StatusCreated)
 	// Worker 3 of model m2 waits for its publisher: not schedulable.
-	r.post("/workers", svcSSWorker.with("model_name", "m2", "worker_id", 3, "kv_events_endpoints", obj{"0": deadEndpoint("w3")})).expect(t, http.StatusCreated)
+	r.post("/workers", svcSSWorker.with("model_name", "m2", "worker_id", 3, "kv_events_endpoints", jsonObj{"0": deadEndpoint("w3")})).expect(t, http.StatusCreated)
 	sel := svcSeedSelect.without("reservation_id", "selection_id")
 	for _, tc := range []struct {
 		name   string
-		body   obj
+		body   jsonObj
 		worker float64
 	}{
 		{"cheapest", sel, 1},
 		{"worker_ids", sel.with("worker_ids", []any{2}), 2},
 		{"candidates", sel.with("candidates", []any{2, 9}), 2},
 		{"allowed_worker_ids", sel.with("allowed_worker_ids", []any{2}), 2},
-		{"temperature 0 by either name, weight by override", sel.with("temperature", 0, "router_config_override", obj{"overlap_score_weight": 1}), 1},
+		{"temperature 0 by either name, weight by override", sel.with("temperature", 0, "router_config_override", jsonObj{"overlap_score_weight": 1}), 1},
 	} {
 		if m := r.post("/select", tc.body).expect(t, http.StatusOK); m["worker_id"] != tc.worker {
 			t.Errorf("%s: %v, want worker %v", tc.name, m, tc.worker)
@@ -449,8 +451,8 @@ func TestSelectCandidatesAndErrors(t *testing.T) {
 		{name: "negative weight", path: "/select", body: sel.with("overlap_score_weight", -1), status: 400},
 		{name: "string worker id", path: "/select", body: sel.with("worker_ids", []any{"2"}), status: 400},
 		{name: "float hash", path: "/select", body: sel.with("block_hashes", []any{1.5}), status: 400},
-		{name: "overlap scores, unknown model", path: "/overlap_scores", body: obj{"model_name": "nope", "block_hashes": []any{}}, status: 404},
-		{name: "overlap scores, no prompt", path: "/overlap_scores", body: obj{"model_name": "model"}, status: 400, errHas: []string{"block_hashes"}},
+		{name: "overlap scores, unknown model", path: "/overlap_scores", body: jsonObj{"model_name": "nope", "block_hashes": []any{}}, status: 404},
+		{name: "overlap scores, no prompt", path: "/overlap_scores", body: jsonObj{"model_name": "model"}, status: 400, errHas: []string{"block_hashes"}},
 	})
 	// token_ids: the local hashes of two blocks of 16 tokens.
 	toks := make([]uint32, 32)
@@ -458,19 +460,19 @@ func TestSelectCandidatesAndErrors(t *testing.T) {
 		toks[i] = uint32(i)
 	}
 	r.svcStore("model", 2, 0, indexer.TierDevice, indexer.LocalHashes(nil, toks, 16, indexer.BaseSeed, nil)...)
-	svcJSON(t, "overlap scores by tokens", r.post("/overlap_scores", obj{"model_name": "model", "token_ids": toks, "lora_name": ""}), 200,
+	svcJSON(t, "overlap scores by tokens", r.post("/overlap_scores", jsonObj{"model_name": "model", "token_ids": toks, "lora_name": ""}), 200,
 		`[{"worker_id":2,"dp_rank":0,"longest_matched":32,"gpu":32,"cpu":32,"disk":32}]`)
 }
 
 func TestWorkersChangeWhileSelecting(t *testing.T) {
-	r := svcSelectRig(t, CostOptions{})
-	r.post("/workers", svcSSWorker.with("worker_id", 2, "kv_events_endpoints", obj{"0": deadEndpoint("w2-0")})).expect(t, http.StatusCreated)
+	r := svcSelectRig(t, scheduler.CostOptions{})
+	r.post("/workers", svcSSWorker.with("worker_id", 2, "kv_events_endpoints", jsonObj{"0": deadEndpoint("w2-0")})).expect(t, http.StatusCreated)
 	var wg sync.WaitGroup
 	wg.Go(func() { // worker 1 (rank 0 stays) narrows and widens; worker 2 changes publisher
 		for i := range 40 {
-			for path, body := range map[string]obj{
+			for path, body := range map[string]jsonObj{
 				"/workers/1?model_name=model": {"data_parallel_size": 1 + i%2},
-				"/workers/2?model_name=model": {"kv_events_endpoints": obj{"0": deadEndpoint(fmt.Sprint("w2-", i%2))}},
+				"/workers/2?model_name=model": {"kv_events_endpoints": jsonObj{"0": deadEndpoint(fmt.Sprint("w2-", i%2))}},
 			} {
 				if rep, err := r.exchange(http.MethodPatch, path, body, ""); err != nil || rep.status != http.StatusOK {
 					t.Errorf("PATCH %s %v: %d %s %v", path, body, rep.status, rep.body, err)
@@ -487,7 +489,7 @@ func TestWorkersChangeWhileSelecting(t *testing.T) {
 		r.do(http.MethodDelete, "/reservations/"+id+"?model_name=model", nil).expect(t, http.StatusOK)
 	}
 	wg.Wait()
-	for _, l := range r.cat.Loads().Snapshot("", "") {
+	for _, l := range r.loads.Snapshot("", "") {
 		if l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
 			t.Errorf("load left: %+v", l)
 		}
@@ -498,7 +500,7 @@ func TestWorkersChangeWhileSelecting(t *testing.T) {
 }
 
 func TestServiceBearerToken(t *testing.T) {
-	r := newSvcRig(t, rigOptions{token: "s3cret"}, CostOptions{})
+	r := newSvcRig(t, rigOptions{token: "s3cret"}, scheduler.CostOptions{})
 	for _, rq := range []struct {
 		method, path string
 		status       int
@@ -547,11 +549,11 @@ func FuzzServiceAPI(f *testing.F) {
 		if why := svcFuzzSkip(body); why != "" && path == "/workers" {
 			t.Skip(why)
 		}
-		r := newSvcRig(t, rigOptions{inProcess: true}, CostOptions{})
+		r := newSvcRig(t, rigOptions{inProcess: true}, scheduler.CostOptions{})
 		r.register(rangeBody("m", "", 1, 0, 2), rangeBody("m", "t", 2, 4, 2), rangeBody("m", "", 3, 0, 1))
 		r.svcStore("m", 1, 0, indexer.TierDevice, 1, 2, 3)
 		r.svcStore("m", 3, 0, indexer.TierHost, 1, 2)
-		r.post("/reservations", obj{"reservation_id": "r1", "model_name": "m", "worker_id": 1, "sequence_hashes": []any{1}}).expect(t, http.StatusCreated)
+		r.post("/reservations", jsonObj{"reservation_id": "r1", "model_name": "m", "worker_id": 1, "sequence_hashes": []any{1}}).expect(t, http.StatusCreated)
 		before := r.svcState()
 		rep := r.post(path, body)
 		legit := rep.status == http.StatusServiceUnavailable && strings.HasPrefix(path, "/select") && strings.Contains(string(rep.body), "none of worker ids")
@@ -568,4 +570,33 @@ func FuzzServiceAPI(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSelectRoutesIgnoreReuseCharge: the Dynamo-compatible routes answer
+// with the spec's cost even though the scheduler's ReuseWeight is the
+// default, while the gateway's charged selection over the same state
+// differs. The seed's rig: rank 0 holds 4 device blocks, 6 with host and
+// 8 with disk (effective 4 + 0.8*2 + 0.5*2 = 6.6 blocks: 106 tokens cached,
+// 406 of 512 new), rank 1 holds 2 (480 new). With 200 prefill tokens
+// booked on rank 0 (no blocks): rank 0 costs (200 + 406)/16 + 8 = 45.875,
+// rank 1 costs 480/16 + 8 = 38, plus 16 * 74/16 = 74 when charged.
+func TestSelectRoutesIgnoreReuseCharge(t *testing.T) {
+	r := svcSelectRig(t, scheduler.CostOptions{})
+	key := indexer.Key{Model: "model", Tenant: indexer.DefaultTenant}
+	must(t, r.loads.Add(key, scheduler.Booking{ID: "busy", Worker: rk(1, 0), PrefillTokens: 200}))
+	sch := scheduler.NewScheduler(r.cat, r.set, r.loads, scheduler.CostOptions{}, 1, nil)
+	req := scheduler.SelectRequest{Key: key, Local: []uint64{11, 12, 13, 14, 15, 16, 17, 18}, ISL: 512}
+	if d, err := sch.Select(req); err != nil || d.Worker != rk(1, 1) || d.Cost != 38 {
+		t.Errorf("uncharged: %s cost %v (%v), want rank 1 at 38", d.Worker, d.Cost, err)
+	}
+	req.ChargeReuse = true
+	if d, err := sch.Select(req); err != nil || d.Worker != rk(1, 0) || d.Cost != 45.875 || d.EffectivePrefillTokens != 406 {
+		t.Errorf("charged: %s cost %v prefill %d (%v), want rank 0 at 45.875, 406 tokens", d.Worker, d.Cost, d.EffectivePrefillTokens, err)
+	}
+	for _, path := range []string{"/select", "/select_and_reserve"} {
+		m := r.post(path, svcSeedSelect).expect(t, http.StatusOK)
+		if m["dp_rank"] != 1.0 || m["effective_prefill_tokens"] != 480.0 {
+			t.Errorf("%s: %v, want dp_rank 1 and 480 tokens (the spec's cost)", path, m)
+		}
+	}
 }

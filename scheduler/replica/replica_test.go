@@ -1,13 +1,12 @@
-package scheduler
+package replica
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -21,8 +20,9 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/poll"
+	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // Tests of replica sync over real ZMQ sockets on the loopback interface.
@@ -30,13 +30,29 @@ import (
 // subscriber only once its subscription has arrived, which replicaSubscribed
 // observes.
 
+var quiet = slog.New(slog.DiscardHandler)
+
+// closedPort returns a tcp endpoint on a loopback port nobody listens on.
+func closedPort(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return ep
+}
+
 var replicaKey = indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 
 func replicaWR(w uint64, r uint32) indexer.WorkerRank { return indexer.WorkerRank{Worker: w, Rank: r} }
 
 // newTestReplica starts a replica over loads on 127.0.0.1, closed at the
 // end of the test.
-func newTestReplica(t *testing.T, loads *Loads, opts ReplicaOptions) *Replica {
+func newTestReplica(t *testing.T, loads *scheduler.Loads, opts Options) *Replica {
 	t.Helper()
 	opts.BindHost = "127.0.0.1"
 	if opts.Timeout == 0 {
@@ -44,7 +60,7 @@ func newTestReplica(t *testing.T, loads *Loads, opts ReplicaOptions) *Replica {
 	}
 	opts.MinBackoff, opts.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
 	opts.Logger = quiet
-	r, err := NewReplica(loads, prometheus.NewRegistry(), opts)
+	r, err := New(loads, prometheus.NewRegistry(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,18 +72,27 @@ func newTestReplica(t *testing.T, loads *Loads, opts ReplicaOptions) *Replica {
 	return r
 }
 
+// addRanks makes ranks of key known to l, with block size bs, as a
+// catalog registering their workers does.
+func addRanks(l *scheduler.Loads, key indexer.Key, bs int, wrs ...indexer.WorkerRank) {
+	for _, wr := range wrs {
+		l.Follow(catalog.Change{Kind: catalog.Changed, Worker: catalog.Worker{
+			WorkerKey: catalog.WorkerKey{Key: key, ID: wr.Worker}, BlockSize: bs, Ranks: []uint32{wr.Rank}}})
+	}
+}
+
 // replicaLoads returns loads knowing worker 1 (ranks 0 and 1) and worker 2
 // (rank 0) of replicaKey, with block size 4.
-func replicaLoads() *Loads {
-	l := NewLoads(LoadOptions{})
-	l.AddRanks(replicaKey, 4, replicaWR(1, 0), replicaWR(1, 1), replicaWR(2, 0))
+func replicaLoads() *scheduler.Loads {
+	l := scheduler.NewLoads(scheduler.LoadOptions{})
+	addRanks(l, replicaKey, 4, replicaWR(1, 0), replicaWR(1, 1), replicaWR(2, 0))
 	return l
 }
 
 // replicaSubscribed reports whether a subscriber's subscription reached r's
 // PUB socket: what r publishes from now on reaches it.
 func replicaSubscribed(r *Replica) bool {
-	return slices.Contains(r.pub.(zmq4.Topics).Topics(), ReplicaTopic)
+	return slices.Contains(r.pub.(zmq4.Topics).Topics(), syncTopic)
 }
 
 func replicaWaitSubscribed(t *testing.T, rs ...*Replica) {
@@ -84,16 +109,16 @@ func replicaDropped(r *Replica, reason string) float64 {
 }
 
 // loadOf returns the load of wr in l's snapshot of replicaKey.
-func replicaLoadOf(l *Loads, wr indexer.WorkerRank) Load {
+func replicaLoadOf(l *scheduler.Loads, wr indexer.WorkerRank) scheduler.Load {
 	for _, ld := range l.Snapshot(replicaKey.Model, replicaKey.Tenant) {
 		if ld.Worker == wr {
 			return ld
 		}
 	}
-	return Load{}
+	return scheduler.Load{}
 }
 
-func replicaWaitLoad(t *testing.T, name string, l *Loads, wr indexer.WorkerRank, requests int, prefill int64, decode float64) {
+func replicaWaitLoad(t *testing.T, name string, l *scheduler.Loads, wr indexer.WorkerRank, requests int, prefill int64, decode float64) {
 	t.Helper()
 	poll.Until(t, fmt.Sprintf("%s: worker %v with %d requests, %d prefill tokens, %v decode blocks", name, wr, requests, prefill, decode), func() bool {
 		ld := replicaLoadOf(l, wr)
@@ -103,15 +128,15 @@ func replicaWaitLoad(t *testing.T, name string, l *Loads, wr indexer.WorkerRank,
 
 func TestReplicaSyncLifecycle(t *testing.T) {
 	la, lb := replicaLoads(), replicaLoads()
-	a := newTestReplica(t, la, ReplicaOptions{})
-	b := newTestReplica(t, lb, ReplicaOptions{Peers: []string{a.Endpoint()}})
+	a := newTestReplica(t, la, Options{})
+	b := newTestReplica(t, lb, Options{Peers: []string{a.Endpoint()}})
 	if _, err := a.AddPeer(b.Endpoint()); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitSubscribed(t, a, b)
 
 	// A books, completes the prefill, grows an output block, frees.
-	if err := la.Add(replicaKey, Booking{ID: "r1", Worker: replicaWR(1, 1), Hashes: []uint64{11, 12, 13}, PrefillTokens: 10}); err != nil {
+	if err := la.Add(replicaKey, scheduler.Booking{ID: "r1", Worker: replicaWR(1, 1), Hashes: []uint64{11, 12, 13}, PrefillTokens: 10}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B after A's add", lb, replicaWR(1, 1), 1, 10, 3)
@@ -129,7 +154,7 @@ func TestReplicaSyncLifecycle(t *testing.T) {
 	}
 
 	// B books too: both directions work, and each sees both.
-	if err := lb.Add(replicaKey, Booking{ID: "r2", Worker: replicaWR(2, 0), Hashes: []uint64{21}, PrefillTokens: 4}); err != nil {
+	if err := lb.Add(replicaKey, scheduler.Booking{ID: "r2", Worker: replicaWR(2, 0), Hashes: []uint64{21}, PrefillTokens: 4}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "A after B's add", la, replicaWR(2, 0), 1, 4, 1)
@@ -140,7 +165,7 @@ func TestReplicaSyncLifecycle(t *testing.T) {
 	if _, err := lb.Free(replicaKey, "r2"); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range []*Loads{la, lb} {
+	for _, l := range []*scheduler.Loads{la, lb} {
 		for _, wr := range []indexer.WorkerRank{replicaWR(1, 0), replicaWR(1, 1), replicaWR(2, 0)} {
 			replicaWaitLoad(t, "after the frees", l, wr, 0, 0, 0)
 		}
@@ -174,12 +199,12 @@ func TestReplicaSyncLifecycle(t *testing.T) {
 
 func TestReplicaIgnoresOwnEvents(t *testing.T) {
 	l := replicaLoads()
-	r := newTestReplica(t, l, ReplicaOptions{})
+	r := newTestReplica(t, l, Options{})
 	if _, err := r.AddPeer(r.Endpoint()); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitSubscribed(t, r)
-	if err := l.Add(replicaKey, Booking{ID: "own", Worker: replicaWR(1, 0), Hashes: []uint64{1}}); err != nil {
+	if err := l.Add(replicaKey, scheduler.Booking{ID: "own", Worker: replicaWR(1, 0), Hashes: []uint64{1}}); err != nil {
 		t.Fatal(err)
 	}
 	poll.Until(t, "the own event dropped", func() bool { return replicaDropped(r, replicaDropOwn) == 1 })
@@ -196,12 +221,12 @@ func TestReplicaDrops(t *testing.T) {
 	la, lb := replicaLoads(), replicaLoads()
 	other := indexer.Key{Model: "only-on-a", Tenant: indexer.DefaultTenant}
 	sized := indexer.Key{Model: "sized", Tenant: "t"}
-	la.AddRanks(replicaKey, 4, replicaWR(9, 0)) // a worker B does not know
-	la.AddRanks(other, 4, replicaWR(1, 0))
-	la.AddRanks(sized, 4, replicaWR(1, 0))
-	lb.AddRanks(sized, 8, replicaWR(1, 0))
-	a := newTestReplica(t, la, ReplicaOptions{})
-	b := newTestReplica(t, lb, ReplicaOptions{Peers: []string{a.Endpoint()}})
+	addRanks(la, replicaKey, 4, replicaWR(9, 0)) // a worker B does not know
+	addRanks(la, other, 4, replicaWR(1, 0))
+	addRanks(la, sized, 4, replicaWR(1, 0))
+	addRanks(lb, sized, 8, replicaWR(1, 0))
+	a := newTestReplica(t, la, Options{})
+	b := newTestReplica(t, lb, Options{Peers: []string{a.Endpoint()}})
 	replicaWaitSubscribed(t, a)
 
 	steps := []struct {
@@ -210,21 +235,21 @@ func TestReplicaDrops(t *testing.T) {
 		reason string
 	}{
 		{"add on a worker B does not know", func() error {
-			return la.Add(replicaKey, Booking{ID: "w9", Worker: replicaWR(9, 0), Hashes: []uint64{1}})
+			return la.Add(replicaKey, scheduler.Booking{ID: "w9", Worker: replicaWR(9, 0), Hashes: []uint64{1}})
 		}, replicaDropUnknownWorker},
 		{"add for a model B does not know", func() error {
-			return la.Add(other, Booking{ID: "o1", Worker: replicaWR(1, 0)})
+			return la.Add(other, scheduler.Booking{ID: "o1", Worker: replicaWR(1, 0)})
 		}, replicaDropUnknownWorker},
 		{"prefill completion of a request B dropped", func() error { return la.PrefillComplete(replicaKey, "w9") }, replicaDropUnknownRequest},
 		{"free of a request B dropped", func() error { _, err := la.Free(replicaKey, "w9"); return err }, replicaDropUnknownRequest},
 		{"add with another block size", func() error {
-			return la.Add(sized, Booking{ID: "s1", Worker: replicaWR(1, 0), Hashes: []uint64{1}})
+			return la.Add(sized, scheduler.Booking{ID: "s1", Worker: replicaWR(1, 0), Hashes: []uint64{1}})
 		}, replicaDropBlockSize},
 		{"add of a request B has already", func() error {
-			if err := lb.Add(replicaKey, Booking{ID: "dup", Worker: replicaWR(2, 0), PrefillTokens: 7}); err != nil {
+			if err := lb.Add(replicaKey, scheduler.Booking{ID: "dup", Worker: replicaWR(2, 0), PrefillTokens: 7}); err != nil {
 				return err
 			}
-			return la.Add(replicaKey, Booking{ID: "dup", Worker: replicaWR(1, 0), PrefillTokens: 3})
+			return la.Add(replicaKey, scheduler.Booking{ID: "dup", Worker: replicaWR(1, 0), PrefillTokens: 3})
 		}, replicaDropDuplicate},
 	}
 	want := map[string]float64{}
@@ -294,14 +319,14 @@ func replicaMsgpack(t *testing.T, v any) []byte {
 // counted as malformed.
 func TestReplicaWireFormat(t *testing.T) {
 	l := replicaLoads()
-	r := newTestReplica(t, l, ReplicaOptions{})
+	r := newTestReplica(t, l, Options{})
 	pub := newReplicaRawPub(t)
 	if _, err := r.AddPeer(pub.ep); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the replica subscribed", func() bool { return slices.Contains(pub.Socket.(zmq4.Topics).Topics(), ReplicaTopic) })
+	poll.Until(t, "the replica subscribed", func() bool { return slices.Contains(pub.Socket.(zmq4.Topics).Topics(), syncTopic) })
 
-	topic := []byte(ReplicaTopic)
+	topic := []byte(syncTopic)
 	add := map[string]any{"replica_id": uint64(42), "kind": "add", "model": "m", "tenant": "default", "request_id": "x1",
 		"worker_id": uint64(1), "dp_rank": uint32(1), "block_size": 4, "hashes": []uint64{1 << 63, 2}, "prefill_tokens": int64(8),
 		"some_future_key": "ignored"}
@@ -328,7 +353,7 @@ func TestReplicaWireFormat(t *testing.T) {
 		{topic, replicaMsgpack(t, with("request_id", nil))},
 		{topic, replicaMsgpack(t, with("prefill_tokens", int64(-1)))},
 		{topic, replicaMsgpack(t, with("hashes", "not hashes"))},
-		{[]byte(ReplicaTopic + ".v2"), replicaMsgpack(t, add)},
+		{[]byte(syncTopic + ".v2"), replicaMsgpack(t, add)},
 		{topic, replicaMsgpack(t, add), []byte("extra")},
 	}
 	for _, frames := range malformed {
@@ -353,10 +378,10 @@ func TestReplicaWireFormat(t *testing.T) {
 // TestReplicaPublishesDocumentedFormat decodes what a replica publishes.
 func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 	l := replicaLoads()
-	r := newTestReplica(t, l, ReplicaOptions{})
+	r := newTestReplica(t, l, Options{})
 	sub := zmq4.NewSub(context.Background())
 	defer closeReplicaSocket(sub)
-	if err := sub.SetOption(zmq4.OptionSubscribe, ReplicaTopic); err != nil {
+	if err := sub.SetOption(zmq4.OptionSubscribe, syncTopic); err != nil {
 		t.Fatal(err)
 	}
 	if err := sub.Dial(r.Endpoint()); err != nil {
@@ -364,7 +389,7 @@ func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 	}
 	replicaWaitSubscribed(t, r)
 	hashes := []uint64{1<<64 - 1, 5}
-	if err := l.Add(replicaKey, Booking{ID: "p1", Worker: replicaWR(1, 1), Hashes: hashes, PrefillTokens: 9}); err != nil {
+	if err := l.Add(replicaKey, scheduler.Booking{ID: "p1", Worker: replicaWR(1, 1), Hashes: hashes, PrefillTokens: 9}); err != nil {
 		t.Fatal(err)
 	}
 	hashes[0] = 0 // the event was copied
@@ -372,16 +397,16 @@ func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []map[string]any{
-		{"replica_id": r.ID(), "kind": "add", "model": "m", "tenant": "default", "request_id": "p1",
+		{"replica_id": r.id, "kind": "add", "model": "m", "tenant": "default", "request_id": "p1",
 			"worker_id": uint64(1), "dp_rank": uint64(1), "block_size": uint64(4), "hashes": []any{uint64(1<<64 - 1), uint64(5)}, "prefill_tokens": uint64(9)},
-		{"replica_id": r.ID(), "kind": "free", "model": "m", "tenant": "default", "request_id": "p1"},
+		{"replica_id": r.id, "kind": "free", "model": "m", "tenant": "default", "request_id": "p1"},
 	}
 	for i, w := range want {
 		msg, err := sub.Recv()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(msg.Frames) != 2 || string(msg.Frames[0]) != ReplicaTopic {
+		if len(msg.Frames) != 2 || string(msg.Frames[0]) != syncTopic {
 			t.Fatalf("message %d: frames %q", i, msg.Frames)
 		}
 		var got map[string]any
@@ -398,8 +423,8 @@ func TestReplicaPublishesDocumentedFormat(t *testing.T) {
 
 func TestReplicaReconnects(t *testing.T) {
 	la, lb := replicaLoads(), replicaLoads()
-	a := newTestReplica(t, la, ReplicaOptions{})
-	b := newTestReplica(t, lb, ReplicaOptions{Peers: []string{a.Endpoint()}})
+	a := newTestReplica(t, la, Options{})
+	b := newTestReplica(t, lb, Options{Peers: []string{a.Endpoint()}})
 	replicaWaitSubscribed(t, a)
 	poll.Until(t, "B connected", func() bool { _, n := b.peerCounts(); return n == 1 })
 	port := a.pub.Addr().(*net.TCPAddr).Port
@@ -409,12 +434,12 @@ func TestReplicaReconnects(t *testing.T) {
 	poll.Until(t, "B disconnected", func() bool { _, n := b.peerCounts(); return n == 0 })
 
 	la2 := replicaLoads()
-	a2 := newTestReplica(t, la2, ReplicaOptions{Port: port})
+	a2 := newTestReplica(t, la2, Options{Port: port})
 	if a2.Endpoint() != a.Endpoint() {
 		t.Fatalf("restarted on %s, want %s", a2.Endpoint(), a.Endpoint())
 	}
 	replicaWaitSubscribed(t, a2)
-	if err := la2.Add(replicaKey, Booking{ID: "after", Worker: replicaWR(2, 0), PrefillTokens: 1}); err != nil {
+	if err := la2.Add(replicaKey, scheduler.Booking{ID: "after", Worker: replicaWR(2, 0), PrefillTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B after the restart", lb, replicaWR(2, 0), 1, 1, 0)
@@ -448,15 +473,15 @@ func TestReplicaSilentPeers(t *testing.T) {
 	}()
 
 	la, lb := replicaLoads(), replicaLoads()
-	a := newTestReplica(t, la, ReplicaOptions{Timeout: 100 * time.Millisecond})
+	a := newTestReplica(t, la, Options{Timeout: 100 * time.Millisecond})
 	mute, err := net.Dial("tcp", strings.TrimPrefix(a.Endpoint(), "tcp://"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer mute.Close()
-	b := newTestReplica(t, lb, ReplicaOptions{Peers: []string{"tcp://" + silent.Addr().String(), a.Endpoint()}, Timeout: 100 * time.Millisecond})
+	b := newTestReplica(t, lb, Options{Peers: []string{"tcp://" + silent.Addr().String(), a.Endpoint()}, Timeout: 100 * time.Millisecond})
 	replicaWaitSubscribed(t, a)
-	if err := la.Add(replicaKey, Booking{ID: "through", Worker: replicaWR(1, 0)}); err != nil {
+	if err := la.Add(replicaKey, scheduler.Booking{ID: "through", Worker: replicaWR(1, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B", lb, replicaWR(1, 0), 1, 0, 0)
@@ -476,8 +501,8 @@ func TestReplicaSilentPeers(t *testing.T) {
 }
 
 func TestReplicaRemovePeer(t *testing.T) {
-	a := newTestReplica(t, replicaLoads(), ReplicaOptions{})
-	b := newTestReplica(t, replicaLoads(), ReplicaOptions{Peers: []string{a.Endpoint()}})
+	a := newTestReplica(t, replicaLoads(), Options{})
+	b := newTestReplica(t, replicaLoads(), Options{Peers: []string{a.Endpoint()}})
 	replicaWaitSubscribed(t, a)
 	found, err := b.RemovePeer(" " + a.Endpoint() + " ")
 	if err != nil || !found {
@@ -491,11 +516,11 @@ func TestReplicaRemovePeer(t *testing.T) {
 
 func TestReplicaQueueFull(t *testing.T) {
 	// No sender runs: the queue fills and stays full.
-	r := &Replica{queue: make(chan Lifecycle, 1), m: newReplicaMetrics()}
+	r := &Replica{queue: make(chan scheduler.Lifecycle, 1), m: newReplicaMetrics()}
 	hashes := []uint64{1, 2}
-	r.observe(Lifecycle{Kind: LifecycleAdd, Key: replicaKey, Booking: Booking{ID: "a", Hashes: hashes}})
-	r.observe(Lifecycle{Kind: LifecycleFree, Key: replicaKey, Booking: Booking{ID: "a"}})
-	r.observe(Lifecycle{Kind: LifecycleFree, Key: replicaKey, Booking: Booking{ID: "b"}})
+	r.observe(scheduler.Lifecycle{Kind: scheduler.LifecycleAdd, Key: replicaKey, Booking: scheduler.Booking{ID: "a", Hashes: hashes}})
+	r.observe(scheduler.Lifecycle{Kind: scheduler.LifecycleFree, Key: replicaKey, Booking: scheduler.Booking{ID: "a"}})
+	r.observe(scheduler.Lifecycle{Kind: scheduler.LifecycleFree, Key: replicaKey, Booking: scheduler.Booking{ID: "b"}})
 	if got := replicaDropped(r, replicaDropQueueFull); got != 2 {
 		t.Errorf("queue_full = %v, want 2", got)
 	}
@@ -505,7 +530,7 @@ func TestReplicaQueueFull(t *testing.T) {
 	}
 }
 
-func TestNormalizeReplicaEndpoint(t *testing.T) {
+func TestNormalizeEndpoint(t *testing.T) {
 	for _, tc := range []struct{ in, want, err string }{
 		{in: "tcp://127.0.0.1:9092", want: "tcp://127.0.0.1:9092"},
 		{in: " tcp://Selector-B:9092 ", want: "tcp://selector-b:9092"},
@@ -522,15 +547,15 @@ func TestNormalizeReplicaEndpoint(t *testing.T) {
 		{in: "tcp://b:x", err: "port \"x\""},
 		{in: "", err: "want the tcp:// scheme"},
 	} {
-		got, err := NormalizeReplicaEndpoint(tc.in)
+		got, err := NormalizeEndpoint(tc.in)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("NormalizeReplicaEndpoint(%q) = %q, %v; want error with %q", tc.in, got, err, tc.err)
+				t.Errorf("NormalizeEndpoint(%q) = %q, %v; want error with %q", tc.in, got, err, tc.err)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("NormalizeReplicaEndpoint(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+			t.Errorf("NormalizeEndpoint(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
 		}
 	}
 }
@@ -578,7 +603,7 @@ func TestZMTPStream(t *testing.T) {
 // huge frame is disconnected before zmq4 allocates it; others go on.
 func TestReplicaOversizedFrame(t *testing.T) {
 	la, lb := replicaLoads(), replicaLoads()
-	a := newTestReplica(t, la, ReplicaOptions{})
+	a := newTestReplica(t, la, Options{})
 	conn, err := net.Dial("tcp", strings.TrimPrefix(a.Endpoint(), "tcp://"))
 	if err != nil {
 		t.Fatal(err)
@@ -594,88 +619,17 @@ func TestReplicaOversizedFrame(t *testing.T) {
 	if _, err := io.Copy(io.Discard, conn); err != nil {
 		t.Fatalf("reading until the replica hangs up: %v", err)
 	}
-	newTestReplica(t, lb, ReplicaOptions{Peers: []string{a.Endpoint()}})
+	newTestReplica(t, lb, Options{Peers: []string{a.Endpoint()}})
 	replicaWaitSubscribed(t, a)
-	if err := la.Add(replicaKey, Booking{ID: "after", Worker: replicaWR(1, 0), PrefillTokens: 2}); err != nil {
+	if err := la.Add(replicaKey, scheduler.Booking{ID: "after", Worker: replicaWR(1, 0), PrefillTokens: 2}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B", lb, replicaWR(1, 0), 1, 2, 0)
 }
 
-// serveReplicaRoute sends one request to an admin server.
-func serveReplicaRoute(t *testing.T, srv http.Handler, method, path, body, token string) (int, string) {
-	t.Helper()
-	req := httptest.NewRequest(method, path, strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	w := httptest.NewRecorder()
-	srv.ServeHTTP(w, req)
-	return w.Code, strings.TrimSpace(w.Body.String())
-}
-
-func TestReplicaRoutes(t *testing.T) {
-	r := newTestReplica(t, replicaLoads(), ReplicaOptions{})
-	srv := admin.New(admin.Options{Token: "tok"})
-	srv.Handle(r.Routes()...)
-	dead := closedPort(t)
-	steps := []struct {
-		method, path, body, token string
-		status                    int
-		want                      string // exact body, or a substring of the error
-	}{
-		{"GET", "/replica_sync/peers", "", "", 200, `[]`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `"}`, "", 401, "bearer token"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `"}`, "tok", 201, `{"status":"ok"}`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"` + dead + `","future":1}`, "tok", 201, `{"status":"ok"}`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"tcp://Peer.invalid:9092"}`, "tok", 201, `{"status":"ok"}`},
-		{"GET", "/replica_sync/peers", "", "", 200, `["` + dead + `","tcp://peer.invalid:9092"]`},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"http://b:1"}`, "tok", 400, "want the tcp:// scheme"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":"tcp://*:1"}`, "tok", 400, "not a host name"},
-		{"POST", "/replica_sync/register_peer", `{"endpoint":5}`, "tok", 400, "field endpoint"},
-		{"POST", "/replica_sync/register_peer", `{}`, "tok", 400, "endpoint is required"},
-		{"POST", "/replica_sync/register_peer", `{`, "tok", 400, "malformed JSON"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "", 401, "bearer token"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "tok", 200, `{"status":"ok"}`},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"` + dead + `"}`, "tok", 404, "is not registered"},
-		{"POST", "/replica_sync/deregister_peer", `{"endpoint":"b:1"}`, "tok", 400, "want the tcp:// scheme"},
-		{"GET", "/replica_sync/peers", "", "", 200, `["tcp://peer.invalid:9092"]`},
-		{"DELETE", "/replica_sync/peers", "", "tok", 405, "not allowed"},
-	}
-	for _, s := range steps {
-		status, body := serveReplicaRoute(t, srv, s.method, s.path, s.body, s.token)
-		ok := status == s.status
-		if s.status < 300 {
-			ok = ok && body == s.want
-		} else {
-			ok = ok && strings.Contains(body, s.want) && strings.HasPrefix(body, `{"error":`)
-		}
-		if !ok {
-			t.Errorf("%s %s %s = %d %s, want %d %s", s.method, s.path, s.body, status, body, s.status, s.want)
-		}
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if status, body := serveReplicaRoute(t, srv, "POST", "/replica_sync/register_peer", `{"endpoint":"`+dead+`"}`, "tok"); status != 503 {
-		t.Errorf("register after Close = %d %s, want 503", status, body)
-	}
-
-	off := admin.New(admin.Options{})
-	off.Handle(ReplicaSyncOffRoutes()...)
-	if status, body := serveReplicaRoute(t, off, "GET", "/replica_sync/peers", "", ""); status != 200 || body != "[]" {
-		t.Errorf("off: GET peers = %d %s", status, body)
-	}
-	for _, path := range []string{"/replica_sync/register_peer", "/replica_sync/deregister_peer"} {
-		if status, body := serveReplicaRoute(t, off, "POST", path, `{"endpoint":"`+dead+`"}`, ""); status != 409 || !strings.Contains(body, "--replica-sync-port") {
-			t.Errorf("off: POST %s = %d %s, want 409 naming --replica-sync-port", path, status, body)
-		}
-	}
-}
-
 func TestReplicaMetricsRegistered(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r, err := NewReplica(replicaLoads(), reg, ReplicaOptions{BindHost: "127.0.0.1", Logger: quiet, Peers: []string{closedPort(t)}})
+	r, err := New(replicaLoads(), reg, Options{BindHost: "127.0.0.1", Logger: quiet, Peers: []string{closedPort(t)}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -704,22 +658,22 @@ func TestNewReplicaErrors(t *testing.T) {
 	}
 	defer busy.Close()
 	for _, tc := range []struct {
-		opts ReplicaOptions
+		opts Options
 		want string
 	}{
-		{ReplicaOptions{Port: -1}, "not between 0 and 65535"},
-		{ReplicaOptions{Port: busy.Addr().(*net.TCPAddr).Port}, "bind"},
-		{ReplicaOptions{Peers: []string{"tcp://b"}}, "no host:port"},
+		{Options{Port: -1}, "not between 0 and 65535"},
+		{Options{Port: busy.Addr().(*net.TCPAddr).Port}, "bind"},
+		{Options{Peers: []string{"tcp://b"}}, "no host:port"},
 	} {
 		tc.opts.BindHost, tc.opts.Logger = "127.0.0.1", quiet
-		r, err := NewReplica(NewLoads(LoadOptions{}), nil, tc.opts)
+		r, err := New(scheduler.NewLoads(scheduler.LoadOptions{}), nil, tc.opts)
 		if err == nil {
 			r.Close()
-			t.Errorf("NewReplica(%+v) succeeded", tc.opts)
+			t.Errorf("New(%+v) succeeded", tc.opts)
 			continue
 		}
 		if !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewReplica(%+v) = %v, want %q", tc.opts, err, tc.want)
+			t.Errorf("New(%+v) = %v, want %q", tc.opts, err, tc.want)
 		}
 	}
 }
@@ -730,8 +684,8 @@ func TestNewReplicaErrors(t *testing.T) {
 func TestReplicaCloseLeavesNoGoroutines(t *testing.T) {
 	ignore := []goleak.Option{goleak.IgnoreCurrent(), goleak.IgnoreAnyFunction(engine.LeakedGoroutine)}
 	la, lb := replicaLoads(), replicaLoads()
-	open := func(l *Loads, peers ...string) *Replica {
-		r, err := NewReplica(l, nil, ReplicaOptions{BindHost: "127.0.0.1", Logger: quiet, Peers: peers, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	open := func(l *scheduler.Loads, peers ...string) *Replica {
+		r, err := New(l, nil, Options{BindHost: "127.0.0.1", Logger: quiet, Peers: peers, MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -743,7 +697,7 @@ func TestReplicaCloseLeavesNoGoroutines(t *testing.T) {
 		t.Fatal(err)
 	}
 	replicaWaitSubscribed(t, a, b)
-	if err := la.Add(replicaKey, Booking{ID: "g", Worker: replicaWR(1, 0)}); err != nil {
+	if err := la.Add(replicaKey, scheduler.Booking{ID: "g", Worker: replicaWR(1, 0)}); err != nil {
 		t.Fatal(err)
 	}
 	replicaWaitLoad(t, "B", lb, replicaWR(1, 0), 1, 0, 0)

@@ -1,4 +1,12 @@
-package scheduler
+// Package replica is replica sync (docs/scheduling.md, "Selection service
+// semantics"): kvgate replicas share the admissions, prefill completions
+// and frees of their active-load accounting (scheduler.Loads), so that each
+// one routes with the load the others booked. Every replica binds a ZMQ PUB
+// socket and subscribes to its peers' with SUB sockets.
+//
+// It owns the wire format and the transport; it must not touch the cost,
+// the catalog or HTTP (internal/httpapi serves its peer routes).
+package replica
 
 import (
 	"bytes"
@@ -9,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,20 +30,16 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler"
 )
 
-// This file is replica sync (docs/scheduling.md, "Selection service
-// semantics"): kvgate replicas share the admissions, prefill completions
-// and frees of their active-load accounting, so that each one routes with
-// the load the others booked. Every replica binds a ZMQ PUB socket and
-// subscribes to its peers' with SUB sockets. Best effort: no sequencing,
-// acknowledgement, replay or resynchronization; output-block updates stay
-// local; events for workers this replica does not know are dropped.
+// Replica sync is best effort: no sequencing, acknowledgement, replay or
+// resynchronization; output-block updates stay local; events for workers
+// this replica does not know are dropped.
 //
 // Wire format: one two-frame ZMQ message per event,
 //
-//	[ReplicaTopic, msgpack map]
+//	["kvgate.replica_sync.v1", msgpack map]
 //
 // whose map has the keys of replicaMessage: replica_id (uint64, random per
 // process, so a replica ignores its own events), kind ("add",
@@ -46,9 +49,9 @@ import (
 // whose block_size differs from the receiver's for the (model, tenant) is
 // dropped; 0 (unknown to the sender) is not checked.
 
-// ReplicaTopic is the first frame of every replica sync message; SUB
+// syncTopic is the first frame of every replica sync message; SUB
 // sockets subscribe to it.
-const ReplicaTopic = "kvgate.replica_sync.v1"
+const syncTopic = "kvgate.replica_sync.v1"
 
 // Reasons of kvgate_replica_sync_events_dropped_total.
 const (
@@ -66,10 +69,10 @@ var replicaDropReasons = []string{replicaDropOwn, replicaDropMalformed, replicaD
 	replicaDropDuplicate, replicaDropBlockSize, replicaDropQueueFull, replicaDropSendError}
 
 // replicaKinds names the lifecycle kinds on the wire.
-var replicaKinds = map[LifecycleKind]string{LifecycleAdd: "add", LifecyclePrefillComplete: "prefill_complete", LifecycleFree: "free"}
+var replicaKinds = map[scheduler.LifecycleKind]string{scheduler.LifecycleAdd: "add", scheduler.LifecyclePrefillComplete: "prefill_complete", scheduler.LifecycleFree: "free"}
 
-// ReplicaOptions configure a Replica.
-type ReplicaOptions struct {
+// Options configure a Replica.
+type Options struct {
 	// Port is the TCP port of the PUB socket; 0 picks a free one (tests).
 	Port int
 	// BindHost is the interface the PUB socket binds: "*" (the default)
@@ -91,12 +94,12 @@ type ReplicaOptions struct {
 	Logger                 *slog.Logger
 }
 
-// Replica shares the lifecycle events of a Loads with other kvgate
+// Replica shares the lifecycle events of a scheduler.Loads with other kvgate
 // replicas and applies theirs. It is safe for concurrent use.
 type Replica struct {
-	loads    *Loads
+	loads    *scheduler.Loads
 	id       uint64
-	opts     ReplicaOptions
+	opts     Options
 	log      *slog.Logger
 	m        replicaMetrics
 	pub      zmq4.Socket
@@ -104,7 +107,7 @@ type Replica struct {
 
 	ctx    context.Context // ends at Close; parent of every goroutine's
 	cancel context.CancelFunc
-	queue  chan Lifecycle
+	queue  chan scheduler.Lifecycle
 	wg     sync.WaitGroup // the sender and every peer's goroutine
 
 	mu     sync.Mutex
@@ -127,11 +130,11 @@ type replicaMetrics struct {
 	dropped   *prometheus.CounterVec
 }
 
-// NewReplica binds the PUB socket, subscribes to opts.Peers and starts
+// New binds the PUB socket, subscribes to opts.Peers and starts
 // publishing the local lifecycle events of loads (it takes the place of
 // any observer set with loads.Observe). reg, if not nil, receives the
 // kvgate_replica_sync_* metrics. Close releases it all.
-func NewReplica(loads *Loads, reg prometheus.Registerer, opts ReplicaOptions) (*Replica, error) {
+func New(loads *scheduler.Loads, reg prometheus.Registerer, opts Options) (*Replica, error) {
 	if opts.Port < 0 || opts.Port > 65535 {
 		return nil, fmt.Errorf("replica sync port %d is not between 0 and 65535", opts.Port)
 	}
@@ -156,7 +159,7 @@ func NewReplica(loads *Loads, reg prometheus.Registerer, opts ReplicaOptions) (*
 	}
 	peers := make([]string, 0, len(opts.Peers))
 	for _, p := range opts.Peers {
-		ep, err := NormalizeReplicaEndpoint(p)
+		ep, err := NormalizeEndpoint(p)
 		if err != nil {
 			return nil, err
 		}
@@ -167,7 +170,7 @@ func NewReplica(loads *Loads, reg prometheus.Registerer, opts ReplicaOptions) (*
 	}
 
 	r := &Replica{loads: loads, id: randomReplicaID(), opts: opts, log: opts.Logger,
-		queue: make(chan Lifecycle, opts.QueueSize), peers: make(map[string]*replicaPeer)}
+		queue: make(chan scheduler.Lifecycle, opts.QueueSize), peers: make(map[string]*replicaPeer)}
 	r.m = newReplicaMetrics()
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 
@@ -256,9 +259,6 @@ func randomReplicaID() uint64 {
 // tcp://host:port (a wildcard bind host reads as 127.0.0.1).
 func (r *Replica) Endpoint() string { return r.endpoint }
 
-// ID returns the replica id carried by the events it publishes.
-func (r *Replica) ID() uint64 { return r.id }
-
 func replicaBoundEndpoint(host string, addr net.Addr) string {
 	port := 0
 	if ta, ok := addr.(*net.TCPAddr); ok {
@@ -270,10 +270,10 @@ func replicaBoundEndpoint(host string, addr net.Addr) string {
 	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 }
 
-// NormalizeReplicaEndpoint checks that s is a replica sync peer endpoint,
+// NormalizeEndpoint checks that s is a replica sync peer endpoint,
 // tcp://host:port with a host name or address (not a wildcard) and a port
 // in 1..65535, and returns it with the host in lower case.
-func NormalizeReplicaEndpoint(s string) (string, error) {
+func NormalizeEndpoint(s string) (string, error) {
 	s = strings.TrimSpace(s)
 	bad := func(why string) error {
 		q := s
@@ -303,16 +303,16 @@ func NormalizeReplicaEndpoint(s string) (string, error) {
 }
 
 // AddPeer subscribes to the PUB socket at endpoint (see
-// NormalizeReplicaEndpoint), connecting in the background and reconnecting
+// NormalizeEndpoint), connecting in the background and reconnecting
 // with backoff. Adding a peer already present does nothing. It returns the
 // normalized endpoint.
 func (r *Replica) AddPeer(endpoint string) (string, error) {
-	ep, err := NormalizeReplicaEndpoint(endpoint)
+	ep, err := NormalizeEndpoint(endpoint)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrInvalid, err)
+		return "", fmt.Errorf("%w: %w", scheduler.ErrInvalid, err)
 	}
 	if !r.addPeer(ep) {
-		return "", fmt.Errorf("%w: replica sync is closed", ErrUnavailable)
+		return "", fmt.Errorf("%w: replica sync is closed", scheduler.ErrUnavailable)
 	}
 	return ep, nil
 }
@@ -342,9 +342,9 @@ func (r *Replica) addPeer(ep string) bool {
 // RemovePeer unsubscribes from endpoint and waits until its connection is
 // closed. It reports whether the peer was present.
 func (r *Replica) RemovePeer(endpoint string) (bool, error) {
-	ep, err := NormalizeReplicaEndpoint(endpoint)
+	ep, err := NormalizeEndpoint(endpoint)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return false, fmt.Errorf("%w: %w", scheduler.ErrInvalid, err)
 	}
 	r.mu.Lock()
 	p := r.peers[ep]
@@ -388,7 +388,7 @@ func (r *Replica) peerCounts() (all, connected int) {
 func (r *Replica) Close() error {
 	var err error
 	r.once.Do(func() {
-		r.loads.Observe(func(Lifecycle) {}) // Observe(nil) would make notify call a nil func
+		r.loads.Observe(func(scheduler.Lifecycle) {}) // Observe(nil) would make notify call a nil func
 		r.mu.Lock()
 		r.closed = true
 		r.peers = map[string]*replicaPeer{}
@@ -403,11 +403,11 @@ func (r *Replica) Close() error {
 	return err
 }
 
-// observe is the Loads observer: it queues a local event for the sender,
+// observe is the scheduler.Loads observer: it queues a local event for the sender,
 // dropping it when the queue is full, so that the request path never
 // waits for replica sync.
-func (r *Replica) observe(ev Lifecycle) {
-	if ev.Kind == LifecycleAdd {
+func (r *Replica) observe(ev scheduler.Lifecycle) {
+	if ev.Kind == scheduler.LifecycleAdd {
 		// The caller may reuse its hashes once the call returns.
 		ev.Booking.Hashes = slices.Clone(ev.Booking.Hashes)
 	}
@@ -430,19 +430,17 @@ func (r *Replica) send() {
 	}
 }
 
-func (r *Replica) publish(ev Lifecycle) {
+func (r *Replica) publish(ev scheduler.Lifecycle) {
 	kind := replicaKinds[ev.Kind]
 	msg := replicaMessage{ReplicaID: r.id, Kind: kind, Model: ev.Key.Model, Tenant: ev.Key.Tenant, RequestID: ev.Booking.ID}
-	if ev.Kind == LifecycleAdd {
+	if ev.Kind == scheduler.LifecycleAdd {
 		b := ev.Booking
 		msg.WorkerID, msg.DPRank, msg.Hashes, msg.PrefillTokens = b.Worker.Worker, b.Worker.Rank, b.Hashes, b.PrefillTokens
-		if t := r.loads.tracker(ev.Key); t != nil {
-			msg.BlockSize = t.blockSize
-		}
+		msg.BlockSize, _ = r.loads.BlockSize(ev.Key)
 	}
 	payload, err := msgpack.Marshal(&msg)
 	if err == nil {
-		err = r.pub.SendMulti(zmq4.NewMsgFrom([]byte(ReplicaTopic), payload))
+		err = r.pub.SendMulti(zmq4.NewMsgFrom([]byte(syncTopic), payload))
 	}
 	if err != nil {
 		r.m.dropped.WithLabelValues(replicaDropSendError).Inc()
@@ -468,19 +466,19 @@ type replicaMessage struct {
 
 // decodeReplicaMessage parses the frames of one message into an event and
 // the publisher's replica id.
-func decodeReplicaMessage(frames [][]byte) (Lifecycle, replicaMessage, error) {
+func decodeReplicaMessage(frames [][]byte) (scheduler.Lifecycle, replicaMessage, error) {
 	var m replicaMessage
-	if len(frames) != 2 || string(frames[0]) != ReplicaTopic {
-		return Lifecycle{}, m, fmt.Errorf("want 2 frames [%s, payload], got %d", ReplicaTopic, len(frames))
+	if len(frames) != 2 || string(frames[0]) != syncTopic {
+		return scheduler.Lifecycle{}, m, fmt.Errorf("want 2 frames [%s, payload], got %d", syncTopic, len(frames))
 	}
 	rd := bytes.NewReader(frames[1])
 	if err := msgpack.NewDecoder(rd).Decode(&m); err != nil {
-		return Lifecycle{}, m, fmt.Errorf("payload: %w", err)
+		return scheduler.Lifecycle{}, m, fmt.Errorf("payload: %w", err)
 	}
 	if rd.Len() != 0 {
-		return Lifecycle{}, m, fmt.Errorf("payload: %d bytes after the message", rd.Len())
+		return scheduler.Lifecycle{}, m, fmt.Errorf("payload: %d bytes after the message", rd.Len())
 	}
-	ev := Lifecycle{Key: indexer.Key{Model: m.Model, Tenant: m.Tenant}, Booking: Booking{ID: m.RequestID}}
+	ev := scheduler.Lifecycle{Key: indexer.Key{Model: m.Model, Tenant: m.Tenant}, Booking: scheduler.Booking{ID: m.RequestID}}
 	for k, name := range replicaKinds {
 		if m.Kind == name {
 			ev.Kind = k
@@ -501,7 +499,7 @@ func decodeReplicaMessage(frames [][]byte) (Lifecycle, replicaMessage, error) {
 	if ev.Key.Tenant == "" {
 		ev.Key.Tenant = indexer.DefaultTenant
 	}
-	if ev.Kind == LifecycleAdd {
+	if ev.Kind == scheduler.LifecycleAdd {
 		ev.Booking.Worker = indexer.WorkerRank{Worker: m.WorkerID, Rank: m.DPRank}
 		ev.Booking.Hashes = m.Hashes
 		ev.Booking.PrefillTokens = m.PrefillTokens
@@ -525,28 +523,28 @@ func (r *Replica) receive(frames [][]byte) {
 		drop(replicaDropOwn)
 		return
 	}
-	t := r.loads.tracker(ev.Key)
+	bs, known := r.loads.BlockSize(ev.Key)
 	switch {
-	case t == nil:
+	case !known:
 		drop(replicaDropUnknownWorker, "model", ev.Key.Model, "tenant", ev.Key.Tenant)
 		return
-	case ev.Kind == LifecycleAdd && m.BlockSize != 0 && m.BlockSize != t.blockSize:
-		drop(replicaDropBlockSize, "block_size", m.BlockSize, "local_block_size", t.blockSize)
+	case ev.Kind == scheduler.LifecycleAdd && m.BlockSize != 0 && m.BlockSize != bs:
+		drop(replicaDropBlockSize, "block_size", m.BlockSize, "local_block_size", bs)
 		return
 	}
-	if ev.Kind == LifecycleFree {
+	changed, err := r.loads.Apply(ev)
+	if ev.Kind == scheduler.LifecycleFree && err == nil && !changed {
 		// Free is idempotent; a free of nothing is counted as a drop.
-		if freed, err := r.loads.free(ev.Key, ev.Booking.ID); err != nil || !freed {
-			drop(replicaDropUnknownRequest)
-			return
-		}
-	} else if err := r.loads.Apply(ev); err != nil {
+		drop(replicaDropUnknownRequest)
+		return
+	}
+	if err != nil {
 		switch {
-		case errors.Is(err, ErrConflict):
+		case errors.Is(err, scheduler.ErrConflict):
 			drop(replicaDropDuplicate)
-		case errors.Is(err, ErrNotFound) && ev.Kind == LifecycleAdd:
+		case errors.Is(err, scheduler.ErrNotFound) && ev.Kind == scheduler.LifecycleAdd:
 			drop(replicaDropUnknownWorker, "worker", ev.Booking.Worker.Worker, "dp_rank", ev.Booking.Worker.Rank)
-		case errors.Is(err, ErrNotFound):
+		case errors.Is(err, scheduler.ErrNotFound):
 			drop(replicaDropUnknownRequest)
 		default:
 			drop(replicaDropMalformed, "err", err)
@@ -599,14 +597,14 @@ func (r *Replica) follow(ctx context.Context, ep string, p *replicaPeer) {
 	}
 }
 
-// dial connects a SUB socket to ep and subscribes to ReplicaTopic. The
+// dial connects a SUB socket to ep and subscribes to syncTopic. The
 // socket lives in ctx: cancelling it interrupts a connection attempt and
 // a pending receive.
 func (r *Replica) dial(ctx context.Context, ep string) (zmq4.Socket, error) {
 	sub := zmq4.NewSub(context.WithValue(ctx, replicaTimeoutKey{}, r.opts.Timeout),
 		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(r.opts.Timeout), zmq4.WithAutomaticReconnect(false),
 		zmq4.WithLogger(slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)))
-	if err := sub.SetOption(zmq4.OptionSubscribe, ReplicaTopic); err != nil {
+	if err := sub.SetOption(zmq4.OptionSubscribe, syncTopic); err != nil {
 		closeReplicaSocket(sub)
 		return nil, fmt.Errorf("subscribe: %w", err)
 	}
@@ -643,89 +641,6 @@ func closeReplicaSocket(s zmq4.Socket) {
 			misses = 0
 		}
 	}
-}
-
-// The handlers of the replica sync routes (Dynamo's selection service).
-
-// Routes returns the replica sync routes: register_peer, deregister_peer
-// and peers.
-func (r *Replica) Routes() []admin.Route {
-	return []admin.Route{
-		{Pattern: "POST /replica_sync/register_peer", Handler: r.handleRegisterPeer, Mutates: true},
-		{Pattern: "POST /replica_sync/deregister_peer", Handler: r.handleDeregisterPeer, Mutates: true},
-		{Pattern: "GET /replica_sync/peers", Handler: r.handlePeers},
-	}
-}
-
-// ReplicaSyncOffRoutes are the replica sync routes of a process without
-// replica sync: the peer list is empty and changing it is a conflict.
-func ReplicaSyncOffRoutes() []admin.Route {
-	off := func(w http.ResponseWriter, _ *http.Request) {
-		admin.WriteError(w, admin.Errorf(http.StatusConflict, "replica sync is off; start kvgate with --replica-sync-port"))
-	}
-	return []admin.Route{
-		{Pattern: "POST /replica_sync/register_peer", Handler: off, Mutates: true},
-		{Pattern: "POST /replica_sync/deregister_peer", Handler: off, Mutates: true},
-		{Pattern: "GET /replica_sync/peers", Handler: func(w http.ResponseWriter, _ *http.Request) {
-			admin.WriteJSON(w, http.StatusOK, []string{})
-		}},
-	}
-}
-
-type replicaPeerRequest struct {
-	Endpoint *string `json:"endpoint"`
-}
-
-func decodeReplicaPeer(r *http.Request) (string, error) {
-	var req replicaPeerRequest
-	if err := admin.Decode(r, &req); err != nil {
-		return "", err
-	}
-	if req.Endpoint == nil {
-		return "", admin.Errorf(http.StatusBadRequest, "endpoint is required")
-	}
-	return *req.Endpoint, nil
-}
-
-func (r *Replica) handleRegisterPeer(w http.ResponseWriter, req *http.Request) {
-	ep, err := decodeReplicaPeer(req)
-	if err == nil {
-		_, err = r.AddPeer(ep)
-	}
-	if err != nil {
-		admin.WriteError(w, replicaHTTPError(err))
-		return
-	}
-	admin.OK(w, http.StatusCreated)
-}
-
-func (r *Replica) handleDeregisterPeer(w http.ResponseWriter, req *http.Request) {
-	ep, err := decodeReplicaPeer(req)
-	var found bool
-	if err == nil {
-		found, err = r.RemovePeer(ep)
-	}
-	switch {
-	case err != nil:
-		admin.WriteError(w, replicaHTTPError(err))
-	case !found:
-		admin.WriteError(w, admin.Errorf(http.StatusNotFound, "replica sync peer %s is not registered", strings.TrimSpace(ep)))
-	default:
-		admin.OK(w, http.StatusOK)
-	}
-}
-
-func (r *Replica) handlePeers(w http.ResponseWriter, _ *http.Request) {
-	admin.WriteJSON(w, http.StatusOK, r.Peers())
-}
-
-// replicaHTTPError passes API errors through and maps the package's.
-func replicaHTTPError(err error) error {
-	var e *admin.Error
-	if errors.As(err, &e) {
-		return e
-	}
-	return httpError(err)
 }
 
 // Transport. zmq4 v0.17.0 performs the ZMTP handshake without a deadline,

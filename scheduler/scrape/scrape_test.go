@@ -1,4 +1,4 @@
-package scheduler
+package scrape
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -22,6 +21,8 @@ import (
 	"github.com/kvgate/kvgate/bench/sim"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
+	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // These tests drive the Scraper against real HTTP servers: simulated
@@ -117,7 +118,7 @@ func (p *pages) endpoint(base string) string { return p.ts.URL + base }
 
 // vllmPage returns a page with the values of loads by engine label ("":
 // no engine label) for model; NaN values are left out.
-func vllmPage(model string, loads map[string]EngineLoad) string {
+func vllmPage(model string, loads map[string]scheduler.EngineLoad) string {
 	var b strings.Builder
 	engines := slices.Sorted(func(yield func(string) bool) {
 		for e := range loads {
@@ -128,11 +129,11 @@ func vllmPage(model string, loads map[string]EngineLoad) string {
 	})
 	for _, m := range []struct {
 		name, typ string
-		v         func(EngineLoad) float64
+		v         func(scheduler.EngineLoad) float64
 	}{
-		{metricWaiting, "gauge", func(l EngineLoad) float64 { return l.Waiting }},
-		{metricRunning, "gauge", func(l EngineLoad) float64 { return l.Running }},
-		{metricUsage, "gauge", func(l EngineLoad) float64 { return l.KVUsage }},
+		{metricWaiting, "gauge", func(l scheduler.EngineLoad) float64 { return l.Waiting }},
+		{metricRunning, "gauge", func(l scheduler.EngineLoad) float64 { return l.Running }},
+		{metricUsage, "gauge", func(l scheduler.EngineLoad) float64 { return l.KVUsage }},
 	} {
 		fmt.Fprintf(&b, "# HELP %s help\n# TYPE %s %s\n", m.name, m.name, m.typ)
 		for _, e := range engines {
@@ -159,14 +160,14 @@ func labels(model, engine string) string {
 }
 
 // engLoad returns an EngineLoad; pass NaN for a value not reported.
-func engLoad(waiting, running, usage, blocks float64) EngineLoad {
-	return EngineLoad{Waiting: waiting, Running: running, KVUsage: usage, KVBlocks: blocks}
+func engLoad(waiting, running, usage, blocks float64) scheduler.EngineLoad {
+	return scheduler.EngineLoad{Waiting: waiting, Running: running, KVUsage: usage, KVBlocks: blocks}
 }
 
 var nan = math.NaN()
 
 // loadsEqual compares loads, NaN equal to NaN.
-func loadsEqual(a, b map[uint32]EngineLoad) bool {
+func loadsEqual(a, b map[uint32]scheduler.EngineLoad) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -180,32 +181,20 @@ func loadsEqual(a, b map[uint32]EngineLoad) bool {
 	return true
 }
 
-func newScraper(t *testing.T, cat *Catalog, opts ScrapeOptions, r *rig) *Scraper {
+// newScraper returns a scraper of the rig's catalog (its clock, the rig's
+// loads'), which the rig's views and decisions read from then on.
+func (r *rig) newScraper(t *testing.T, opts Options) *Scraper {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quiet
 	}
-	s := NewScraper(cat, opts, r.reg)
-	t.Cleanup(s.client.CloseIdleConnections)
-	return s
-}
-
-// putWorker registers worker id of the rig's key with request endpoint ep
-// and ranks start .. start+size-1, without event publishers.
-func (s *selRig) putWorker(id uint64, ep string, start, size uint32) {
-	s.t.Helper()
-	must(s.t, s.cat.PutWorker(WorkerSpec{WorkerKey: WorkerKey{Key: s.key, ID: id}, BlockSize: s.bs, Endpoint: ep,
-		DPStart: start, DPSize: size, Source: SourceAPI}))
-}
-
-// engineMetrics returns the engine_metrics of worker id in GET /workers.
-func (s *selRig) engineMetrics(id uint64) *engineMetricsView {
-	s.t.Helper()
-	w, ok := s.worker(s.key.Model, s.key.Tenant, id)
-	if !ok {
-		s.t.Fatalf("worker %d not in GET /workers", id)
+	if opts.Now == nil {
+		opts.Now = r.now
 	}
-	return w.EngineMetrics
+	s := New(r.cat, opts, r.reg)
+	t.Cleanup(s.client.CloseIdleConnections)
+	r.sc = s
+	return s
 }
 
 func TestMetricsURL(t *testing.T) {
@@ -225,7 +214,7 @@ func TestMetricsURL(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "worker", "ftp://worker:21", "http://:8000"} {
-		if got, err := metricsURL(bad); !errors.Is(err, ErrInvalid) {
+		if got, err := metricsURL(bad); !errors.Is(err, scheduler.ErrInvalid) {
 			t.Errorf("metricsURL(%q) = %q, %v; want ErrInvalid", bad, got, err)
 		}
 	}
@@ -241,51 +230,51 @@ func TestParseAndResolvePage(t *testing.T) {
 		model   string
 		ranks   []uint32
 		err     string // a parse error containing it
-		want    map[uint32]EngineLoad
+		want    map[uint32]scheduler.EngineLoad
 		invalid int // series dropped for their value
 		unknown int // series dropped for their engine
 	}{
 		{name: "vLLM DP 2 page", page: string(sample), model: llama, ranks: []uint32{0, 1},
-			want: map[uint32]EngineLoad{0: engLoad(0, 3, 0.125, 2048), 1: engLoad(4, 8, 0.6875, 2048)}},
+			want: map[uint32]scheduler.EngineLoad{0: engLoad(0, 3, 0.125, 2048), 1: engLoad(4, 8, 0.6875, 2048)}},
 		{name: "another model name: every series", page: string(sample), model: "m", ranks: []uint32{0, 1},
-			want: map[uint32]EngineLoad{0: engLoad(0, 3, 0.125, 2048), 1: engLoad(4, 8, 0.6875, 2048)}},
+			want: map[uint32]scheduler.EngineLoad{0: engLoad(0, 3, 0.125, 2048), 1: engLoad(4, 8, 0.6875, 2048)}},
 		{name: "engines by position (worker at dp start 4)", page: string(sample), model: llama, ranks: []uint32{4, 5},
-			want: map[uint32]EngineLoad{4: engLoad(0, 3, 0.125, 2048), 5: engLoad(4, 8, 0.6875, 2048)}},
+			want: map[uint32]scheduler.EngineLoad{4: engLoad(0, 3, 0.125, 2048), 5: engLoad(4, 8, 0.6875, 2048)}},
 		{name: "one rank of two engines", page: string(sample), model: llama, ranks: []uint32{1},
-			want: map[uint32]EngineLoad{1: engLoad(4, 8, 0.6875, 2048)}, unknown: 4},
+			want: map[uint32]scheduler.EngineLoad{1: engLoad(4, 8, 0.6875, 2048)}, unknown: 4},
 		{name: "engines that are no rank, not as many", page: string(sample), model: llama, ranks: []uint32{7},
-			want: map[uint32]EngineLoad{}, unknown: 8},
+			want: map[uint32]scheduler.EngineLoad{}, unknown: 8},
 		{name: "worker-level series apply to every rank",
-			page: vllmPage("m", map[string]EngineLoad{"": engLoad(2, 1, 0.5, nan)}), model: "m", ranks: []uint32{0, 1},
-			want: map[uint32]EngineLoad{0: engLoad(2, 1, 0.5, nan), 1: engLoad(2, 1, 0.5, nan)}},
+			page: vllmPage("m", map[string]scheduler.EngineLoad{"": engLoad(2, 1, 0.5, nan)}), model: "m", ranks: []uint32{0, 1},
+			want: map[uint32]scheduler.EngineLoad{0: engLoad(2, 1, 0.5, nan), 1: engLoad(2, 1, 0.5, nan)}},
 		{name: "a rank's own series before the worker's",
-			page:  vllmPage("m", map[string]EngineLoad{"": engLoad(2, 1, 0.5, 100), "1": engLoad(5, nan, nan, nan)}),
+			page:  vllmPage("m", map[string]scheduler.EngineLoad{"": engLoad(2, 1, 0.5, 100), "1": engLoad(5, nan, nan, nan)}),
 			model: "m", ranks: []uint32{0, 1},
-			want: map[uint32]EngineLoad{0: engLoad(2, 1, 0.5, 100), 1: engLoad(5, 1, 0.5, 100)}},
+			want: map[uint32]scheduler.EngineLoad{0: engLoad(2, 1, 0.5, 100), 1: engLoad(5, 1, 0.5, 100)}},
 		{name: "the worker's model preferred",
-			page: vllmPage("m", map[string]EngineLoad{"0": engLoad(1, 1, 0.25, nan)}) +
-				strings.ReplaceAll(vllmPage("other", map[string]EngineLoad{"0": engLoad(9, 9, 0.75, nan)}), "# ", "# x "),
-			model: "m", ranks: []uint32{0}, want: map[uint32]EngineLoad{0: engLoad(1, 1, 0.25, nan)}},
+			page: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(1, 1, 0.25, nan)}) +
+				strings.ReplaceAll(vllmPage("other", map[string]scheduler.EngineLoad{"0": engLoad(9, 9, 0.75, nan)}), "# ", "# x "),
+			model: "m", ranks: []uint32{0}, want: map[uint32]scheduler.EngineLoad{0: engLoad(1, 1, 0.25, nan)}},
 		{name: "several models: counts add up, usage is the largest",
 			page: "vllm:num_requests_waiting{model_name=\"a\",engine=\"0\"} 1\nvllm:num_requests_waiting{model_name=\"b\",engine=\"0\"} 2\n" +
 				"vllm:kv_cache_usage_perc{model_name=\"a\",engine=\"0\"} 0.5\nvllm:kv_cache_usage_perc{model_name=\"b\",engine=\"0\"} 0.25\n",
-			model: "m", ranks: []uint32{0}, want: map[uint32]EngineLoad{0: engLoad(3, nan, 0.5, nan)}},
+			model: "m", ranks: []uint32{0}, want: map[uint32]scheduler.EngineLoad{0: engLoad(3, nan, 0.5, nan)}},
 		{name: "untyped, no labels, older usage name",
 			page:  "vllm:num_requests_waiting 2\nvllm:gpu_cache_usage_perc 0.5\n",
-			model: "m", ranks: []uint32{3}, want: map[uint32]EngineLoad{3: engLoad(2, nan, 0.5, nan)}},
+			model: "m", ranks: []uint32{3}, want: map[uint32]scheduler.EngineLoad{3: engLoad(2, nan, 0.5, nan)}},
 		{name: "waiting only", page: "vllm:num_requests_waiting{engine=\"0\"} 7\n", model: "m", ranks: []uint32{0},
-			want: map[uint32]EngineLoad{0: engLoad(7, nan, nan, nan)}},
+			want: map[uint32]scheduler.EngineLoad{0: engLoad(7, nan, nan, nan)}},
 		{name: "cache size unknown", page: "vllm:kv_cache_usage_perc 0.5\nvllm:cache_config_info{num_gpu_blocks=\"None\"} 1\n",
-			model: "m", ranks: []uint32{0}, want: map[uint32]EngineLoad{0: engLoad(nan, nan, 0.5, nan)}},
+			model: "m", ranks: []uint32{0}, want: map[uint32]scheduler.EngineLoad{0: engLoad(nan, nan, 0.5, nan)}},
 		{name: "NaN, infinite, negative and over-full values dropped",
 			page: "vllm:num_requests_waiting{engine=\"0\"} NaN\nvllm:num_requests_waiting{engine=\"1\"} 3\n" +
 				"vllm:num_requests_running{engine=\"0\"} +Inf\nvllm:num_requests_running{engine=\"1\"} -1\n" +
 				"vllm:kv_cache_usage_perc{engine=\"0\"} 1.5\nvllm:kv_cache_usage_perc{engine=\"1\"} 1\n" +
 				"vllm:num_requests_waiting{engine=\"2\"} 1e300\n",
-			model: "m", ranks: []uint32{0, 1, 2}, want: map[uint32]EngineLoad{1: engLoad(3, nan, 1, nan)}, invalid: 5},
+			model: "m", ranks: []uint32{0, 1, 2}, want: map[uint32]scheduler.EngineLoad{1: engLoad(3, nan, 1, nan)}, invalid: 5},
 		{name: "unparsable engine label dropped",
 			page:  "vllm:num_requests_waiting{engine=\"x\"} 1\nvllm:num_requests_waiting{engine=\"0\"} 2\n",
-			model: "m", ranks: []uint32{0, 1}, want: map[uint32]EngineLoad{0: engLoad(2, nan, nan, nan)}, unknown: 1},
+			model: "m", ranks: []uint32{0, 1}, want: map[uint32]scheduler.EngineLoad{0: engLoad(2, nan, nan, nan)}, unknown: 1},
 		{name: "running alone is no load metric", page: "vllm:num_requests_running 3\n", err: "no valid"},
 		{name: "only NaN", page: "vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc NaN\n", err: "no valid"},
 		{name: "other metrics only", page: "# TYPE python_info gauge\npython_info{version=\"3.12\"} 1\n", err: "no valid"},
@@ -320,7 +309,7 @@ func TestScrapeOutcomes(t *testing.T) {
 	p := newPages(t)
 	sample, err := os.ReadFile("testdata/vllm_metrics_dp2.txt")
 	must(t, err)
-	s := newSelRig(t, testBS, rigOptions{})
+	s := newRig(t, testBS, nil)
 	refused := "http://" + strings.TrimPrefix(closedPort(t), "tcp://")
 	tests := []struct {
 		name    string
@@ -346,7 +335,7 @@ func TestScrapeOutcomes(t *testing.T) {
 		}
 		s.putWorker(uint64(i+1), ep, 0, 2)
 	}
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: time.Minute, Timeout: 300 * time.Millisecond, MaxBytes: 64 << 10, Concurrency: 3}, s.rig)
+	sc := s.newScraper(t, Options{Interval: time.Minute, Timeout: 300 * time.Millisecond, MaxBytes: 64 << 10, Concurrency: 3})
 	must(t, sc.ScrapeOnce(t.Context()))
 	for i, tt := range tests {
 		em := s.engineMetrics(uint64(i + 1))
@@ -380,7 +369,7 @@ func TestScrapeOutcomes(t *testing.T) {
 	if got := testutil.ToFloat64(sc.m.targets); got != float64(len(tests)) {
 		t.Errorf("kvgate_scrape_targets = %v, want %d", got, len(tests))
 	}
-	s.checkViews()
+	s.checkScrapes()
 }
 
 // TestScrapeSimWorker scrapes a simulated vLLM worker with two DP ranks,
@@ -407,13 +396,13 @@ func TestScrapeSimWorker(t *testing.T) {
 		return st.Running == 1 && st.Waiting == 2
 	})
 	const bs = 16 // the simulator's
-	s := newSelRig(t, bs, rigOptions{})
+	s := newRig(t, bs, nil)
 	s.key = indexer.Key{Model: fleet.Config().Model, Tenant: indexer.DefaultTenant}
 	s.putWorker(fw.ID, fw.URL(), 0, 2)
 	if em := s.engineMetrics(fw.ID); em != nil {
 		t.Fatalf("engine_metrics %+v before any scrape", em)
 	}
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: time.Minute}, s.rig)
+	sc := s.newScraper(t, Options{Interval: time.Minute})
 	must(t, sc.ScrapeOnce(t.Context()))
 
 	em := s.engineMetrics(fw.ID)
@@ -432,21 +421,21 @@ func TestScrapeSimWorker(t *testing.T) {
 	// A prompt of 4 blocks (b = 4), nothing cached, overlap weight 1: each
 	// idle rank costs 64/16 + 4 = 8; rank 1 reports 2 waiting and 1
 	// running request (no cache size): (1+1)*2*4 + 1*4 = 20 more.
-	req := SelectRequest{Key: s.key, Local: promptOf(5, 4)}
+	req := scheduler.SelectRequest{Key: s.key, Local: promptOf(5, 4)}
 	for seed := range uint64(4) {
-		d, err := s.scheduler(seed, CostOptions{MetricsWeight: 1}).Select(req)
+		d, err := s.scheduler(seed, scheduler.CostOptions{MetricsWeight: 1}).Select(req)
 		if err != nil || d.Worker != rk(fw.ID, 0) || d.Cost != 8 {
 			t.Fatalf("seed %d: %+v %v, want rank 0 at cost 8", seed, d, err)
 		}
 	}
 	// 400 prefill tokens booked on rank 0 (its engine reports none of
 	// them: no correction) make it cost 8 + 25 = 33: rank 1 wins at 28.
-	must(t, s.cat.Loads().Add(s.key, Booking{ID: "local", Worker: rk(fw.ID, 0), PrefillTokens: 400}))
-	d, err := s.scheduler(0, CostOptions{MetricsWeight: 1}).Select(req)
+	must(t, s.loads.Add(s.key, scheduler.Booking{ID: "local", Worker: rk(fw.ID, 0), PrefillTokens: 400}))
+	d, err := s.scheduler(0, scheduler.CostOptions{MetricsWeight: 1}).Select(req)
 	if err != nil || d.Worker != rk(fw.ID, 1) || d.Cost != 28 {
 		t.Fatalf("%+v %v, want rank 1 at cost 28", d, err)
 	}
-	d, err = s.scheduler(0, CostOptions{}).Select(req)
+	d, err = s.scheduler(0, scheduler.CostOptions{}).Select(req)
 	if err != nil || d.Worker != rk(fw.ID, 1) || d.Cost != 8 {
 		t.Fatalf("without the correction: %+v %v, want rank 1 at cost 8", d, err)
 	}
@@ -463,49 +452,49 @@ func jsonOf(v any) string {
 // correction it costs (40-4)/4 + 10 = 19, worker 1 40/4 + 10 = 20.
 func TestMetricsCorrection(t *testing.T) {
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{})
+	s := newRig(t, testBS, nil)
 	s.putWorker(1, p.endpoint("/w1"), 0, 1)
 	s.putWorker(2, p.endpoint("/w2"), 0, 1)
 	s.store(rk(2, 0), indexer.TierDevice, costPrompt, 0, 1)
-	p.set("/w1/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(0, 0, 0, nan)})})
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: time.Minute}, s.rig)
+	p.set("/w1/metrics", pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(0, 0, 0, nan)})})
+	sc := s.newScraper(t, Options{Interval: time.Minute})
 	tests := []struct {
 		name   string
-		opts   CostOptions
-		engine EngineLoad
-		book   *Booking // booked on worker 2 first
-		cost   float64  // of worker 2
+		opts   scheduler.CostOptions
+		engine scheduler.EngineLoad
+		book   *scheduler.Booking // booked on worker 2 first
+		cost   float64            // of worker 2
 	}{
 		{name: "off by default", engine: engLoad(3, 2, 0.5, 100), cost: 19},
 		// 0.5 * (2 * 1 * 10) = 10.
-		{name: "one waiting request", opts: CostOptions{MetricsWeight: 0.5}, engine: engLoad(1, 0, 0, nan), cost: 29},
+		{name: "one waiting request", opts: scheduler.CostOptions{MetricsWeight: 0.5}, engine: engLoad(1, 0, 0, nan), cost: 29},
 		// 0.5 * (2 * 1 * 2) = 2.
-		{name: "configured request size", opts: CostOptions{MetricsWeight: 0.5, MetricsRequestBlocks: 2}, engine: engLoad(1, 0, 0, nan), cost: 21},
+		{name: "configured request size", opts: scheduler.CostOptions{MetricsWeight: 0.5, MetricsRequestBlocks: 2}, engine: engLoad(1, 0, 0, nan), cost: 21},
 		// Overlap weight 0: 1 * (1 * 1 * 10) = 10; the base is 10.
-		{name: "overlap weight 0", opts: CostOptions{MetricsWeight: 1, OverlapWeight: NoOverlapWeight}, engine: engLoad(1, 0, 0, nan), cost: 20},
+		{name: "overlap weight 0", opts: scheduler.CostOptions{MetricsWeight: 1, OverlapWeight: scheduler.NoOverlapWeight}, engine: engLoad(1, 0, 0, nan), cost: 20},
 		// 1 * (0.5 * 8) = 4 blocks in use.
-		{name: "blocks in use", opts: CostOptions{MetricsWeight: 1}, engine: engLoad(0, 3, 0.5, 8), cost: 23},
+		{name: "blocks in use", opts: scheduler.CostOptions{MetricsWeight: 1}, engine: engLoad(0, 3, 0.5, 8), cost: 23},
 		// No cache size: 3 running requests of 10 blocks: 30.
-		{name: "running requests without cache size", opts: CostOptions{MetricsWeight: 1}, engine: engLoad(0, 3, 0.5, nan), cost: 49},
+		{name: "running requests without cache size", opts: scheduler.CostOptions{MetricsWeight: 1}, engine: engLoad(0, 3, 0.5, nan), cost: 49},
 		// A booking of 2 other blocks and 4 prefill tokens: the base is
 		// (4+36)/4 + 2 + 10 = 22; tracked 4/4 + 2 = 3 < 4 reported: +1.
-		{name: "only the excess over the tracked load", opts: CostOptions{MetricsWeight: 1}, engine: engLoad(0, 0, 0.5, 8),
-			book: &Booking{ID: "b", Worker: rk(2, 0), Hashes: []uint64{71, 72}, PrefillTokens: 4}, cost: 23},
+		{name: "only the excess over the tracked load", opts: scheduler.CostOptions{MetricsWeight: 1}, engine: engLoad(0, 0, 0.5, 8),
+			book: &scheduler.Booking{ID: "b", Worker: rk(2, 0), Hashes: []uint64{71, 72}, PrefillTokens: 4}, cost: 23},
 		// Tracked 3 >= reported 2: nothing.
-		{name: "tracked load covers it", opts: CostOptions{MetricsWeight: 1}, engine: engLoad(0, 0, 0.25, 8),
-			book: &Booking{ID: "b", Worker: rk(2, 0), Hashes: []uint64{71, 72}, PrefillTokens: 4}, cost: 22},
-		{name: "negative weight is off", opts: CostOptions{MetricsWeight: -1}, engine: engLoad(3, 0, 0, nan), cost: 19},
-		{name: "NaN weight is off", opts: CostOptions{MetricsWeight: nan}, engine: engLoad(3, 0, 0, nan), cost: 19},
+		{name: "tracked load covers it", opts: scheduler.CostOptions{MetricsWeight: 1}, engine: engLoad(0, 0, 0.25, 8),
+			book: &scheduler.Booking{ID: "b", Worker: rk(2, 0), Hashes: []uint64{71, 72}, PrefillTokens: 4}, cost: 22},
+		{name: "negative weight is off", opts: scheduler.CostOptions{MetricsWeight: -1}, engine: engLoad(3, 0, 0, nan), cost: 19},
+		{name: "NaN weight is off", opts: scheduler.CostOptions{MetricsWeight: nan}, engine: engLoad(3, 0, 0, nan), cost: 19},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p.set("/w2/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": tt.engine})})
+			p.set("/w2/metrics", pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": tt.engine})})
 			must(t, sc.ScrapeOnce(t.Context()))
 			if tt.book != nil {
-				must(t, s.cat.Loads().Add(s.key, *tt.book))
-				defer s.cat.Loads().Free(s.key, tt.book.ID)
+				must(t, s.loads.Add(s.key, *tt.book))
+				defer s.loads.Free(s.key, tt.book.ID)
 			}
-			d, err := s.scheduler(1, tt.opts).Select(SelectRequest{Key: s.key, Local: costPrompt, Workers: []uint64{2}})
+			d, err := s.scheduler(1, tt.opts).Select(scheduler.SelectRequest{Key: s.key, Local: costPrompt, Workers: []uint64{2}})
 			if err != nil || d.Worker != rk(2, 0) || d.Cost != tt.cost {
 				t.Errorf("%+v %v, want worker 2 at cost %v", d, err, tt.cost)
 			}
@@ -519,19 +508,19 @@ func TestMetricsCorrection(t *testing.T) {
 func TestMetricsCorrectionChoosesAndExpires(t *testing.T) {
 	clock := newFakeClock()
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{catalog: CatalogOptions{Loads: NewLoads(LoadOptions{Now: clock.Now})}})
+	s := newRig(t, testBS, clock.Now)
 	s.putWorker(1, p.endpoint("/w1"), 0, 1)
 	s.putWorker(2, p.endpoint("/w2"), 0, 1)
-	idle := pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(0, 0, 0, nan)})}
-	queued := pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(1, 0, 0, nan)})}
+	idle := pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(0, 0, 0, nan)})}
+	queued := pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(1, 0, 0, nan)})}
 	p.set("/w1/metrics", idle)
 	p.set("/w2/metrics", queued)
 	const stale = 30 * time.Second
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: 10 * time.Second, StaleAfter: stale}, s.rig)
+	sc := s.newScraper(t, Options{Interval: 10 * time.Second, StaleAfter: stale})
 	must(t, sc.ScrapeOnce(t.Context()))
-	opts := CostOptions{MetricsWeight: 0.5}
-	req := SelectRequest{Key: s.key, Local: costPrompt}
-	chosen := func(opts CostOptions) map[indexer.WorkerRank]float64 {
+	opts := scheduler.CostOptions{MetricsWeight: 0.5}
+	req := scheduler.SelectRequest{Key: s.key, Local: costPrompt}
+	chosen := func(opts scheduler.CostOptions) map[indexer.WorkerRank]float64 {
 		out := map[indexer.WorkerRank]float64{}
 		for seed := range uint64(16) {
 			d, err := s.scheduler(seed, opts).Select(req)
@@ -542,13 +531,13 @@ func TestMetricsCorrectionChoosesAndExpires(t *testing.T) {
 	}
 	// Both cost 40/4 + 10 = 20; worker 2's queued request adds 0.5 *
 	// (2 * 1 * 10) = 10.
-	if got := chosen(CostOptions{}); !reflect.DeepEqual(got, map[indexer.WorkerRank]float64{rk(1, 0): 20, rk(2, 0): 20}) {
+	if got := chosen(scheduler.CostOptions{}); !reflect.DeepEqual(got, map[indexer.WorkerRank]float64{rk(1, 0): 20, rk(2, 0): 20}) {
 		t.Fatalf("without the correction: chose %v, want both workers (a tie) at 20", got)
 	}
 	if got := chosen(opts); !reflect.DeepEqual(got, map[indexer.WorkerRank]float64{rk(1, 0): 20}) {
 		t.Fatalf("with the correction: chose %v, want worker 1 only", got)
 	}
-	d, err := s.scheduler(0, opts).Select(SelectRequest{Key: s.key, Local: costPrompt, Workers: []uint64{2}})
+	d, err := s.scheduler(0, opts).Select(scheduler.SelectRequest{Key: s.key, Local: costPrompt, Workers: []uint64{2}})
 	if err != nil || d.Cost != 30 {
 		t.Fatalf("worker 2: %+v %v, want cost 30", d, err)
 	}
@@ -590,179 +579,20 @@ func TestMetricsCorrectionChoosesAndExpires(t *testing.T) {
 	}
 }
 
-// TestMetricsWeightZeroIsIdentical: with weight 0, decisions on a catalog
-// whose every rank was scraped (with loads that would change them) are
-// those made before any scrape, bit for bit, at every temperature.
-func TestMetricsWeightZeroIsIdentical(t *testing.T) {
-	s := newCostRig(t, rigOptions{})
-	type query struct {
-		name string
-		req  SelectRequest
-	}
-	var queries []query
-	for _, ws := range [][]uint64{nil, {2, 3}, {4, 5, 6}} {
-		for _, temp := range []float64{0, 0.5, 2} {
-			for _, w := range []float64{1, 0, 2.5} {
-				for _, p := range [][]uint64{costPrompt, promptOf(3, 6)} {
-					queries = append(queries, query{fmt.Sprintf("workers %v temperature %v weight %v prompt %d", ws, temp, w, len(p)),
-						SelectRequest{Key: s.key, Local: p, Workers: ws, Temperature: ptrTo(temp), OverlapWeight: ptrTo(w)}})
-				}
-			}
-		}
-	}
-	decide := func(opts CostOptions) []Decision {
-		var out []Decision
-		for _, q := range queries {
-			for seed := range uint64(4) {
-				d, err := s.scheduler(seed, opts).Select(q.req)
-				if err != nil {
-					t.Fatalf("%s: %v", q.name, err)
-				}
-				out = append(out, d)
-			}
-		}
-		return out
-	}
-	before := decide(CostOptions{})
-	rnd := rand.New(rand.NewPCG(1, 2))
-	for _, w := range s.cat.Workers(s.key.Model, s.key.Tenant) {
-		loads := map[uint32]EngineLoad{}
-		for _, r := range w.Ranks {
-			loads[r] = engLoad(float64(rnd.IntN(8)), float64(rnd.IntN(8)), rnd.Float64(), float64(16+rnd.IntN(64)))
-		}
-		if !s.cat.recordScrape(scrapeTarget{WorkerKey: w.WorkerKey, endpoint: w.Endpoint, ranks: w.Ranks}, "http://x/metrics", time.Now(), loads, nil, time.Hour) {
-			t.Fatalf("worker %d: scrape not recorded", w.ID)
-		}
-	}
-	after := decide(CostOptions{MetricsWeight: 0})
-	for i := range before {
-		a, b := before[i], after[i]
-		if !reflect.DeepEqual(a, b) || math.Float64bits(a.Cost) != math.Float64bits(b.Cost) {
-			t.Fatalf("%s seed %d: %+v before the scrapes, %+v after", queries[i/4].name, i%4, a, b)
-		}
-	}
-	// The scrapes do change decisions when weighed: the test can fail.
-	if weighed := decide(CostOptions{MetricsWeight: 1}); reflect.DeepEqual(before, weighed) {
-		t.Fatal("weight 1 changed no decision: the scraped loads are not read")
-	}
-}
-
-// TestMetricsCorrectionMatchesBruteForce compares decisions with a
-// correction to costs worked out naively for every rank, from the loads'
-// own views (Potentials, Snapshot) and the formula, over random loads,
-// caches and scraped values: decide's cost bounds, its per-rank counts
-// and its shortcut past uncached ranks must stay exact with a correction.
-func TestMetricsCorrectionMatchesBruteForce(t *testing.T) {
-	const bs = 4
-	for seed := range uint64(12) {
-		rnd := rand.New(rand.NewPCG(seed, 99))
-		s := newSelRig(t, bs, rigOptions{})
-		const promptLen = 12
-		prompts := [][]uint64{promptOf(1, promptLen), promptOf(2, promptLen)}
-		scraped := map[indexer.WorkerRank]EngineLoad{}
-		id := 0
-		for w := range 10 {
-			dp := uint32(1 + rnd.IntN(3))
-			s.ranks(uint64(w+1), dp)
-			loads := map[uint32]EngineLoad{}
-			for r := range dp {
-				wr := rk(uint64(w+1), r)
-				p := prompts[rnd.IntN(len(prompts))]
-				if n := rnd.IntN(promptLen + 1); n > 0 && rnd.IntN(2) == 0 {
-					s.store(wr, indexer.TierDevice, p, 0, n)
-				}
-				for range rnd.IntN(3) {
-					seq := indexer.SequenceHashes(nil, prompts[rnd.IntN(len(prompts))])
-					hashes := append(seq[:rnd.IntN(len(seq))], rnd.Uint64N(1<<62))
-					id++
-					must(t, s.cat.Loads().Add(s.key, Booking{ID: fmt.Sprint(id), Worker: wr, Hashes: hashes, PrefillTokens: int64(rnd.IntN(5) * bs)}))
-				}
-				if rnd.IntN(4) > 0 {
-					l := engLoad(float64(rnd.IntN(4)), float64(rnd.IntN(4)), float64(rnd.IntN(5))/4, nan)
-					if rnd.IntN(2) == 0 {
-						l.KVBlocks = float64(8 * rnd.IntN(5))
-					}
-					loads[r], scraped[wr] = l, l
-				}
-			}
-			wk := WorkerKey{Key: s.key, ID: uint64(w + 1)}
-			if !s.cat.recordScrape(scrapeTarget{WorkerKey: wk, ranks: nil}, "http://x/metrics", time.Now(), loads, nil, time.Hour) {
-				t.Fatal("scrape not recorded")
-			}
-		}
-		ix := s.set.Lookup(s.key)
-		snap := map[indexer.WorkerRank]Load{}
-		for _, l := range s.cat.Loads().Snapshot(s.key.Model, s.key.Tenant) {
-			snap[l.Worker] = l
-		}
-		for pi, p := range prompts {
-			seq := indexer.SequenceHashes(nil, p)
-			isl := int64(len(seq) * bs)
-			pots, err := s.cat.Loads().Potentials(s.key, seq, 0)
-			must(t, err)
-			overlaps := overlapsByRank(nil, ix.Match(seq, nil))
-			for _, ow := range []float64{1, 0, 2.5} {
-				for _, mw := range []float64{0.5, 1, 3} {
-					costs := map[indexer.WorkerRank]float64{}
-					least := math.Inf(1)
-					for _, pot := range pots {
-						ov := overlaps[pot.Worker]
-						unc := max(0, isl-int64(math.Round(float64(ov.Device)*bs)))
-						cost := ow*float64(pot.PrefillTokens+unc)/bs + pot.DecodeBlocks
-						if e, ok := scraped[pot.Worker]; ok {
-							b := float64(isl) / bs
-							reported := (ow+1)*e.Waiting*b + e.Running*b
-							if e.KVBlocks > 0 {
-								reported = (ow+1)*e.Waiting*b + e.KVUsage*e.KVBlocks
-							}
-							l := snap[pot.Worker]
-							if tracked := ow*float64(l.PrefillTokens)/bs + l.DecodeBlocks; reported > tracked {
-								cost += mw * (reported - tracked)
-							}
-						}
-						costs[pot.Worker] = cost
-						least = min(least, cost)
-					}
-					smallest := math.MaxInt
-					for wr, c := range costs {
-						if c == least {
-							smallest = min(smallest, ix.RankBlocks(wr))
-						}
-					}
-					what := fmt.Sprintf("seed %d prompt %d overlap weight %v metrics weight %v", seed, pi, ow, mw)
-					req := SelectRequest{Key: s.key, Local: p, OverlapWeight: ptrTo(ow)}
-					d, err := s.scheduler(seed, CostOptions{MetricsWeight: mw}).Select(req)
-					if err != nil {
-						t.Fatalf("%s: %v", what, err)
-					}
-					if d.Cost != least || costs[d.Worker] != least || ix.RankBlocks(d.Worker) != smallest {
-						t.Fatalf("%s: chose %s at cost %v (naive %v, tree %d), want the least cost %v, tree %d",
-							what, d.Worker, d.Cost, costs[d.Worker], ix.RankBlocks(d.Worker), least, smallest)
-					}
-					req.Temperature = ptrTo(1.0)
-					if d, err := s.scheduler(seed, CostOptions{MetricsWeight: mw}).Select(req); err != nil || d.Cost != costs[d.Worker] {
-						t.Fatalf("%s, sampled: chose %s at cost %v (%v), naive cost %v", what, d.Worker, d.Cost, err, costs[d.Worker])
-					}
-				}
-			}
-		}
-	}
-}
-
 // TestScrapeFollowsCatalog: workers registered later are scraped, what is
 // kept of a worker goes with it (or with its rank, or its old endpoint),
 // and a scrape finishing after its worker left is dropped.
 func TestScrapeFollowsCatalog(t *testing.T) {
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{})
-	page := pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(1, 1, 0.5, 64), "1": engLoad(2, 2, 0.25, 64)})}
+	s := newRig(t, testBS, nil)
+	page := pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(1, 1, 0.5, 64), "1": engLoad(2, 2, 0.25, 64)})}
 	p.set("/a/metrics", page)
 	p.set("/b/metrics", page)
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: time.Minute}, s.rig)
+	sc := s.newScraper(t, Options{Interval: time.Minute})
 	must(t, sc.ScrapeOnce(t.Context())) // nothing to scrape
 	s.putWorker(1, p.endpoint("/a"), 0, 2)
-	s.putWorker(2, p.endpoint("/a"), 0, 2)                                                                                 // the same page: fetched once
-	must(t, s.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: s.key, ID: 3}, BlockSize: testBS, DPSize: 1})) // no endpoint
+	s.putWorker(2, p.endpoint("/a"), 0, 2)                                                                                                 // the same page: fetched once
+	must(t, s.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 3}, BlockSize: testBS, DPSize: 1})) // no endpoint
 	must(t, sc.ScrapeOnce(t.Context()))
 	if got := testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess)); got != 1 {
 		t.Errorf("%v successful scrapes, want 1 for the page of workers 1 and 2", got)
@@ -775,7 +605,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	if em := s.engineMetrics(3); em != nil {
 		t.Errorf("worker 3 has no request endpoint, but engine_metrics %+v", em)
 	}
-	st := &s.cat.scrape
+	st := sc.st
 	ranksOf := func() []indexer.WorkerRank {
 		st.mu.RLock()
 		defer st.mu.RUnlock()
@@ -795,7 +625,7 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	one := uint32(1)
 	_, err := s.cat.Unregister("m", nil, 1, &one)
 	must(t, err)
-	must(t, s.cat.PatchWorker(WorkerPatch{WorkerKey: WorkerKey{Key: s.key, ID: 2}, Endpoint: ptrTo(p.endpoint("/b"))}))
+	must(t, s.cat.PatchWorker(catalog.WorkerPatch{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 2}, Endpoint: ptrTo(p.endpoint("/b"))}))
 	if em := s.engineMetrics(1); em == nil || len(em.Ranks) != 1 || em.Ranks["0"].Waiting == nil {
 		t.Errorf("worker 1 without rank 1: engine_metrics %+v, want rank 0's only", em)
 	}
@@ -825,11 +655,11 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	if got := testutil.ToFloat64(sc.m.dropped.WithLabelValues(dropWorkerChanged)); got != 1 {
 		t.Errorf("%v scrapes dropped for a changed worker, want 1", got)
 	}
-	if _, ok := s.worker("m", indexer.DefaultTenant, 1); ok {
+	if s.listed(1) {
 		t.Fatal("worker 1 still registered")
 	}
 	st.mu.RLock()
-	_, kept := st.workers[WorkerKey{Key: s.key, ID: 1}]
+	_, kept := st.workers[catalog.WorkerKey{Key: s.key, ID: 1}]
 	st.mu.RUnlock()
 	if kept || !slices.Equal(ranksOf(), []indexer.WorkerRank{rk(2, 1)}) {
 		t.Errorf("after worker 1 left: kept %v, ranks %v", kept, ranksOf())
@@ -839,29 +669,29 @@ func TestScrapeFollowsCatalog(t *testing.T) {
 	if em := s.engineMetrics(1); em != nil {
 		t.Errorf("worker 1 registered again: engine_metrics %+v", em)
 	}
-	s.checkViews()
+	s.checkScrapes()
 }
 
 // TestScraperRun: Run scrapes each interval until its context ends,
 // picking up workers as they come.
 func TestScraperRun(t *testing.T) {
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{})
-	p.set("/a/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(1, 1, 0.5, 64)})})
+	s := newRig(t, testBS, nil)
+	p.set("/a/metrics", pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(1, 1, 0.5, 64)})})
 	s.putWorker(1, p.endpoint("/a"), 0, 1)
 	for _, tt := range []struct {
 		interval time.Duration
 		err      error
-	}{{0, nil}, {-time.Second, ErrInvalid}} {
-		sc := NewScraper(s.cat, ScrapeOptions{Interval: tt.interval, Logger: quiet}, nil)
+	}{{0, nil}, {-time.Second, scheduler.ErrInvalid}} {
+		sc := New(s.cat, Options{Interval: tt.interval, Logger: quiet}, nil)
 		if err := sc.Run(t.Context()); !errors.Is(err, tt.err) || (tt.err == nil && err != nil) {
 			t.Errorf("interval %v: Run = %v, want %v", tt.interval, err, tt.err)
 		}
+		if em := viewOf(sc.Worker(catalog.WorkerKey{Key: s.key, ID: 1})); em != nil {
+			t.Fatalf("scraped without a positive interval: %+v", em)
+		}
 	}
-	if em := s.engineMetrics(1); em != nil {
-		t.Fatalf("scraped without a positive interval: %+v", em)
-	}
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: 5 * time.Millisecond, Timeout: 5 * time.Second}, s.rig)
+	sc := s.newScraper(t, Options{Interval: 5 * time.Millisecond, Timeout: 5 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- sc.Run(ctx) }()
@@ -872,9 +702,9 @@ func TestScraperRun(t *testing.T) {
 	must(t, err)
 	n := testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess))
 	poll.Until(t, "two more scrapes", func() bool { return testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess)) >= n+2 })
-	s.cat.scrape.mu.RLock()
-	_, kept := s.cat.scrape.workers[WorkerKey{Key: s.key, ID: 1}]
-	s.cat.scrape.mu.RUnlock()
+	sc.st.mu.RLock()
+	_, kept := sc.st.workers[catalog.WorkerKey{Key: s.key, ID: 1}]
+	sc.st.mu.RUnlock()
 	if kept {
 		t.Error("worker 1 unregistered, but its scrape is kept")
 	}
@@ -889,22 +719,22 @@ func TestScraperRun(t *testing.T) {
 // lock order: a deadlock hangs the test).
 func TestScrapeWhileSelecting(t *testing.T) {
 	p := newPages(t)
-	s := newSelRig(t, testBS, rigOptions{})
-	p.set("/a/metrics", pageAnswer{body: vllmPage("m", map[string]EngineLoad{"0": engLoad(2, 1, 0.5, 64), "1": engLoad(0, 1, 0.25, 64)})})
+	s := newRig(t, testBS, nil)
+	p.set("/a/metrics", pageAnswer{body: vllmPage("m", map[string]scheduler.EngineLoad{"0": engLoad(2, 1, 0.5, 64), "1": engLoad(0, 1, 0.25, 64)})})
 	for id := uint64(1); id <= 4; id++ {
 		s.putWorker(id, p.endpoint("/a"), 0, 2)
 	}
-	sc := newScraper(t, s.cat, ScrapeOptions{Interval: time.Millisecond, Timeout: 5 * time.Second}, s.rig)
+	sc := s.newScraper(t, Options{Interval: time.Millisecond, Timeout: 5 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- sc.Run(ctx) }()
 	poll.Until(t, "a scrape", func() bool { return testutil.ToFloat64(sc.m.scrapes.WithLabelValues(outcomeSuccess)) > 0 })
-	sch := s.scheduler(1, CostOptions{MetricsWeight: 1})
+	sch := s.scheduler(1, scheduler.CostOptions{MetricsWeight: 1})
 	var wg sync.WaitGroup
 	for g := range 3 {
 		wg.Go(func() {
 			for i := range 300 {
-				req := SelectRequest{Key: s.key, Local: promptOf(i%3, 6), Reserve: true, ReservationID: fmt.Sprint(g, "-", i)}
+				req := scheduler.SelectRequest{Key: s.key, Local: promptOf(i%3, 6), Reserve: true, ReservationID: fmt.Sprint(g, "-", i)}
 				if g == 0 {
 					req.Temperature = ptrTo(1.0)
 				}
@@ -912,13 +742,13 @@ func TestScrapeWhileSelecting(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if _, err := s.cat.Loads().Free(s.key, req.ReservationID); err != nil {
+				if _, err := s.loads.Free(s.key, req.ReservationID); err != nil {
 					t.Error(err)
 					return
 				}
 				for _, w := range s.cat.Workers("", "") { // reads every worker's scrape
-					if w.Scrape != nil && w.Scrape.Fresh && w.Scrape.LastError != "" {
-						t.Errorf("worker %d: fresh with error %q", w.ID, w.Scrape.LastError)
+					if ws := sc.Worker(w.WorkerKey); ws != nil && ws.Fresh && ws.LastError != "" {
+						t.Errorf("worker %d: fresh with error %q", w.ID, ws.LastError)
 					}
 				}
 			}
@@ -926,7 +756,7 @@ func TestScrapeWhileSelecting(t *testing.T) {
 	}
 	wg.Go(func() {
 		for i := range 100 {
-			if err := s.cat.PutWorker(WorkerSpec{WorkerKey: WorkerKey{Key: s.key, ID: 5}, BlockSize: s.bs, Endpoint: p.endpoint("/a"),
+			if err := s.cat.PutWorker(catalog.WorkerSpec{WorkerKey: catalog.WorkerKey{Key: s.key, ID: 5}, BlockSize: s.bs, Endpoint: p.endpoint("/a"),
 				DPStart: uint32(i % 2), DPSize: 1}); err != nil {
 				t.Error(err)
 				return

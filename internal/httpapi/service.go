@@ -1,4 +1,4 @@
-package scheduler
+package httpapi
 
 import (
 	"bytes"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/scheduler"
+	"github.com/kvgate/kvgate/scheduler/catalog"
 )
 
 // This file serves the slot tracker's lifecycle and load routes (seed 002)
@@ -23,20 +25,11 @@ import (
 // (docs/http-api.md). A reservation is a booking in the loads under
 // its reservation id, as a slot tracker request is under its request id.
 
-// Service serves the slot tracker and selection service routes.
-type Service struct {
-	cat   *Catalog
-	sched *Scheduler
-}
-
-// NewService returns the routes over cat and sched, whose loads hold the
-// bookings.
-func NewService(cat *Catalog, sched *Scheduler) *Service {
-	return &Service{cat: cat, sched: sched}
-}
-
-// Routes returns the slot tracker and selection service routes.
-func (s *Service) Routes() []admin.Route {
+// ServiceRoutes returns the slot tracker and selection service routes over
+// the workers of cat, the scheduler sched, whose loads hold the bookings,
+// and the indexes of set.
+func ServiceRoutes(cat *catalog.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
+	s := &service{cat: cat, sched: sched, set: set}
 	return []admin.Route{
 		{Pattern: "POST /add", Handler: serve(admin.Decode, s.add), Mutates: true},
 		{Pattern: "POST /prefill_complete", Handler: serve(admin.Decode, s.prefillComplete), Mutates: true},
@@ -56,7 +49,20 @@ func (s *Service) Routes() []admin.Route {
 	}
 }
 
-func (s *Service) loads() *Loads { return s.sched.loads }
+// service serves the slot tracker and selection service routes.
+type service struct {
+	cat   *catalog.Catalog
+	sched *scheduler.Scheduler
+	set   *indexer.Set
+}
+
+func (s *service) loads() *scheduler.Loads { return s.sched.Loads() }
+
+// known reports whether the loads know key.
+func (s *service) known(key indexer.Key) bool {
+	_, ok := s.loads().BlockSize(key)
+	return ok
+}
 
 // serve decodes a request's body into a new T and answers with what f
 // returns: a status and a value to encode, or an error.
@@ -201,7 +207,7 @@ type addRequest struct {
 	NewISLTokens   *int64          `json:"new_isl_tokens"`
 }
 
-func (s *Service) add(_ *http.Request, req *addRequest) (int, any, error) {
+func (s *service) add(_ *http.Request, req *addRequest) (int, any, error) {
 	key, id, err := req.target()
 	if err != nil {
 		return 0, nil, err
@@ -216,13 +222,13 @@ func (s *Service) add(_ *http.Request, req *addRequest) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return done(http.StatusCreated, s.loads().Add(key, Booking{
+	return done(http.StatusCreated, s.loads().Add(key, scheduler.Booking{
 		ID: id, Worker: indexer.WorkerRank{Worker: *req.WorkerID, Rank: deref(req.DPRank)},
 		Hashes: u64s(*req.SequenceHashes), PrefillTokens: prefill,
 	}))
 }
 
-func (s *Service) prefillComplete(_ *http.Request, req *lifecycleRequest) (int, any, error) {
+func (s *service) prefillComplete(_ *http.Request, req *lifecycleRequest) (int, any, error) {
 	key, id, err := req.target()
 	if err != nil {
 		return 0, nil, err
@@ -230,7 +236,7 @@ func (s *Service) prefillComplete(_ *http.Request, req *lifecycleRequest) (int, 
 	return done(http.StatusOK, s.loads().PrefillComplete(key, id))
 }
 
-func (s *Service) free(_ *http.Request, req *lifecycleRequest) (int, any, error) {
+func (s *service) free(_ *http.Request, req *lifecycleRequest) (int, any, error) {
 	key, id, err := req.target()
 	if err != nil {
 		return 0, nil, err
@@ -250,7 +256,7 @@ type loadView struct {
 	ActiveDecodeBlocks  float64 `json:"active_decode_blocks"`
 }
 
-func (s *Service) handleLoads(w http.ResponseWriter, r *http.Request) {
+func (s *service) handleLoads(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	snap := s.loads().Snapshot(q.Get("model_name"), q.Get("tenant_id"))
 	out := make([]loadView, len(snap))
@@ -279,7 +285,7 @@ type potentialView struct {
 // prefill is new_isl_tokens (the slot tracker's form) or, with isl_tokens
 // instead (the selection service's), isl_tokens less the rank's cached
 // prefix, credited as the scheduler credits it.
-func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, any, error) {
+func (s *service) potentialLoads(_ *http.Request, req *potentialRequest) (int, any, error) {
 	key, err := req.key(nil, true)
 	if err != nil {
 		return 0, nil, err
@@ -306,23 +312,16 @@ func (s *Service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	if err != nil {
 		return 0, nil, err
 	}
-	pots, err := s.loads().Potentials(key, seq, newISL)
+	var credit *int64
+	if req.NewISLTokens == nil && req.ISLTokens != nil {
+		credit = &isl
+	}
+	pots, err := s.sched.Potentials(key, seq, newISL, credit)
 	if err != nil {
 		return 0, nil, err
 	}
-	slices.SortFunc(pots, func(a, b Potential) int { return cmpRank(a.Worker, b.Worker) })
-	credit := req.NewISLTokens == nil && req.ISLTokens != nil
-	var cached map[indexer.WorkerRank]indexer.Overlap
-	bs := 1
-	if ix := s.sched.set.Lookup(key); credit && ix != nil {
-		bs, cached = ix.BlockSize(), overlapsByRank(nil, ix.Match(seq, nil))
-	}
 	out := make([]potentialView, len(pots))
 	for i, p := range pots {
-		if credit {
-			ov := cached[p.Worker]
-			p.PrefillTokens += s.sched.opts.uncached(&ov, isl, bs)
-		}
 		out[i] = potentialView{p.Worker.Worker, p.Worker.Rank, p.PrefillTokens, p.DecodeBlocks}
 	}
 	return http.StatusOK, out, nil
@@ -357,7 +356,7 @@ func events(m map[string]string) (map[uint32]string, error) {
 	return out, nil
 }
 
-func (s *Service) putWorker(_ *http.Request, req *workerRequest) (int, any, error) {
+func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, error) {
 	id, err := req.id()
 	if err != nil {
 		return 0, nil, err
@@ -372,9 +371,9 @@ func (s *Service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 	if req.Endpoint == nil {
 		return 0, nil, badRequest("endpoint is required (where the worker's requests go: http URL or host:port)")
 	}
-	spec := WorkerSpec{
-		WorkerKey: WorkerKey{key, id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
-		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: SourceAPI,
+	spec := catalog.WorkerSpec{
+		WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
+		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: catalog.SourceAPI,
 	}
 	if req.DPSize != nil {
 		spec.DPSize = *req.DPSize
@@ -393,16 +392,16 @@ func (s *Service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 }
 
 // pathWorker returns the worker named by the path and the scope.
-func pathWorker(r *http.Request, sc scope) (WorkerKey, error) {
+func pathWorker(r *http.Request, sc scope) (catalog.WorkerKey, error) {
 	id, err := strconv.ParseUint(r.PathValue("worker_id"), 10, 64)
 	if err != nil {
-		return WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
+		return catalog.WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
 	}
 	key, err := sc.key(r.URL.Query(), true)
-	return WorkerKey{key, id}, err
+	return catalog.WorkerKey{Key: key, ID: id}, err
 }
 
-func (s *Service) patchWorker(r *http.Request, req *workerRequest) (int, any, error) {
+func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, error) {
 	wk, err := pathWorker(r, scope{req.ModelName, req.TenantID})
 	if err != nil {
 		return 0, nil, err
@@ -410,7 +409,7 @@ func (s *Service) patchWorker(r *http.Request, req *workerRequest) (int, any, er
 	if body, err := req.id(); err == nil && body != wk.ID {
 		return 0, nil, badRequest("worker_id %d in the body is not the path's %d", body, wk.ID)
 	}
-	p := WorkerPatch{WorkerKey: wk, BlockSize: req.BlockSize, Endpoint: req.Endpoint,
+	p := catalog.WorkerPatch{WorkerKey: wk, BlockSize: req.BlockSize, Endpoint: req.Endpoint,
 		DPStart: req.DPStart, DPSize: req.DPSize, Replay: req.ReplayEndpoint}
 	if req.KVEventsEndpoints != nil {
 		if p.Events, err = events(*req.KVEventsEndpoints); err != nil {
@@ -420,7 +419,7 @@ func (s *Service) patchWorker(r *http.Request, req *workerRequest) (int, any, er
 	return done(http.StatusOK, s.cat.PatchWorker(p))
 }
 
-func (s *Service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
+func (s *service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
 	wk, err := pathWorker(r, *req)
 	if err != nil {
 		return 0, nil, err
@@ -480,16 +479,16 @@ type selectResponse struct {
 }
 
 // choose answers /select and, with reserve, /select_and_reserve.
-func (s *Service) choose(reserve bool) func(*http.Request, *selectRequest) (int, any, error) {
+func (s *service) choose(reserve bool) func(*http.Request, *selectRequest) (int, any, error) {
 	return func(_ *http.Request, req *selectRequest) (int, any, error) { return s.selection(req, reserve) }
 }
 
-func (s *Service) selection(req *selectRequest, reserve bool) (int, any, error) {
+func (s *service) selection(req *selectRequest, reserve bool) (int, any, error) {
 	key, err := req.key(nil, true)
 	if err != nil {
 		return 0, nil, err
 	}
-	sr := SelectRequest{Key: key, Reserve: reserve, ReservationID: deref(req.ReservationID)}
+	sr := scheduler.SelectRequest{Key: key, Reserve: reserve, ReservationID: deref(req.ReservationID)}
 	if req.BlockHashes == nil {
 		return 0, nil, badRequest("block_hashes is required")
 	}
@@ -534,7 +533,7 @@ func (s *Service) selection(req *selectRequest, reserve bool) (int, any, error) 
 // candidates returns the worker ids a selection is restricted to (nil: any),
 // keeping only the registered ones; none is ErrUnavailable (or ErrNotFound
 // for an unknown model and tenant, as Select answers).
-func (s *Service) candidates(key indexer.Key, req *selectRequest) ([]uint64, error) {
+func (s *service) candidates(key indexer.Key, req *selectRequest) ([]uint64, error) {
 	var ids *[]uint64
 	for _, l := range []*[]uint64{req.WorkerIDs, req.Candidates, req.AllowedWorkerIDs} {
 		if l != nil && ids != nil {
@@ -557,10 +556,10 @@ func (s *Service) candidates(key indexer.Key, req *selectRequest) ([]uint64, err
 	switch {
 	case len(known) > 0:
 		return known, nil
-	case s.sched.set.Lookup(key) == nil || s.loads().tracker(key) == nil:
-		return nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+	case s.set.Lookup(key) == nil || !s.known(key):
+		return nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
 	}
-	return nil, fmt.Errorf("%w: none of worker ids %v is registered for model_name %q tenant_id %q", ErrUnavailable, *ids, key.Model, key.Tenant)
+	return nil, fmt.Errorf("%w: none of worker ids %v is registered for model_name %q tenant_id %q", scheduler.ErrUnavailable, *ids, key.Model, key.Tenant)
 }
 
 // --- Reservations (seed 003) ---
@@ -589,7 +588,7 @@ type reservationResponse struct {
 
 // reserve books a selection made earlier: prefill is the given
 // effective_prefill_tokens, else isl_tokens (default: the prompt's blocks).
-func (s *Service) reserve(_ *http.Request, req *reservationRequest) (int, any, error) {
+func (s *service) reserve(_ *http.Request, req *reservationRequest) (int, any, error) {
 	key, err := req.key(nil, true)
 	if err != nil {
 		return 0, nil, err
@@ -615,9 +614,9 @@ func (s *Service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 		return 0, nil, err
 	}
 	if req.ISLTokens == nil {
-		ix := s.sched.set.Lookup(key)
+		ix := s.set.Lookup(key)
 		if ix == nil {
-			return 0, nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+			return 0, nil, fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
 		}
 		isl = int64(len(seq) * ix.BlockSize())
 	}
@@ -631,12 +630,12 @@ func (s *Service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 		}
 	}
 	wr := indexer.WorkerRank{Worker: *req.WorkerID, Rank: deref(req.DPRank)}
-	if err := s.loads().Add(key, Booking{ID: id, Worker: wr, Hashes: seq, PrefillTokens: prefill}); err != nil {
+	if err := s.loads().Add(key, scheduler.Booking{ID: id, Worker: wr, Hashes: seq, PrefillTokens: prefill}); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusCreated, reservationResponse{
 		Status: "ok", ReservationID: id, ModelName: key.Model, TenantID: key.Tenant,
-		WorkerID: wr.Worker, DPRank: wr.Rank, Endpoint: s.cat.endpoint(WorkerKey{key, wr.Worker}),
+		WorkerID: wr.Worker, DPRank: wr.Rank, Endpoint: s.cat.Endpoint(catalog.WorkerKey{Key: key, ID: wr.Worker}),
 	}, nil
 }
 
@@ -653,7 +652,7 @@ func reservation(r *http.Request, req *reservationBody) (indexer.Key, string, er
 	return key, r.PathValue("id"), err
 }
 
-func (s *Service) reservationPrefillComplete(r *http.Request, req *reservationBody) (int, any, error) {
+func (s *service) reservationPrefillComplete(r *http.Request, req *reservationBody) (int, any, error) {
 	key, id, err := reservation(r, req)
 	if err != nil {
 		return 0, nil, err
@@ -661,7 +660,7 @@ func (s *Service) reservationPrefillComplete(r *http.Request, req *reservationBo
 	return done(http.StatusOK, s.loads().PrefillComplete(key, id))
 }
 
-func (s *Service) reservationOutputBlock(r *http.Request, req *reservationBody) (int, any, error) {
+func (s *service) reservationOutputBlock(r *http.Request, req *reservationBody) (int, any, error) {
 	key, id, err := reservation(r, req)
 	if err != nil {
 		return 0, nil, err
@@ -669,7 +668,7 @@ func (s *Service) reservationOutputBlock(r *http.Request, req *reservationBody) 
 	return done(http.StatusOK, s.loads().OutputBlock(key, id, deref(req.DecayFraction)))
 }
 
-func (s *Service) reservationFree(r *http.Request, req *reservationBody) (int, any, error) {
+func (s *service) reservationFree(r *http.Request, req *reservationBody) (int, any, error) {
 	key, id, err := reservation(r, req)
 	if err != nil {
 		return 0, nil, err
@@ -695,7 +694,7 @@ type overlapRow struct {
 
 // overlapScores answers every rank's cached prefix of the prompt, per tier,
 // in tokens, for the ranks holding at least its first block.
-func (s *Service) overlapScores(_ *http.Request, req *overlapRequest) (int, any, error) {
+func (s *service) overlapScores(_ *http.Request, req *overlapRequest) (int, any, error) {
 	key, err := req.key(nil, true)
 	if err != nil {
 		return 0, nil, err
@@ -703,9 +702,9 @@ func (s *Service) overlapScores(_ *http.Request, req *overlapRequest) (int, any,
 	if req.BlockHashes == nil && req.TokenIDs == nil {
 		return 0, nil, badRequest("block_hashes (or token_ids) is required")
 	}
-	ix := s.sched.set.Lookup(key)
+	ix := s.set.Lookup(key)
 	if ix == nil {
-		return 0, nil, fmt.Errorf("%w: no index for model_name %q tenant_id %q", ErrNotFound, key.Model, key.Tenant)
+		return 0, nil, fmt.Errorf("%w: no index for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
 	}
 	var ovs []indexer.Overlap
 	if req.BlockHashes != nil {
@@ -713,7 +712,9 @@ func (s *Service) overlapScores(_ *http.Request, req *overlapRequest) (int, any,
 	} else {
 		ovs = ix.MatchTokens(*req.TokenIDs, deref(req.LoRAName), nil)
 	}
-	slices.SortFunc(ovs, func(a, b indexer.Overlap) int { return cmpRank(a.Worker, b.Worker) })
+	slices.SortFunc(ovs, func(a, b indexer.Overlap) int {
+		return cmp.Or(cmp.Compare(a.Worker.Worker, b.Worker.Worker), cmp.Compare(a.Worker.Rank, b.Worker.Rank))
+	})
 	rows := make([]overlapRow, len(ovs))
 	for i, o := range ovs {
 		rows[i] = overlapRow{o.Worker.Worker, o.Worker.Rank, tiersOf(o, ix.BlockSize())}
