@@ -9,13 +9,13 @@
 package replica
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -26,8 +26,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
+	"github.com/kvgate/kvgate/internal/msgpack"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/scheduler"
@@ -438,10 +438,7 @@ func (r *Replica) publish(ev scheduler.Lifecycle) {
 		msg.WorkerID, msg.DPRank, msg.Hashes, msg.PrefillTokens = b.Worker.Worker, b.Worker.Rank, b.Hashes, b.PrefillTokens
 		msg.BlockSize, _ = r.loads.BlockSize(ev.Key)
 	}
-	payload, err := msgpack.Marshal(&msg)
-	if err == nil {
-		err = r.pub.SendMulti(zmq4.NewMsgFrom([]byte(syncTopic), payload))
-	}
+	err := r.pub.SendMulti(zmq4.NewMsgFrom([]byte(syncTopic), msg.append(nil)))
 	if err != nil {
 		r.m.dropped.WithLabelValues(replicaDropSendError).Inc()
 		r.log.Debug("replica sync: publish failed", "kind", kind, "request_id", ev.Booking.ID, "err", err)
@@ -450,18 +447,158 @@ func (r *Replica) publish(ev scheduler.Lifecycle) {
 	r.m.published.WithLabelValues(kind).Inc()
 }
 
-// replicaMessage is the msgpack payload of a replica sync message.
+// replicaMessage is the msgpack payload of a replica sync message: a map
+// with these keys, the ones after request_id only when not zero.
 type replicaMessage struct {
-	ReplicaID     uint64   `msgpack:"replica_id"`
-	Kind          string   `msgpack:"kind"`
-	Model         string   `msgpack:"model"`
-	Tenant        string   `msgpack:"tenant"`
-	RequestID     string   `msgpack:"request_id"`
-	WorkerID      uint64   `msgpack:"worker_id,omitempty"`
-	DPRank        uint32   `msgpack:"dp_rank,omitempty"`
-	BlockSize     int      `msgpack:"block_size,omitempty"`
-	Hashes        []uint64 `msgpack:"hashes,omitempty"`
-	PrefillTokens int64    `msgpack:"prefill_tokens,omitempty"`
+	ReplicaID     uint64   // replica_id
+	Kind          string   // kind
+	Model         string   // model
+	Tenant        string   // tenant
+	RequestID     string   // request_id
+	WorkerID      uint64   // worker_id
+	DPRank        uint32   // dp_rank
+	BlockSize     int      // block_size
+	Hashes        []uint64 // hashes
+	PrefillTokens int64    // prefill_tokens
+}
+
+// append appends the message's msgpack encoding to b.
+func (m *replicaMessage) append(b []byte) []byte {
+	n := 5
+	for _, set := range []bool{m.WorkerID != 0, m.DPRank != 0, m.BlockSize != 0, len(m.Hashes) > 0, m.PrefillTokens != 0} {
+		if set {
+			n++
+		}
+	}
+	b = msgpack.AppendMapHeader(b, n)
+	b = msgpack.AppendUint(msgpack.AppendString(b, "replica_id"), m.ReplicaID)
+	b = msgpack.AppendString(msgpack.AppendString(b, "kind"), m.Kind)
+	b = msgpack.AppendString(msgpack.AppendString(b, "model"), m.Model)
+	b = msgpack.AppendString(msgpack.AppendString(b, "tenant"), m.Tenant)
+	b = msgpack.AppendString(msgpack.AppendString(b, "request_id"), m.RequestID)
+	if m.WorkerID != 0 {
+		b = msgpack.AppendUint(msgpack.AppendString(b, "worker_id"), m.WorkerID)
+	}
+	if m.DPRank != 0 {
+		b = msgpack.AppendUint(msgpack.AppendString(b, "dp_rank"), uint64(m.DPRank))
+	}
+	if m.BlockSize != 0 {
+		b = msgpack.AppendInt(msgpack.AppendString(b, "block_size"), int64(m.BlockSize))
+	}
+	if len(m.Hashes) > 0 {
+		b = msgpack.AppendArrayHeader(msgpack.AppendString(b, "hashes"), len(m.Hashes))
+		for _, h := range m.Hashes {
+			b = msgpack.AppendUint(b, h)
+		}
+	}
+	if m.PrefillTokens != 0 {
+		b = msgpack.AppendInt(msgpack.AppendString(b, "prefill_tokens"), m.PrefillTokens)
+	}
+	return b
+}
+
+// decode reads a message from payload: unknown keys are skipped, nil reads
+// as zero, and a number out of its field's range is an error.
+func (m *replicaMessage) decode(payload []byte) error {
+	r := msgpack.NewReader(payload)
+	n, err := r.MapLen()
+	if err != nil {
+		return err
+	}
+	for range n {
+		if r.Peek() != msgpack.Str {
+			return r.TypeError("string key")
+		}
+		k, err := r.Raw()
+		if err != nil {
+			return err
+		}
+		var u uint64
+		switch key := string(k); key {
+		case "replica_id":
+			m.ReplicaID, err = replicaUint(&r, key, math.MaxUint64)
+		case "kind":
+			m.Kind, err = replicaString(&r, key)
+		case "model":
+			m.Model, err = replicaString(&r, key)
+		case "tenant":
+			m.Tenant, err = replicaString(&r, key)
+		case "request_id":
+			m.RequestID, err = replicaString(&r, key)
+		case "worker_id":
+			m.WorkerID, err = replicaUint(&r, key, math.MaxUint64)
+		case "dp_rank":
+			u, err = replicaUint(&r, key, math.MaxUint32)
+			m.DPRank = uint32(u)
+		case "block_size":
+			u, err = replicaUint(&r, key, math.MaxInt32)
+			m.BlockSize = int(u)
+		case "prefill_tokens":
+			var big bool
+			m.PrefillTokens, big, err = replicaInt(&r)
+			if big {
+				err = fmt.Errorf("prefill_tokens %d is out of range", uint64(m.PrefillTokens))
+			}
+		case "hashes":
+			m.Hashes, err = replicaHashes(&r)
+		default:
+			err = r.Skip()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", k, err)
+		}
+	}
+	if !r.Done() {
+		return fmt.Errorf("%d bytes after the message", r.Len())
+	}
+	return nil
+}
+
+func replicaString(r *msgpack.Reader, key string) (string, error) {
+	if r.Nil() {
+		return "", nil
+	}
+	if t := r.Peek(); t != msgpack.Str && t != msgpack.Bin {
+		return "", r.TypeError("string")
+	}
+	p, err := r.Raw()
+	return string(p), err
+}
+
+// replicaInt reads an integer or nil (0); see msgpack.Reader.Int for big.
+func replicaInt(r *msgpack.Reader) (v int64, big bool, err error) {
+	if r.Nil() {
+		return 0, false, nil
+	}
+	return r.Int()
+}
+
+func replicaUint(r *msgpack.Reader, key string, limit uint64) (uint64, error) {
+	v, big, err := replicaInt(r)
+	switch {
+	case err != nil:
+		return 0, err
+	case !big && v < 0 || uint64(v) > limit:
+		return 0, fmt.Errorf("%s %d is out of range", key, v)
+	}
+	return uint64(v), nil
+}
+
+func replicaHashes(r *msgpack.Reader) ([]uint64, error) {
+	if r.Nil() {
+		return nil, nil
+	}
+	n, err := r.ArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	hs := make([]uint64, n)
+	for i := range hs {
+		if hs[i], err = r.Uint64Bits(); err != nil {
+			return nil, err
+		}
+	}
+	return hs, nil
 }
 
 // decodeReplicaMessage parses the frames of one message into an event and
@@ -471,12 +608,8 @@ func decodeReplicaMessage(frames [][]byte) (scheduler.Lifecycle, replicaMessage,
 	if len(frames) != 2 || string(frames[0]) != syncTopic {
 		return scheduler.Lifecycle{}, m, fmt.Errorf("want 2 frames [%s, payload], got %d", syncTopic, len(frames))
 	}
-	rd := bytes.NewReader(frames[1])
-	if err := msgpack.NewDecoder(rd).Decode(&m); err != nil {
+	if err := m.decode(frames[1]); err != nil {
 		return scheduler.Lifecycle{}, m, fmt.Errorf("payload: %w", err)
-	}
-	if rd.Len() != 0 {
-		return scheduler.Lifecycle{}, m, fmt.Errorf("payload: %d bytes after the message", rd.Len())
 	}
 	ev := scheduler.Lifecycle{Key: indexer.Key{Model: m.Model, Tenant: m.Tenant}, Booking: scheduler.Booking{ID: m.RequestID}}
 	for k, name := range replicaKinds {
