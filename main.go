@@ -191,7 +191,6 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	ingest := kvevents.NewIngester(indexes, kvevents.IngestOptions{Logger: logger, Metrics: kvevents.NewMetrics(reg)})
 	defer ingest.Close() // before indexes.Close: listeners stop submitting first
 	cat := catalog.New(indexes, listeners.New(ingest), reg, catalog.Options{Logger: logger, MinInitialWorkers: cfg.MinInitialWorkers})
-	indexAPI := httpapi.NewIndex(indexes, peers, reg)
 
 	// Scheduling: the loads, following the catalog's workers, the
 	// scheduler over them and the index, the slot tracker and selection
@@ -237,7 +236,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}()
 		replicaRoutes = httpapi.ReplicaRoutes(rsync)
 	}
-	srv.Handle(adminRoutes(reg, logger, indexAPI, httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, httpapi.IndexRoutes(indexes, peers, reg), httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
 		err := cat.RegisterRank(catalog.RankRegistration{
@@ -404,13 +403,12 @@ func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTi
 }
 
 // adminRoutes is the admin listener's route table: the process's own
-// routes, the index's, then the scheduling ones: the catalog's, the slot
-// tracker and selection service's, and replica sync's (on or off). The
+// routes, then each API's in order (the index's, the catalog's, the slot
+// tracker and selection service's, replica sync's, on or off). The
 // routes marked Mutates are the ones --admin-token guards.
-func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, index *httpapi.Index, scheduling ...[]admin.Route) []admin.Route {
+func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, apis ...[]admin.Route) []admin.Route {
 	routes := processRoutes(reg, logger)
-	routes = append(routes, index.Routes()...)
-	for _, rs := range scheduling {
+	for _, rs := range apis {
 		routes = append(routes, rs...)
 	}
 	return routes

@@ -840,7 +840,7 @@ func adminRouteTable(t *testing.T) []admin.Route {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.NewIndex(set, peers, nil),
+	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.IndexRoutes(set, peers, nil),
 		httpapi.WorkerRoutes(cat, nil), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
 }
 

@@ -16,17 +16,18 @@ import (
 // This file serves the index's overlap queries: Dynamo's standalone
 // indexer and Mooncake's conductor (docs/http-api.md).
 
-// Index serves the index routes over a Set.
-type Index struct {
+// indexAPI serves the index routes over a Set.
+type indexAPI struct {
 	set   *indexer.Set
 	peers *Peers
 	match *prometheus.HistogramVec
 }
 
-// NewIndex returns the index routes over set and peers. reg, if not nil,
-// receives the query latency histogram and the index size gauges.
-func NewIndex(set *indexer.Set, peers *Peers, reg prometheus.Registerer) *Index {
-	a := &Index{
+// IndexRoutes returns the routes of the index over set and peers: Dynamo's
+// and Mooncake's overlap queries, the dump and the peer list. reg, if not
+// nil, receives the query latency histogram and the index size gauges.
+func IndexRoutes(set *indexer.Set, peers *Peers, reg prometheus.Registerer) []admin.Route {
+	a := &indexAPI{
 		set:   set,
 		peers: peers,
 		match: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -38,11 +39,6 @@ func NewIndex(set *indexer.Set, peers *Peers, reg prometheus.Registerer) *Index 
 	if reg != nil {
 		reg.MustRegister(a.match, sizeCollector{set})
 	}
-	return a
-}
-
-// Routes returns the index routes.
-func (a *Index) Routes() []admin.Route {
 	return []admin.Route{
 		{Pattern: "POST /query", Handler: a.query(false, false)},
 		{Pattern: "POST /query_by_hash", Handler: a.query(true, false)},
@@ -131,7 +127,7 @@ func parseQuery(req queryRequest, byHash, conductor bool) (overlapQuery, error) 
 	return q, nil
 }
 
-func (a *Index) query(byHash, conductor bool) http.HandlerFunc {
+func (a *indexAPI) query(byHash, conductor bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req queryRequest
 		if err := admin.Decode(r, &req); err != nil {
@@ -173,7 +169,7 @@ type queryResult struct {
 
 // answer matches q against its index. An unknown (model, tenant) is a 404
 // *admin.Error.
-func (a *Index) answer(q overlapQuery) (queryResult, error) {
+func (a *indexAPI) answer(q overlapQuery) (queryResult, error) {
 	ix := a.set.Lookup(q.Key)
 	if ix == nil {
 		return queryResult{}, admin.Errorf(http.StatusNotFound, "no index for model_name %q tenant_id %q", q.Key.Model, q.Key.Tenant)

@@ -134,7 +134,7 @@ func serveAPI(t testing.TB, set *indexer.Set, maxBody int64) *apiRig {
 	}
 	r := &apiRig{set: set, peers: peers, reg: prometheus.NewRegistry()}
 	srv := admin.New(admin.Options{MaxBody: maxBody})
-	srv.Handle(NewIndex(set, peers, r.reg).Routes()...)
+	srv.Handle(IndexRoutes(set, peers, r.reg)...)
 	ts := httptest.NewServer(srv)
 	t.Cleanup(ts.Close)
 	r.url, r.client = ts.URL, ts.Client()
@@ -669,7 +669,7 @@ func FuzzAPI(f *testing.F) {
 		path := fuzzRoutes[int(route)%len(fuzzRoutes)]
 		peers, _ := NewPeers([]string{peer})
 		srv := admin.New(admin.Options{MaxBody: 1 << 12})
-		srv.Handle(NewIndex(set, peers, nil).Routes()...)
+		srv.Handle(IndexRoutes(set, peers, nil)...)
 		w := httptest.NewRecorder()
 		srv.ServeHTTP(w, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
 

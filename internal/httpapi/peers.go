@@ -20,7 +20,7 @@ import (
 	"github.com/kvgate/kvgate/internal/admin"
 )
 
-func (a *Index) dump(w http.ResponseWriter, _ *http.Request) {
+func (a *indexAPI) dump(w http.ResponseWriter, _ *http.Request) {
 	b, err := indexer.MarshalDump(a.set.Dump())
 	if err != nil {
 		admin.WriteError(w, fmt.Errorf("dump: %w", err))
@@ -49,7 +49,7 @@ func decodePeer(r *http.Request) (string, error) {
 	return u, nil
 }
 
-func (a *Index) registerPeer(w http.ResponseWriter, r *http.Request) {
+func (a *indexAPI) registerPeer(w http.ResponseWriter, r *http.Request) {
 	u, err := decodePeer(r)
 	if err != nil {
 		admin.WriteError(w, err)
@@ -59,7 +59,7 @@ func (a *Index) registerPeer(w http.ResponseWriter, r *http.Request) {
 	admin.OK(w, http.StatusCreated)
 }
 
-func (a *Index) deregisterPeer(w http.ResponseWriter, r *http.Request) {
+func (a *indexAPI) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 	u, err := decodePeer(r)
 	if err != nil {
 		admin.WriteError(w, err)
@@ -72,7 +72,7 @@ func (a *Index) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 	admin.OK(w, http.StatusOK)
 }
 
-func (a *Index) listPeers(w http.ResponseWriter, _ *http.Request) {
+func (a *indexAPI) listPeers(w http.ResponseWriter, _ *http.Request) {
 	admin.WriteJSON(w, http.StatusOK, a.peers.List())
 }
 

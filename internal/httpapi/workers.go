@@ -1,13 +1,8 @@
 package httpapi
 
-// The scheduler's side of the admin APIs (docs/http-api.md), over
-// scheduler/catalog, scheduler (loads and selection), scheduler/scrape and
-// scheduler/replica, each a thin view owning its JSON shapes: workers.go
-// serves the worker catalog's routes (/register, /unregister, /workers,
-// /ready and the listener test hooks) and maps the scheduler's errors to
-// HTTP statuses (httpError); service.go the slot tracker's and the
-// selection service's (loads, workers, selection, reservations, overlap
-// scores); replica.go replica sync's peer routes, on or off.
+// This file serves the worker catalog's routes (/register, /unregister,
+// /workers, /ready and the listener test hooks) and maps the scheduler's
+// errors to HTTP statuses (httpError).
 
 import (
 	"errors"
