@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -197,9 +196,6 @@ func NewShardedIndex(blockSize, n int) *Index {
 // BlockSize returns the number of tokens per block.
 func (ix *Index) BlockSize() int { return ix.blockSize }
 
-// Shards returns the number of shards.
-func (ix *Index) Shards() int { return len(ix.shards) }
-
 // shardFor returns the shard of every rank of worker.
 func (ix *Index) shardFor(worker uint64) *shard {
 	if len(ix.shards) == 1 {
@@ -221,38 +217,6 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 		dst = s.match(seq, dst)
 	}
 	return dst
-}
-
-// MatchPhases is how long one match of one shard of an index spent in
-// each of its phases (see Index.ObservePhases).
-type MatchPhases struct {
-	Wait  time.Duration // entering the view the shard published last (see shard.enter): a match never waits for a writer
-	Start time.Duration // finding the first block and its holders, the candidates
-	Walk  time.Duration // following the candidates along the prompt
-	Emit  time.Duration // appending their Overlaps
-	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-}
-
-// The phases, as indexes of phaseClock's laps.
-const (
-	phaseWait = iota
-	phaseStart
-	phaseWalk
-	phaseEmit
-	nPhases
-)
-
-// ObservePhases makes every later match call f with its phases, once per
-// shard, on the matching goroutine, once it has left the shard's view
-// (nil: stop). It is a measuring instrument for benchmarks: only a
-// binary built with -tags matchphases times matches; others ignore f and
-// ObservePhases reports false.
-func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
-	ok := false
-	for _, s := range ix.shards {
-		ok = s.phases.set(f)
-	}
-	return ok
 }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
@@ -314,9 +278,8 @@ func (ix *Index) Stats() Stats {
 // the copy it reads (enter, leave).
 type shard struct {
 	// What matches read, a cache line from what they write (see
-	// cacheLine): spare and phases, set at construction (and by
-	// ObservePhases), and what writers set once an operation, or as they
-	// give up their core.
+	// cacheLine): spare, set at construction, and what writers set once
+	// an operation, or as they give up their core.
 	//
 	// spare is set where the index has fewer shards than Go uses cores,
 	// so that a core stays free for matches and requests while the
@@ -326,8 +289,6 @@ type shard struct {
 	// then (see relax), so that a match, or a request, does not wait for
 	// a writer's whole event to get a core.
 	spare bool
-	// phases times matches (see Index.ObservePhases).
-	phases phaseHook
 	// views are the two copies of what matches read; front is the one
 	// they read now, which only a writer changes, in its turn. ceded
 	// is set, where the shard has no spare core, while a writer has
@@ -507,13 +468,7 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	ix.publish()
 }
 
-// matchState is the scratch of one match of one shard.
-type matchState struct {
-	rm    runMatch
-	clock phaseClock // times the match (see Index.ObservePhases)
-}
-
-var matchPool = sync.Pool{New: func() any { return new(matchState) }}
+var matchPool = sync.Pool{New: func() any { return new(runMatch) }}
 
 // match appends to dst the Overlaps of the shard's ranks holding seq's
 // first block (see Index.Match), in slot order, as of the view the
@@ -522,11 +477,8 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
-	m := matchPool.Get().(*matchState)
-	m.clock = ix.phases.begin()
-	at := len(dst)
+	m := matchPool.Get().(*runMatch)
 	dst = ix.read(seq, m, dst)
-	m.clock.done(len(dst) - at)
 	matchPool.Put(m)
 	if ix.ceded.Load() && ix.cededMatches.Add(1) >= cedeMatches {
 		// A writer of the shard, which has no spare core, has waited
@@ -540,11 +492,10 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 // read runs m on the view the shard published last: a match that
 // panicked would otherwise be counted as reading it for ever, and keep
 // writers waiting (see publish).
-func (ix *shard) read(seq []uint64, m *matchState, dst []Overlap) []Overlap {
+func (ix *shard) read(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	v, i := ix.enter()
 	defer ix.leave(i)
-	m.clock.lap(phaseWait)
-	return v.match(seq, &m.rm, dst, &m.clock)
+	return v.match(seq, m, dst)
 }
 
 // blockCounts sets, in out, how many engine ids each worker rank holds.

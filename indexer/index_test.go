@@ -628,56 +628,6 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 	}
 }
 
-// TestObservePhases: a binary built with -tags matchphases calls the
-// observer once per shard per match, with the Overlaps each appended, and
-// stops when it is removed; others never call it. make test runs both.
-func TestObservePhases(t *testing.T) {
-	ix := NewShardedIndex(4, 2)
-	a, b := wr(1, 0), wr(2, 0)
-	for _, w := range []WorkerRank{a, b} {
-		if _, err := ix.Apply(stored(w, TierDevice, nil, chain(10, prompt...))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var got []MatchPhases
-	timed := ix.ObservePhases(func(p MatchPhases) { got = append(got, p) })
-	held := ix.MatchTokens(prompt, "", nil)
-	none := ix.MatchTokens([]uint32{9, 9, 9, 9}, "", nil)
-	if len(held) != 2 || len(none) != 0 {
-		t.Fatalf("matches %v, %v", held, none)
-	}
-	if !timed {
-		if len(got) != 0 {
-			t.Fatalf("a binary without -tags matchphases observed %v", got)
-		}
-		return
-	}
-	if len(got) != 2*ix.Shards() {
-		t.Fatalf("%d observations of 2 matches on %d shards: %+v", len(got), ix.Shards(), got)
-	}
-	ranks, took := 0, time.Duration(0)
-	for _, p := range got[:ix.Shards()] {
-		ranks += p.Ranks
-		took += p.Wait + p.Start + p.Walk + p.Emit
-	}
-	if ranks != len(held) {
-		t.Errorf("first match: ranks %d, want %d", ranks, len(held))
-	}
-	if took <= 0 {
-		t.Errorf("first match timed at %v: %+v", took, got[:ix.Shards()])
-	}
-	for _, p := range got[ix.Shards():] {
-		if p.Ranks != 0 || p.Walk != 0 || p.Emit != 0 {
-			t.Errorf("match without candidates: %+v", p)
-		}
-	}
-	ix.ObservePhases(nil)
-	ix.MatchTokens(prompt, "", nil)
-	if len(got) != 2*ix.Shards() {
-		t.Errorf("observed after ObservePhases(nil): %+v", got[2*ix.Shards():])
-	}
-}
-
 // TestSpareCore checks which indexes have a core to spare for matches
 // and requests: those with fewer shards than Go uses cores. The others'
 // writers give up their core now and then (see shard.relax).
@@ -813,9 +763,8 @@ func TestPublishWaitsForReaders(t *testing.T) {
 	sh := ix.shards[0]
 	seq := seqOf("0123")
 	var rm runMatch
-	var clock phaseClock
 	v, i := sh.enter()
-	want := v.match(seq, &rm, nil, &clock)
+	want := v.match(seq, &rm, nil)
 	applied := make(chan error, 1)
 	go func() {
 		_, err := ix.Apply(stored(b, TierDevice, nil, blocksOf("", "01")))
@@ -835,7 +784,7 @@ func TestPublishWaitsForReaders(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	if got := v.match(seq, &rm, nil, &clock); !slices.Equal(got, want) {
+	if got := v.match(seq, &rm, nil); !slices.Equal(got, want) {
 		t.Fatalf("the held view changed: %+v, was %+v", got, want)
 	}
 	sh.leave(i)
@@ -869,7 +818,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"spare", "phases", "views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "held", "warmth"}}
+	groups := [][]string{{"spare", "views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "held", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {

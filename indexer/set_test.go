@@ -159,8 +159,8 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 	s := NewSet(Options{EventThreads: 4, IndexShards: shards, QueueLen: 8})
 	defer s.Close()
 	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
-	if ix.Shards() != shards {
-		t.Fatalf("index of %d shards, want %d", ix.Shards(), shards)
+	if len(ix.shards) != shards {
+		t.Fatalf("index of %d shards, want %d", len(ix.shards), shards)
 	}
 	seq := NewIndex(4)
 
