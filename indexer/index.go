@@ -425,16 +425,12 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	}
 	ix.write.Lock()
 	defer ix.write.Unlock()
-	grown := ix.tree.prepare(ev)
-	ix.warmth += ix.tree.warm(ev, grown.names)
-	res, err := ix.tree.apply(ev, grown)
+	ix.warmth += ix.tree.warm(ev)
+	res, err := ix.tree.apply(ev)
 	ix.held = 0
 	ix.publish()
 	if ev.Kind == Removed || ev.Kind == Cleared {
-		// Shrink the rank's table, if removals emptied it enough.
-		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
-			ix.tree.use(ev.Worker, growth{names: tab})
-		}
+		ix.tree.trim(ev.Worker) // if removals emptied its table enough
 	}
 	if errors.Is(err, ErrUnknownParent) {
 		err = fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)

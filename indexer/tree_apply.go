@@ -126,9 +126,8 @@ func (t *spanTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 // store applies a Stored event (not ByID). Stretches of blocks along one
 // span, under engine ids that name them or nothing yet, and of new
 // blocks, under engine ids the rank does not use, are stored up to
-// maxStretch at a time; other blocks one by one (see storeOne). A rank
-// the event makes takes tab, resizeFor's, as its engine-id table.
-func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
+// maxStretch at a time; other blocks one by one (see storeOne).
+func (t *spanTree) store(ev Event) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
@@ -147,7 +146,6 @@ func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	}
 	if !known {
 		slot = t.rank(ev.Worker)
-		t.ranks[slot].names.tab = tab
 	}
 	names := &t.ranks[slot].names
 	var res ApplyResult
@@ -442,8 +440,8 @@ func (t *spanTree) storeByID(ev Event) ApplyResult {
 	return res
 }
 
-// clear applies a Cleared event of rank wr, whose engine ids are ids: a
-// writer lists them before it changes the tree (see prepare, leaving).
+// clear applies a Cleared event of rank wr, whose engine ids are ids,
+// listed before the tree changes (see clearOrder).
 func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[wr]
@@ -510,19 +508,21 @@ func (t *spanTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 	return out
 }
 
-// apply applies ev, with g, which prepare made for it, put in place
-// first.
-func (t *spanTree) apply(ev Event, g growth) (ApplyResult, error) {
-	t.use(ev.Worker, g)
+// apply applies ev.
+func (t *spanTree) apply(ev Event) (ApplyResult, error) {
 	switch {
 	case ev.Kind == Stored && ev.ByID:
 		return t.storeByID(ev), nil
 	case ev.Kind == Stored:
-		return t.store(ev, g.names)
+		return t.store(ev)
 	case ev.Kind == Removed:
 		return t.remove(ev), nil
 	case ev.Kind == Cleared:
-		return t.clear(ev.Worker, ev.Tier, g.ids), nil
+		slot, ok := t.slotOf[ev.Worker]
+		if !ok {
+			return ApplyResult{}, nil
+		}
+		return t.clear(ev.Worker, ev.Tier, t.clearOrder(slot)), nil
 	}
 	return ApplyResult{}, ErrBadEvent
 }

@@ -320,15 +320,11 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 	check("a removed", ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
 }
 
-// TestPrepareGrowsBeforeApply checks that what prepare builds for an event
-// before it is applied is all the event needs: applying it grows no array of
-// the tree (spans, sets, heads), makes no slab chunk, resizes no rank's
-// engine-id table and makes none for a new rank but prepare's; and that
-// prepare, for a Cleared event, and leaving, for a rank's removal, list
-// the rank's engine ids, last block first, which applying them takes (see
-// TestClearTakesTheIDsGiven), where a copy, a chunk's first writes or a
-// list would lengthen the writers' turn while the event applies.
-func TestPrepareGrowsBeforeApply(t *testing.T) {
+// TestLeavingListsIDsInClearOrder applies events that grow a tree over
+// two slab chunks, evict, copy and clear, and checks that leaving, for a
+// rank's removal, lists the rank's engine ids, last block first, which
+// removeRank takes (see TestClearTakesTheIDsGiven).
+func TestLeavingListsIDsInClearOrder(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	every3 := func(w uint64, from, to int) []uint64 {
 		var hs []uint64
@@ -353,7 +349,10 @@ func TestPrepareGrowsBeforeApply(t *testing.T) {
 	}
 	tr := newSpanTree()
 	for _, e := range events {
-		applyPrepared(t, tr, e.name, e.ev)
+		if _, err := tr.apply(e.ev); err != nil {
+			t.Fatalf("%s: %v", e.name, err)
+		}
+		checkSpanTree(t, tr)
 	}
 	gone := tr.leaving(func(r WorkerRank) bool { return r == c })
 	if len(gone) != 1 || gone[0].wr != c || !inClearOrder(tr, tr.slotOf[c], gone[0].ids) {
@@ -366,90 +365,21 @@ func TestPrepareGrowsBeforeApply(t *testing.T) {
 	}
 }
 
-// TestClearGrowsBeforeApply checks that prepare gives a Cleared event the
-// room its runs need: on a tight tree (no free span ids, no spare
-// capacity), the first run of a's clear splits a span longer than a run,
-// so applying it would grow the spans if prepare had not.
-func TestClearGrowsBeforeApply(t *testing.T) {
-	a, b, c, d := wr(1, 0), wr(2, 0), wr(3, 0), wr(4, 0)
-	tr := newSpanTree()
-	for _, ev := range []Event{
-		stored(a, TierDevice, nil, longChain(1, 0, 40)),
-		stored(b, TierDevice, nil, longChain(2, 0, 40)), // frees spans as it goes
-		stored(c, TierDevice, nil, longChain(3, 0, 5)),  // splits, taking one
-		stored(d, TierDevice, nil, longChain(4, 0, 3)),  // and another
-	} {
-		applyPrepared(t, tr, fmt.Sprintf("%s stores", ev.Worker), ev)
-	}
-	if len(tr.free) != 0 {
-		t.Fatalf("the tree has %d free span ids; the test needs none", len(tr.free))
-	}
-	tr.spans = slices.Clip(tr.spans)
-	ids := len(tr.spans)
-	applyPrepared(t, tr, "a cleared on a tight tree", Event{Kind: Cleared, Worker: a, Tier: AllTiers})
-	if len(tr.spans) == ids {
-		t.Errorf("a's clear made no span: the test no longer checks room for one")
-	}
-	if tr.live != 40 || tr.who[tr.slotOf[a]].blocks != 0 {
-		t.Errorf("after a's clear the tree has %d blocks (want b's 40), a holds %d (want none)", tr.live, tr.who[tr.slotOf[a]].blocks)
-	}
-}
-
-// applyPrepared applies ev to tr as a writer does, prepare and use first,
-// and fails t if applying grew what prepare should have: an array of the
-// tree (spans, sets, heads), the slab's chunks, or a rank's engine-id
-// table; or if prepare listed for a Cleared event other ids than the
-// rank's, last block first.
-func applyPrepared(t *testing.T, tr *spanTree, name string, ev Event) {
-	t.Helper()
-	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
-	g := tr.prepare(ev)
-	tr.use(ev.Worker, g)
-	spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
-	chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
-	slot, known := tr.slotOf[ev.Worker]
-	names := g.names // a new rank's
-	if known {
-		names = tr.ranks[slot].names.tab
-	}
-	if ev.Kind == Cleared {
-		if !inClearOrder(tr, slot, g.ids) {
-			t.Errorf("%s: prepare listed %d engine ids, not the rank's %d, last block first", name, len(g.ids), tr.ranks[slot].names.len())
-		}
-	}
-	if _, err := tr.apply(ev, g); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	checkSpanTree(t, tr)
-	if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
-		t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
-	}
-	if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
-		t.Errorf("%s: applying made %d slab chunks", name, got-chunks)
-	}
-	if tab := tr.ranks[tr.slotOf[ev.Worker]].names.tab; ev.Kind == Stored && !sameArray(tab, names) {
-		t.Errorf("%s: applying made the rank an engine-id table of its own (%d slots), not using the one prepared or there before", name, len(tab))
-	}
-}
-
-// TestClearTakesTheIDsGiven checks that a Cleared event takes the engine
-// ids prepare listed, and only those: it lists none of its own under the
-// lock.
+// TestClearTakesTheIDsGiven checks that clear takes the engine ids it is
+// given (clearOrder's, for a Cleared event), and only those.
 func TestClearTakesTheIDsGiven(t *testing.T) {
 	a := wr(1, 0)
 	tr := newSpanTree()
-	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4)), growth{}); err != nil {
+	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4))); err != nil {
 		t.Fatal(err)
 	}
-	ev := Event{Kind: Cleared, Worker: a, Tier: AllTiers}
-	g := tr.prepare(ev)
-	if !slices.Equal(g.ids, []uint64{1<<40 | 3, 1<<40 | 2, 1<<40 | 1, 1<<40 | 0}) {
-		t.Fatalf("prepare listed %x, want a's ids last block first", g.ids)
+	ids := tr.clearOrder(tr.slotOf[a])
+	if !slices.Equal(ids, []uint64{1<<40 | 3, 1<<40 | 2, 1<<40 | 1, 1<<40 | 0}) {
+		t.Fatalf("clearOrder listed %x, want a's ids last block first", ids)
 	}
-	g.ids = g.ids[:2]
-	res, err := tr.apply(ev, g)
-	if err != nil || res != (ApplyResult{Removed: 2}) {
-		t.Fatalf("clear with two of the ids: %+v, %v; want 2 removed", res, err)
+	res := tr.clear(a, AllTiers, ids[:2])
+	if res != (ApplyResult{Removed: 2}) {
+		t.Fatalf("clear with two of the ids: %+v; want 2 removed", res)
 	}
 	checkSpanTree(t, tr)
 	if got := tr.who[tr.slotOf[a]].blocks; got != 2 {
@@ -586,7 +516,7 @@ func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
 		stored(a, TierDevice, nil, chain(100, 1, 2, 3, 4, 5, 6, 7, 8)),
 		stored(a, TierDevice, nil, append(chain(101, 9, 9, 9, 9)[:1], chain(201, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7)[1:]...)),
 	} {
-		if _, err := tr.apply(ev, tr.prepare(ev)); err != nil {
+		if _, err := tr.apply(ev); err != nil {
 			t.Fatal(err)
 		}
 		checkSpanTree(t, tr)
