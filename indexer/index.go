@@ -150,12 +150,6 @@ func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
 	return int(o.Device) * blockSize, int(o.Host) * blockSize, int(o.Disk) * blockSize
 }
 
-// writeChunk is how many blocks a writer applies, and the step that
-// reaches it, before it gives up its core where the shard has no spare
-// one (see shard.relax), so that a long event or a worker removal keeps
-// no match or request from a core for long.
-const writeChunk = 64
-
 // Index is the KV block index of one (model, tenant): which worker ranks
 // hold which blocks, on which tiers. It is safe for concurrent use: matches
 // run concurrently with each other and with event application. Events of
@@ -180,9 +174,7 @@ type Index struct {
 func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 
 // NewShardedIndex returns an empty index of n shards (at least one) for
-// blocks of blockSize tokens. With as many shards as Go uses cores
-// (GOMAXPROCS, now) or more, writers give up their core now and then
-// (see shard.spare).
+// blocks of blockSize tokens (see shard.spare).
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
 	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
@@ -283,11 +275,7 @@ type shard struct {
 	//
 	// spare is set where the index has fewer shards than Go uses cores,
 	// so that a core stays free for matches and requests while the
-	// writers of every shard run. Where it is not set, the writers of all
-	// shards can keep every core busy, and Go takes a core from a running
-	// goroutine only after 10 ms: writers then give up their core now and
-	// then (see relax), so that a match, or a request, does not wait for
-	// a writer's whole event to get a core.
+	// writers of every shard run (see cede).
 	spare bool
 	// views are the two copies of what matches read; front is the one
 	// they read now, which only a writer changes, in its turn. ceded
@@ -316,9 +304,6 @@ type shard struct {
 	// dumps): writers take turns on it.
 	write sync.Mutex
 	tree  *spanTree
-	// held counts the blocks the writer applied since it last gave up
-	// its core (see relax).
-	held int
 	// warmth sums what spanTree.warm read, so that its loads are kept.
 	warmth uint64
 }
@@ -326,22 +311,8 @@ type shard struct {
 // newShard returns an empty shard.
 func newShard() *shard {
 	ix := &shard{tree: newSpanTree()}
-	ix.tree.yield = ix.relax
 	ix.views[0] = ix.tree.view // its arrays are empty, but the sets'
 	return ix
-}
-
-// relax is called by a writer after each step of an operation (see
-// spanTree.yield), with n the blocks the step applied. Where the shard
-// has no spare core, it gives up its core (runtime.Gosched) every
-// writeChunk blocks, to any goroutine waiting for one.
-func (ix *shard) relax(n int) {
-	if ix.held += n; ix.held >= writeChunk {
-		ix.held = 0
-		if !ix.spare {
-			ix.cede()
-		}
-	}
 }
 
 // cede gives up the writer's core to any goroutine waiting for one
@@ -427,7 +398,6 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	defer ix.write.Unlock()
 	ix.warmth += ix.tree.warm(ev)
 	res, err := ix.tree.apply(ev)
-	ix.held = 0
 	ix.publish()
 	if ev.Kind == Removed || ev.Kind == Cleared {
 		ix.tree.trim(ev.Worker) // if removals emptied its table enough
@@ -460,7 +430,6 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	for _, r := range leaving {
 		ix.tree.removeRank(r.wr, r.ids)
 	}
-	ix.held = 0
 	ix.publish()
 }
 

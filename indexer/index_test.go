@@ -377,9 +377,13 @@ func TestRemoveWorker(t *testing.T) {
 	checkInvariants(t, ix)
 }
 
-func TestLongEventsSpanWriteChunks(t *testing.T) {
+// longEvent is a long event's length in blocks, in the tests: some
+// events are several times as long.
+const longEvent = 64
+
+func TestLongEvents(t *testing.T) {
 	ix := NewIndex(4)
-	tokens := make([]uint32, 4*(3*writeChunk+5))
+	tokens := make([]uint32, 4*(3*longEvent+5))
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}
@@ -654,39 +658,6 @@ func TestSpareCore(t *testing.T) {
 	}
 }
 
-// TestWritersGiveUpTheCPU checks that where the shards are as many as
-// the cores, a writer applying a long event lets a goroutine waiting for
-// a core run before the event ends: with one P and one shard, a goroutine
-// made runnable as the event begins runs before Apply returns.
-func TestWritersGiveUpTheCPU(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	ix := NewIndex(4)
-	w := WorkerRank{Worker: 1}
-	blocks := make([]Block, 4*writeChunk)
-	for i := range blocks {
-		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
-	}
-	var applying, over atomic.Bool
-	ranDuring := make(chan bool, 1)
-	go func() {
-		// Should it run before the event starts (this goroutine
-		// preempted in between), it gives the P back until it has.
-		for !applying.Load() {
-			runtime.Gosched()
-		}
-		ranDuring <- !over.Load()
-	}()
-	applying.Store(true)
-	_, err := ix.Apply(stored(w, TierDevice, nil, blocks))
-	over.Store(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !<-ranDuring {
-		t.Fatal("the other goroutine ran only once the event was applied")
-	}
-}
-
 // within returns what ch gives, failing t if it gives nothing within 30s.
 func within[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
@@ -706,44 +677,39 @@ func matchAsync(ix *Index, seq []uint64) <-chan []Overlap {
 	return ch
 }
 
-// TestMatchesNeverWaitForWriters stops a writer in the middle of an
-// operation, and of its turn: matches meanwhile answer at once, with the
-// state before the operation, and once it ends, with the state after.
+// TestMatchesNeverWaitForWriters holds a writer's turn in the middle of
+// an operation, half of it applied to the writers' tree: matches
+// meanwhile answer at once, with the state before the operation, and
+// once the writer publishes, with the state after.
 func TestMatchesNeverWaitForWriters(t *testing.T) {
 	ix := NewIndex(4)
 	a, b := wr(1, 0), wr(2, 0)
-	path := blocksOf("", strings.Repeat("01", writeChunk))
+	path := blocksOf("", strings.Repeat("01", longEvent))
 	if _, err := ix.Apply(stored(a, TierDevice, nil, path)); err != nil {
 		t.Fatal(err)
 	}
-	seq := seqOf(strings.Repeat("01", writeChunk))
-	before := []Overlap{{Worker: a, Device: 2 * writeChunk, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk}}
+	seq := seqOf(strings.Repeat("01", longEvent))
+	before := []Overlap{{Worker: a, Device: 2 * longEvent, Host: 2 * longEvent, Disk: 2 * longEvent, Blocks: 2 * longEvent}}
 	sh := ix.shards[0]
-	stopped, resume := make(chan struct{}), make(chan struct{})
-	steps := 0
-	sh.tree.yield = func(n int) { // the writer's turn, between two steps
-		if steps++; steps == 2 {
-			close(stopped)
-			<-resume
-		}
-		sh.relax(n)
-	}
-	applied := make(chan error, 1)
-	go func() {
-		_, err := ix.Apply(stored(b, TierHost, nil, path))
-		applied <- err
-	}()
-	<-stopped
-	for range 3 {
-		if got := within(t, "a match while a writer is stopped", matchAsync(ix, seq)); !slices.Equal(got, before) {
-			t.Fatalf("match while a writer is stopped = %+v, want %+v", got, before)
-		}
-	}
-	close(resume)
-	if err := within(t, "the writer's operation", applied); err != nil {
+	sh.write.Lock() // the writer's turn
+	half := len(path) / 2
+	if _, err := sh.tree.apply(stored(b, TierHost, nil, path[:half])); err != nil {
 		t.Fatal(err)
 	}
-	after := append(before, Overlap{Worker: b, Device: 0, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk})
+	for range 3 {
+		if got := within(t, "a match while a writer is halfway", matchAsync(ix, seq)); !slices.Equal(got, before) {
+			t.Fatalf("match while a writer is halfway = %+v, want %+v", got, before)
+		}
+	}
+	if _, err := sh.tree.apply(stored(b, TierHost, &path[half-1].Hash, path[half:])); err != nil {
+		t.Fatal(err)
+	}
+	if got := within(t, "a match before the writer publishes", matchAsync(ix, seq)); !slices.Equal(got, before) {
+		t.Fatalf("match before the writer publishes = %+v, want %+v", got, before)
+	}
+	sh.publish()
+	sh.write.Unlock()
+	after := append(before, Overlap{Worker: b, Device: 0, Host: 2 * longEvent, Disk: 2 * longEvent, Blocks: 2 * longEvent})
 	if got := ix.Match(seq, nil); !slices.Equal(got, after) {
 		t.Fatalf("match after the operation = %+v, want %+v", got, after)
 	}
@@ -842,8 +808,7 @@ func TestMatchFieldsApart(t *testing.T) {
 }
 
 // TestMatchesLetAWaitingWriterRun checks, with one P, that matches back
-// to back give the P back to a writer that gave it up, every writeChunk
-// blocks of a long event (see shard.relax), or waits for one of them to
+// to back give the P back to a writer that waits for one of them to
 // leave the view it has to bring up to date (see shard.publish): Go
 // takes the P from a goroutine that keeps it only after 10 ms, so the
 // writer would otherwise wait that long each time, matches running all
@@ -854,8 +819,8 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 		name   string
 		blocks int
 	}{
-		{"events shorter than writeChunk", writeChunk / 2},
-		{"events of several writeChunks", 3 * writeChunk},
+		{"short events", longEvent / 2},
+		{"long events", 3 * longEvent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(4)
@@ -891,7 +856,7 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 			}
 			stop.Store(true)
 			<-done
-			if most := int64(2 * cedeMatches * events * (1 + tc.blocks/writeChunk)); during > most {
+			if most := int64(2 * cedeMatches * events); during > most {
 				t.Fatalf("%d matches ran while %d events applied (at most %d)", during, events, most)
 			}
 		})

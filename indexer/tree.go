@@ -131,11 +131,8 @@ type spanTree struct {
 	ranks     []rankInfo
 	freeSlots []uint32 // slots of removed ranks, to reuse
 	live      int      // blocks in spans
-	// yield, if set, is called between the steps of an operation, where
-	// the tree is whole, with the blocks the step applied.
-	yield  func(blocks int)
-	slotOf map[WorkerRank]uint32
-	tmp    []uint32 // with's scratch
+	slotOf    map[WorkerRank]uint32
+	tmp       []uint32 // with's scratch
 	// diffs are spare arrays for span diffs, freed by spans, each with
 	// room for diffCap()+1 entries as of when it was freed (spareDiff
 	// lets go of those the ranks outgrew since): spans split,

@@ -8,15 +8,8 @@ import (
 // This file applies events to a spanTree: stores, removals, clears and
 // a rank's removal, step by step.
 
-// maxStretch bounds the blocks a store applies in one step (see
-// spanTree.yield).
+// maxStretch bounds the blocks a store applies in one step.
 const maxStretch = 16
-
-func (t *spanTree) step(n int) {
-	if t.yield != nil {
-		t.yield(n)
-	}
-}
 
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
@@ -218,7 +211,6 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 		if k > 0 {
 			i += k
 			cur = at + uint32(k) - 1
-			t.step(k)
 			continue
 		}
 		if nxt == noBlock {
@@ -236,7 +228,6 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 		res.Removed += removed
 		prev = key
 		i++
-		t.step(1)
 	}
 	return res, nil
 }
@@ -381,7 +372,6 @@ func (t *spanTree) remove(ev Event) ApplyResult {
 			res.Unknown += k
 		}
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }
@@ -435,7 +425,6 @@ func (t *spanTree) storeByID(ev Event) ApplyResult {
 			res.Stored += k
 		}
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }
@@ -452,7 +441,6 @@ func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 		k, removed := t.detachRun(slot, hs, tiers)
 		res.Removed += removed
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }

@@ -403,9 +403,9 @@ func inClearOrder(tr *spanTree, slot uint32, ids []uint64) bool {
 // and by engine ids only, and takes tiers off it again, in runs of
 // consecutive blocks, in either order, broken by gaps, repeats, unknown
 // ids and the ends of spans, as engines that offload blocks do. Each
-// event must be applied in the writer's steps given (a run of blocks of
-// one span, up to maxStretch, at once) and give what one block at a
-// time gives; the tree must end as few spans as the holders make.
+// event must give what one block at a time gives (see TestRunsOfIDs for
+// the runs taken at once); the tree must end as few spans as the holders
+// make.
 func TestTierRuns(t *testing.T) {
 	const n = 40
 	a, b := wr(1, 0), wr(2, 0)
@@ -426,31 +426,30 @@ func TestTierRuns(t *testing.T) {
 	steps := []struct {
 		name string
 		ev   Event
-		took []int // blocks per step
 		want ApplyResult
 		ov   []Overlap // a's, then b's
 	}{
-		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), []int{16, 16, 8}, ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
-		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), []int{16, 4}, ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
-		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(1, n-1, 10)...), []int{16, 14}, ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
+		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(1, n-1, 10)...), ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
 		{"from host, first first, with a gap, a repeat and an unknown id", removed(a, TierHost, append(append(ids(1, 30, 34), ids(1, 36, 37)...), 1<<40|37, 99)...),
-			[]int{5, 2, 1, 1}, ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
+			ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
 		// 39, 38; 37..30 gone but 35; 29..10 on host only, 9..0 on both.
-		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...), []int{2, 1, 1, 1, 1, 1, 1, 1, 1, 16, 4, 10},
+		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...),
 			ApplyResult{Removed: n - 7, Unknown: 7}, []Overlap{ov(a, 10, 10, 10), ov(b, n, n, n)}},
-		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), []int{10}, ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
-		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)}, []int{1, 1, 1},
+		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
+		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)},
 			ApplyResult{Unknown: 3}, []Overlap{ov(b, n, n, n)}},
-		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)}, []int{16, 16, 8, 1},
+		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)},
 			ApplyResult{Stored: n, Unknown: 1}, []Overlap{ov(b, n, n, n)}},
-		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)}, slices.Repeat([]int{1}, n),
+		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)},
 			ApplyResult{}, []Overlap{ov(b, n, n, n)}},
-		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)}, []int{16, 4},
+		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)},
 			ApplyResult{Stored: 20}, []Overlap{ov(b, n, n, n)}},
 		// A run ends where the span does: 19 | 20.
-		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...), []int{10, 10},
+		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...),
 			ApplyResult{Removed: 20}, []Overlap{ov(b, n, n, n)}},
-		{"and off device, last first, across two spans", removed(b, TierDevice, ids(2, 29, 10)...), []int{10, 10},
+		{"and off device, last first, across two spans", removed(b, TierDevice, ids(2, 29, 10)...),
 			ApplyResult{Removed: 20}, []Overlap{ov(b, 10, 10, 10)}},
 	}
 	ix := NewIndex(4)
@@ -463,18 +462,10 @@ func TestTierRuns(t *testing.T) {
 			}
 		}
 	}
-	var took []int
-	tr := ix.shards[0].tree
-	yield := tr.yield
-	tr.yield = func(n int) { took = append(took, n); yield(n) }
 	for _, st := range steps {
-		took = took[:0]
 		got, err := ix.Apply(st.ev)
 		if err != nil || got != st.want {
 			t.Fatalf("%s: %+v, %v; want %+v", st.name, got, err, st.want)
-		}
-		if !slices.Equal(took, st.took) {
-			t.Errorf("%s: applied in steps of %v blocks, want %v", st.name, took, st.took)
 		}
 		var each ApplyResult
 		for i := range len(st.ev.Hashes) + len(st.ev.Blocks) {
@@ -503,6 +494,59 @@ func TestTierRuns(t *testing.T) {
 	// under them), 20..29 on disk, 30..39 on all three.
 	if tr := ix.shards[0].tree; len(tr.spans)-len(tr.free) != 4 || tr.live != n {
 		t.Errorf("left %d spans of %d blocks, want b's chain as four spans", len(tr.spans)-len(tr.free), tr.live)
+	}
+}
+
+// TestRunsOfIDs checks the runs of engine ids that removals and
+// id-only stores take at once (see spanTree.run): ids naming consecutive
+// blocks of one span, in either order, up to maxStretch, ended by a gap,
+// a repeat, an unknown id or the end of the span.
+func TestRunsOfIDs(t *testing.T) {
+	const n = 40
+	a, b := wr(1, 0), wr(2, 0)
+	tr := newSpanTree()
+	for _, ev := range []Event{stored(a, TierDevice, nil, longChain(1, 0, n)), stored(b, TierDevice, nil, longChain(2, 0, n/2))} {
+		if _, err := tr.apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(from, to int) []uint64 { // a's ids of blocks from..to, in that order
+		var hs []uint64
+		for i := from; ; {
+			hs = append(hs, 1<<40|uint64(i))
+			if i == to {
+				return hs
+			}
+			if from < to {
+				i++
+			} else {
+				i--
+			}
+		}
+	}
+	slot := tr.slotOf[a]
+	names := &tr.ranks[slot].names
+	for _, c := range []struct {
+		name  string
+		hs    []uint64
+		k, lo int // the run's length, and the index in a's chain of its lowest block
+	}{
+		{"first first, up to maxStretch", ids(20, n-1), maxStretch, 20},
+		{"last first, up to maxStretch", ids(n-1, 20), maxStretch, n - maxStretch},
+		{"a gap", append(ids(30, 34), ids(36, 37)...), 5, 30},
+		{"a repeat", append(ids(36, 37), 1<<40|37), 2, 36},
+		{"an unknown id", append(ids(36, 37), 99), 2, 36},
+		{"the end of a span", ids(10, 29), 10, 10},
+		{"the start of a span, last first", ids(25, 15), 6, 20},
+	} {
+		b, ok := names.get(c.hs[0])
+		if !ok {
+			t.Fatalf("%s: a does not name %x", c.name, c.hs[0])
+		}
+		lo0, _ := names.get(1<<40 | uint64(c.lo))
+		if k, lo := tr.run(names, c.hs, b, slot, false); k != c.k || lo != lo0 {
+			t.Errorf("%s: run of %d from block %d, want %d from %d", c.name, k, lo, c.k, lo0)
+		}
 	}
 }
 
