@@ -174,13 +174,11 @@ type Index struct {
 func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 
 // NewShardedIndex returns an empty index of n shards (at least one) for
-// blocks of blockSize tokens (see shard.spare).
+// blocks of blockSize tokens.
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
-	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
 	for i := range ix.shards {
 		ix.shards[i] = newShard()
-		ix.shards[i].spare = spare
 	}
 	return ix
 }
@@ -270,18 +268,13 @@ func (ix *Index) Stats() Stats {
 // the copy it reads (enter, leave).
 type shard struct {
 	// What matches read, a cache line from what they write (see
-	// cacheLine): spare, set at construction, and what writers set once
-	// an operation, or as they give up their core.
+	// cacheLine): what writers set once an operation, or as they give up
+	// their core.
 	//
-	// spare is set where the index has fewer shards than Go uses cores,
-	// so that a core stays free for matches and requests while the
-	// writers of every shard run (see cede).
-	spare bool
 	// views are the two copies of what matches read; front is the one
 	// they read now, which only a writer changes, in its turn. ceded
-	// is set, where the shard has no spare core, while a writer has
-	// given up its core (see cede), and cededMatches counts the matches
-	// that ended meanwhile.
+	// is set while a writer has given up its core (see cede), and
+	// cededMatches counts the matches that ended meanwhile.
 	views        [2]view
 	front        atomic.Uint32
 	ceded        atomic.Bool
@@ -316,16 +309,11 @@ func newShard() *shard {
 }
 
 // cede gives up the writer's core to any goroutine waiting for one
-// (runtime.Gosched). Where the shard has no spare core, matches then give
-// it back once cedeMatches of them have ended (see shard.match): Go
-// would take the core from a goroutine running matches back to back only
-// after 10 ms, while a match now and then, as a router's, is not made
-// to wait for the writer.
+// (runtime.Gosched). Matches then give it back once cedeMatches of them
+// have ended (see shard.match): Go would take the core from a goroutine
+// running matches back to back only after 10 ms, while a match now and
+// then, as a router's, is not made to wait for the writer.
 func (ix *shard) cede() {
-	if ix.spare {
-		runtime.Gosched() // matches have a core of their own
-		return
-	}
 	ix.cededMatches.Store(0)
 	ix.ceded.Store(true)
 	runtime.Gosched()
@@ -446,9 +434,9 @@ func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
 	dst = ix.read(seq, m, dst)
 	matchPool.Put(m)
 	if ix.ceded.Load() && ix.cededMatches.Add(1) >= cedeMatches {
-		// A writer of the shard, which has no spare core, has waited
-		// for a core, or for a match to leave the view it read, for
-		// cedeMatches matches.
+		// A writer of the shard, waiting for a match to leave the view
+		// it must bring up to date, gave up its core cedeMatches
+		// matches ago.
 		runtime.Gosched()
 	}
 	return dst

@@ -632,32 +632,6 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 	}
 }
 
-// TestSpareCore checks which indexes have a core to spare for matches
-// and requests: those with fewer shards than Go uses cores. The others'
-// writers give up their core now and then (see shard.relax).
-func TestSpareCore(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	cases := []struct {
-		procs, shards int
-		spare         bool
-	}{
-		{1, 1, false},
-		{2, 1, true},
-		{2, 2, false},
-		{2, 4, false},
-		{8, 4, true},
-	}
-	for _, c := range cases {
-		runtime.GOMAXPROCS(c.procs)
-		ix := NewShardedIndex(4, c.shards)
-		for i, sh := range ix.shards {
-			if sh.spare != c.spare {
-				t.Errorf("GOMAXPROCS %d, %d shards: shard %d spare %v, want %v", c.procs, c.shards, i, sh.spare, c.spare)
-			}
-		}
-	}
-}
-
 // within returns what ch gives, failing t if it gives nothing within 30s.
 func within[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
@@ -784,7 +758,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"spare", "views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "held", "warmth"}}
+	groups := [][]string{{"views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {
