@@ -329,12 +329,26 @@ func (ix *shard) publish() {
 	ix.front.Store(w)
 	// A match that read front before the Store may still be counting
 	// itself in; it then sees front changed, and counts itself out.
-	for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
-		if i >= publishSpin {
+	if ix.readers[1-w].n.Load() != 0 {
+		ix.drain(1 - w)
+	}
+	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
+}
+
+// drain waits until no match reads views[i]. Where Go runs goroutines on
+// more than one core (GOMAXPROCS, read now, as it can change), the
+// matches may be running: it looks publishSpin times before it gives up
+// its core between looks (cede); with one, they run only once it does.
+func (ix *shard) drain(i uint32) {
+	spin := 0
+	if runtime.GOMAXPROCS(0) > 1 {
+		spin = publishSpin
+	}
+	for n := 0; ix.readers[i].n.Load() != 0; n++ {
+		if n >= spin {
 			ix.cede()
 		}
 	}
-	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
 }
 
 // cedeMatches is how many matches may end while a writer that ceded its
@@ -343,8 +357,8 @@ const cedeMatches = 4
 
 // publishSpin is how many times a writer looks for the matches still
 // reading the copy it is to bring up to date before it gives up its
-// core between looks: a match takes a few microseconds, unless the
-// system has stopped its thread.
+// core between looks (see drain): a match takes a few microseconds,
+// unless the system has stopped its thread.
 const publishSpin = 256
 
 // enter returns the view matches read now, with its index for leave: the
