@@ -8,7 +8,10 @@ import (
 // This file applies events to a spanTree: stores, removals, clears and
 // a rank's removal, step by step.
 
-// maxStretch bounds the blocks a store applies in one step.
+// maxStretch bounds the blocks that one step of a store, a removal or an
+// id-only store takes at once (see store, run). Unbounded steps apply
+// events faster, but lengthen the tail of the matches that run meanwhile
+// (docs/design.md).
 const maxStretch = 16
 
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
