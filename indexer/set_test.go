@@ -261,7 +261,7 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 // TestShardsFollowThreads checks what Options.IndexShards promises: with a
 // shard count that divides the goroutine count, all the workers of one
 // apply goroutine are in one shard, so goroutines of different shards
-// never wait for each other's lock.
+// never wait for each other's turn (see shard).
 func TestShardsFollowThreads(t *testing.T) {
 	for _, c := range []struct{ threads, shards int }{{4, 2}, {4, 4}, {6, 3}, {8, 2}, {4, 1}} {
 		shardOfThread := make(map[int]int)
