@@ -23,8 +23,7 @@ demo: build ## Replay a window of the Mooncake conversation trace through kvgate
 test: test-deps ## Run all tests with the race detector (installs the interop test's Debian packages if missing); the last line lists the tokenizer fixture skips
 	@skips=$$(mktemp) || exit; trap 'rm -f "$$skips"' EXIT; export KVGATE_SKIP_LOG="$$skips"; \
 	run() { echo "$$*"; "$$@"; }; \
-	run env KVGATE_INTEROP=1 $(GO) test -race -count=1 ./... && \
-	run $(GO) test -race -count=1 -tags matchphases -run 'ObservePhases|PhaseLog|RunOnASmallTrace|NeverWait|PublishWaits' ./indexer/ ./bench/indexload/; \
+	run env KVGATE_INTEROP=1 $(GO) test -race -count=1 ./...; \
 	status=$$?; \
 	tests() { if [ "$$1" = 1 ]; then echo "1 test"; else echo "$$1 tests"; fi; }; \
 	list() { sort -u | paste -sd, - | sed 's/,/, /g'; }; \
@@ -67,7 +66,6 @@ lint: ## Fail on unformatted files; go vet
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) vet -tags matchphases ./indexer/ ./bench/indexload/
 
 clean: ## Remove build output
 	rm -rf bin demo-out bench-out

@@ -3,10 +3,6 @@ package indexer
 import (
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
-	"sync/atomic"
-	"time"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -151,20 +147,11 @@ func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
 	return int(o.Device) * blockSize, int(o.Host) * blockSize, int(o.Disk) * blockSize
 }
 
-// writeChunk is how many blocks a writer applies, and the step that
-// reaches it, before it gives up its core where the shard has no spare
-// one (see shard.relax), so that a long event or a worker removal keeps
-// no match or request from a core for long.
-const writeChunk = 64
-
 // Index is the KV block index of one (model, tenant): which worker ranks
-// hold which blocks, on which tiers. It is safe for concurrent use: matches
-// run concurrently with each other and with event application. Events of
-// one worker rank must be applied in order, as a Set does. The index
-// itself makes the calls that change a shard (Apply, RemoveWorker,
-// RemoveWorkerRank) take turns (see shard.write). Matches never wait for
-// them: they read the state as of the last whole operation, never a
-// part-applied one (see shard).
+// hold which blocks, on which tiers; it implements Interface. It is safe
+// for concurrent use: matches run concurrently with each other and with
+// event application, and never wait for it (see shard). Events of one
+// worker rank must be applied in order, as a Set does.
 //
 // An index is split by worker id into shards, each a whole prefix tree
 // with writers of its own, so that events of workers in different shards apply
@@ -181,24 +168,17 @@ type Index struct {
 func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 
 // NewShardedIndex returns an empty index of n shards (at least one) for
-// blocks of blockSize tokens. With as many shards as Go uses cores
-// (GOMAXPROCS, now) or more, writers give up their core now and then
-// (see shard.spare).
+// blocks of blockSize tokens.
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
-	spare := len(ix.shards) < runtime.GOMAXPROCS(0)
 	for i := range ix.shards {
 		ix.shards[i] = newShard()
-		ix.shards[i].spare = spare
 	}
 	return ix
 }
 
 // BlockSize returns the number of tokens per block.
 func (ix *Index) BlockSize() int { return ix.blockSize }
-
-// Shards returns the number of shards.
-func (ix *Index) Shards() int { return len(ix.shards) }
 
 // shardFor returns the shard of every rank of worker.
 func (ix *Index) shardFor(worker uint64) *shard {
@@ -221,38 +201,6 @@ func (ix *Index) Match(seq []uint64, dst []Overlap) []Overlap {
 		dst = s.match(seq, dst)
 	}
 	return dst
-}
-
-// MatchPhases is how long one match of one shard of an index spent in
-// each of its phases (see Index.ObservePhases).
-type MatchPhases struct {
-	Wait  time.Duration // entering the view the shard published last (see shard.enter): a match never waits for a writer
-	Start time.Duration // finding the first block and its holders, the candidates
-	Walk  time.Duration // following the candidates along the prompt
-	Emit  time.Duration // appending their Overlaps
-	Ranks int           // Overlaps appended (0: no rank holds the first block; Walk and Emit are 0)
-}
-
-// The phases, as indexes of phaseClock's laps.
-const (
-	phaseWait = iota
-	phaseStart
-	phaseWalk
-	phaseEmit
-	nPhases
-)
-
-// ObservePhases makes every later match call f with its phases, once per
-// shard, on the matching goroutine, once it has left the shard's view
-// (nil: stop). It is a measuring instrument for benchmarks: only a
-// binary built with -tags matchphases times matches; others ignore f and
-// ObservePhases reports false.
-func (ix *Index) ObservePhases(f func(MatchPhases)) bool {
-	ok := false
-	for _, s := range ix.shards {
-		ok = s.phases.set(f)
-	}
-	return ok
 }
 
 // MatchTokens hashes the full blocks of tokens (for adapter lora, "" for the
@@ -298,279 +246,6 @@ func (ix *Index) Stats() Stats {
 		st.Workers += t.Workers
 		st.Nodes += t.Nodes
 		st.Entries += t.Entries
-	}
-	return st
-}
-
-// shard is the index of the worker ranks of some workers (see Index): a
-// spanTree whose writers take turns, and the view of it that matches read.
-//
-// Matches never wait for a writer. A shard has two copies of what
-// matches read of the tree (view), in turn the writers' and the
-// published one: after each operation, a writer publishes its copy
-// (front), waits until no match reads the other, brings that one up to
-// date with the changes of the operation, and makes it its own (see
-// publish and spanTree.catchUp). A match counts itself in the readers of
-// the copy it reads (enter, leave).
-type shard struct {
-	// What matches read, a cache line from what they write (see
-	// cacheLine): spare and phases, set at construction (and by
-	// ObservePhases), and what writers set once an operation, or as they
-	// give up their core.
-	//
-	// spare is set where the index has fewer shards than Go uses cores,
-	// so that a core stays free for matches and requests while the
-	// writers of every shard run. Where it is not set, the writers of all
-	// shards can keep every core busy, and Go takes a core from a running
-	// goroutine only after 10 ms: writers then give up their core now and
-	// then (see relax), so that a match, or a request, does not wait for
-	// a writer's whole event to get a core.
-	spare bool
-	// phases times matches (see Index.ObservePhases).
-	phases phaseHook
-	// views are the two copies of what matches read; front is the one
-	// they read now, which only a writer changes, in its turn. ceded
-	// is set, where the shard has no spare core, while a writer has
-	// given up its core (see cede), and cededMatches counts the matches
-	// that ended meanwhile.
-	views        [2]view
-	front        atomic.Uint32
-	ceded        atomic.Bool
-	_            [cacheLine]byte
-	cededMatches atomic.Int32
-	_            [cacheLine - 4]byte
-
-	// readers[i] counts the matches reading views[i], each a cache line
-	// from the other, as matches on several cores add to both.
-	readers [2]struct {
-		n atomic.Int64
-		_ [cacheLine - 8]byte
-	}
-	_ [cacheLine]byte
-
-	// What only writers read and write.
-	//
-	// write is held by a writer for a whole operation (an event, a rank's
-	// removal), and by the calls that read the writers' tree (stats,
-	// dumps): writers take turns on it.
-	write sync.Mutex
-	tree  *spanTree
-	// held counts the blocks the writer applied since it last gave up
-	// its core (see relax).
-	held int
-	// warmth sums what spanTree.warm read, so that its loads are kept.
-	warmth uint64
-}
-
-// newShard returns an empty shard.
-func newShard() *shard {
-	ix := &shard{tree: newSpanTree()}
-	ix.tree.yield = ix.relax
-	ix.views[0] = ix.tree.view // its arrays are empty, but the sets'
-	return ix
-}
-
-// relax is called by a writer after each step of an operation (see
-// spanTree.yield), with n the blocks the step applied. Where the shard
-// has no spare core, it gives up its core (runtime.Gosched) every
-// writeChunk blocks, to any goroutine waiting for one.
-func (ix *shard) relax(n int) {
-	if ix.held += n; ix.held >= writeChunk {
-		ix.held = 0
-		if !ix.spare {
-			ix.cede()
-		}
-	}
-}
-
-// cede gives up the writer's core to any goroutine waiting for one
-// (runtime.Gosched). Where the shard has no spare core, matches then give
-// it back once cedeMatches of them have ended (see shard.match): Go
-// would take the core from a goroutine running matches back to back only
-// after 10 ms, while a match now and then, as a router's, is not made
-// to wait for the writer.
-func (ix *shard) cede() {
-	if ix.spare {
-		runtime.Gosched() // matches have a core of their own
-		return
-	}
-	ix.cededMatches.Store(0)
-	ix.ceded.Store(true)
-	runtime.Gosched()
-	ix.ceded.Store(false)
-}
-
-// publish makes the writers' view the one matches read, and gives the
-// writers the other, once no match reads it, brought up to date: called
-// by a writer, in its turn, after each operation.
-func (ix *shard) publish() {
-	w := 1 - ix.front.Load() // only writers change front, in turn
-	ix.views[w] = ix.tree.view
-	ix.front.Store(w)
-	// A match that read front before the Store may still be counting
-	// itself in; it then sees front changed, and counts itself out.
-	for i := 0; ix.readers[1-w].n.Load() != 0; i++ {
-		if i >= publishSpin {
-			ix.cede()
-		}
-	}
-	ix.tree.catchUp(&ix.views[w], &ix.views[1-w])
-}
-
-// cedeMatches is how many matches may end while a writer that ceded its
-// core waits for one, before one gives its own up (see shard.cede).
-const cedeMatches = 4
-
-// publishSpin is how many times a writer looks for the matches still
-// reading the copy it is to bring up to date before it gives up its
-// core between looks: a match takes a few microseconds, unless the
-// system has stopped its thread.
-const publishSpin = 256
-
-// enter returns the view matches read now, with its index for leave: the
-// match counts itself in that view's readers, so that no writer changes
-// it until the match leaves.
-func (ix *shard) enter() (*view, uint32) {
-	for {
-		i := ix.front.Load()
-		ix.readers[i].n.Add(1)
-		if ix.front.Load() == i {
-			return &ix.views[i], i
-		}
-		ix.readers[i].n.Add(-1) // a writer published the other meanwhile
-	}
-}
-
-// leave ends a match's read of views[i] (see enter).
-func (ix *shard) leave(i uint32) { ix.readers[i].n.Add(-1) }
-
-// apply applies one event. On error the shard is unchanged.
-func (ix *shard) apply(ev Event) (ApplyResult, error) {
-	switch ev.Kind {
-	case Stored:
-		if !ev.Tier.single() {
-			return ApplyResult{}, fmt.Errorf("%w: stored event with tier %s", ErrBadEvent, ev.Tier)
-		}
-	case Removed:
-		if !ev.Tier.single() {
-			return ApplyResult{}, fmt.Errorf("%w: removed event with tier %s", ErrBadEvent, ev.Tier)
-		}
-	case Cleared:
-		if ev.Tier == 0 || ev.Tier&^AllTiers != 0 {
-			return ApplyResult{}, fmt.Errorf("%w: cleared event with tier %s", ErrBadEvent, ev.Tier)
-		}
-	default:
-		return ApplyResult{}, fmt.Errorf("%w: kind %d", ErrBadEvent, ev.Kind)
-	}
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	grown := ix.tree.prepare(ev)
-	ix.warmth += ix.tree.warm(ev, grown.names)
-	res, err := ix.tree.apply(ev, grown)
-	ix.held = 0
-	ix.publish()
-	if ev.Kind == Removed || ev.Kind == Cleared {
-		// Shrink the rank's table, if removals emptied it enough.
-		if tab := ix.tree.trimmed(ev.Worker); tab != nil {
-			ix.tree.use(ev.Worker, growth{names: tab})
-		}
-	}
-	if errors.Is(err, ErrUnknownParent) {
-		err = fmt.Errorf("%w %d for %s", ErrUnknownParent, ev.Parent, ev.Worker)
-	}
-	return res, err
-}
-
-// removeWorker drops every rank of worker.
-func (ix *shard) removeWorker(worker uint64) {
-	ix.removeRanks(func(wr WorkerRank) bool { return wr.Worker == worker })
-}
-
-// removeWorkerRank drops one rank.
-func (ix *shard) removeWorkerRank(wr WorkerRank) {
-	ix.removeRanks(func(r WorkerRank) bool { return r == wr })
-}
-
-// removeRanks drops the ranks for which gone is true, in the writers'
-// turn, and publishes the tree without them.
-func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	leaving := ix.tree.leaving(gone)
-	if len(leaving) == 0 {
-		return
-	}
-	for _, r := range leaving {
-		ix.tree.removeRank(r.wr, r.ids)
-	}
-	ix.held = 0
-	ix.publish()
-}
-
-// matchState is the scratch of one match of one shard.
-type matchState struct {
-	rm    runMatch
-	clock phaseClock // times the match (see Index.ObservePhases)
-}
-
-var matchPool = sync.Pool{New: func() any { return new(matchState) }}
-
-// match appends to dst the Overlaps of the shard's ranks holding seq's
-// first block (see Index.Match), in slot order, as of the view the
-// shard published last.
-func (ix *shard) match(seq []uint64, dst []Overlap) []Overlap {
-	if len(seq) == 0 {
-		return dst
-	}
-	m := matchPool.Get().(*matchState)
-	m.clock = ix.phases.begin()
-	at := len(dst)
-	dst = ix.read(seq, m, dst)
-	m.clock.done(len(dst) - at)
-	matchPool.Put(m)
-	if ix.ceded.Load() && ix.cededMatches.Add(1) >= cedeMatches {
-		// A writer of the shard, which has no spare core, has waited
-		// for a core, or for a match to leave the view it read, for
-		// cedeMatches matches.
-		runtime.Gosched()
-	}
-	return dst
-}
-
-// read runs m on the view the shard published last: a match that
-// panicked would otherwise be counted as reading it for ever, and keep
-// writers waiting (see publish).
-func (ix *shard) read(seq []uint64, m *matchState, dst []Overlap) []Overlap {
-	v, i := ix.enter()
-	defer ix.leave(i)
-	m.clock.lap(phaseWait)
-	return v.match(seq, &m.rm, dst, &m.clock)
-}
-
-// blockCounts sets, in out, how many engine ids each worker rank holds.
-func (ix *shard) blockCounts(out map[WorkerRank]int) {
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	ix.tree.blockCounts(out)
-}
-
-// rankBlocks returns how many engine ids one worker rank holds.
-func (ix *shard) rankBlocks(wr WorkerRank) int {
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	if slot, ok := ix.tree.slotOf[wr]; ok {
-		return ix.tree.ranks[slot].names.len()
-	}
-	return 0
-}
-
-// stats returns the shard's current size.
-func (ix *shard) stats() Stats {
-	ix.write.Lock()
-	defer ix.write.Unlock()
-	st := Stats{Workers: len(ix.tree.slotOf), Nodes: ix.tree.live}
-	for _, slot := range ix.tree.slotOf {
-		st.Entries += ix.tree.ranks[slot].names.len()
 	}
 	return st
 }

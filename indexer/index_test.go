@@ -377,9 +377,13 @@ func TestRemoveWorker(t *testing.T) {
 	checkInvariants(t, ix)
 }
 
-func TestLongEventsSpanWriteChunks(t *testing.T) {
+// longEvent is a long event's length in blocks, in the tests: some
+// events are several times as long.
+const longEvent = 64
+
+func TestLongEvents(t *testing.T) {
 	ix := NewIndex(4)
-	tokens := make([]uint32, 4*(3*writeChunk+5))
+	tokens := make([]uint32, 4*(3*longEvent+5))
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}
@@ -628,115 +632,6 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 	}
 }
 
-// TestObservePhases: a binary built with -tags matchphases calls the
-// observer once per shard per match, with the Overlaps each appended, and
-// stops when it is removed; others never call it. make test runs both.
-func TestObservePhases(t *testing.T) {
-	ix := NewShardedIndex(4, 2)
-	a, b := wr(1, 0), wr(2, 0)
-	for _, w := range []WorkerRank{a, b} {
-		if _, err := ix.Apply(stored(w, TierDevice, nil, chain(10, prompt...))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var got []MatchPhases
-	timed := ix.ObservePhases(func(p MatchPhases) { got = append(got, p) })
-	held := ix.MatchTokens(prompt, "", nil)
-	none := ix.MatchTokens([]uint32{9, 9, 9, 9}, "", nil)
-	if len(held) != 2 || len(none) != 0 {
-		t.Fatalf("matches %v, %v", held, none)
-	}
-	if !timed {
-		if len(got) != 0 {
-			t.Fatalf("a binary without -tags matchphases observed %v", got)
-		}
-		return
-	}
-	if len(got) != 2*ix.Shards() {
-		t.Fatalf("%d observations of 2 matches on %d shards: %+v", len(got), ix.Shards(), got)
-	}
-	ranks, took := 0, time.Duration(0)
-	for _, p := range got[:ix.Shards()] {
-		ranks += p.Ranks
-		took += p.Wait + p.Start + p.Walk + p.Emit
-	}
-	if ranks != len(held) {
-		t.Errorf("first match: ranks %d, want %d", ranks, len(held))
-	}
-	if took <= 0 {
-		t.Errorf("first match timed at %v: %+v", took, got[:ix.Shards()])
-	}
-	for _, p := range got[ix.Shards():] {
-		if p.Ranks != 0 || p.Walk != 0 || p.Emit != 0 {
-			t.Errorf("match without candidates: %+v", p)
-		}
-	}
-	ix.ObservePhases(nil)
-	ix.MatchTokens(prompt, "", nil)
-	if len(got) != 2*ix.Shards() {
-		t.Errorf("observed after ObservePhases(nil): %+v", got[2*ix.Shards():])
-	}
-}
-
-// TestSpareCore checks which indexes have a core to spare for matches
-// and requests: those with fewer shards than Go uses cores. The others'
-// writers give up their core now and then (see shard.relax).
-func TestSpareCore(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
-	cases := []struct {
-		procs, shards int
-		spare         bool
-	}{
-		{1, 1, false},
-		{2, 1, true},
-		{2, 2, false},
-		{2, 4, false},
-		{8, 4, true},
-	}
-	for _, c := range cases {
-		runtime.GOMAXPROCS(c.procs)
-		ix := NewShardedIndex(4, c.shards)
-		for i, sh := range ix.shards {
-			if sh.spare != c.spare {
-				t.Errorf("GOMAXPROCS %d, %d shards: shard %d spare %v, want %v", c.procs, c.shards, i, sh.spare, c.spare)
-			}
-		}
-	}
-}
-
-// TestWritersGiveUpTheCPU checks that where the shards are as many as
-// the cores, a writer applying a long event lets a goroutine waiting for
-// a core run before the event ends: with one P and one shard, a goroutine
-// made runnable as the event begins runs before Apply returns.
-func TestWritersGiveUpTheCPU(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	ix := NewIndex(4)
-	w := WorkerRank{Worker: 1}
-	blocks := make([]Block, 4*writeChunk)
-	for i := range blocks {
-		blocks[i] = Block{Hash: uint64(i + 1), Local: uint64(i + 1)}
-	}
-	var applying, over atomic.Bool
-	ranDuring := make(chan bool, 1)
-	go func() {
-		// Should it run before the event starts (this goroutine
-		// preempted in between), it gives the P back until it has.
-		for !applying.Load() {
-			runtime.Gosched()
-		}
-		ranDuring <- !over.Load()
-	}()
-	applying.Store(true)
-	_, err := ix.Apply(stored(w, TierDevice, nil, blocks))
-	over.Store(true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !<-ranDuring {
-		t.Fatal("the other goroutine ran only once the event was applied")
-	}
-}
-
 // within returns what ch gives, failing t if it gives nothing within 30s.
 func within[T any](t *testing.T, what string, ch <-chan T) T {
 	t.Helper()
@@ -756,44 +651,39 @@ func matchAsync(ix *Index, seq []uint64) <-chan []Overlap {
 	return ch
 }
 
-// TestMatchesNeverWaitForWriters stops a writer in the middle of an
-// operation, and of its turn: matches meanwhile answer at once, with the
-// state before the operation, and once it ends, with the state after.
+// TestMatchesNeverWaitForWriters holds a writer's turn in the middle of
+// an operation, half of it applied to the writers' tree: matches
+// meanwhile answer at once, with the state before the operation, and
+// once the writer publishes, with the state after.
 func TestMatchesNeverWaitForWriters(t *testing.T) {
 	ix := NewIndex(4)
 	a, b := wr(1, 0), wr(2, 0)
-	path := blocksOf("", strings.Repeat("01", writeChunk))
+	path := blocksOf("", strings.Repeat("01", longEvent))
 	if _, err := ix.Apply(stored(a, TierDevice, nil, path)); err != nil {
 		t.Fatal(err)
 	}
-	seq := seqOf(strings.Repeat("01", writeChunk))
-	before := []Overlap{{Worker: a, Device: 2 * writeChunk, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk}}
+	seq := seqOf(strings.Repeat("01", longEvent))
+	before := []Overlap{{Worker: a, Device: 2 * longEvent, Host: 2 * longEvent, Disk: 2 * longEvent, Blocks: 2 * longEvent}}
 	sh := ix.shards[0]
-	stopped, resume := make(chan struct{}), make(chan struct{})
-	steps := 0
-	sh.tree.yield = func(n int) { // the writer's turn, between two steps
-		if steps++; steps == 2 {
-			close(stopped)
-			<-resume
-		}
-		sh.relax(n)
-	}
-	applied := make(chan error, 1)
-	go func() {
-		_, err := ix.Apply(stored(b, TierHost, nil, path))
-		applied <- err
-	}()
-	<-stopped
-	for range 3 {
-		if got := within(t, "a match while a writer is stopped", matchAsync(ix, seq)); !slices.Equal(got, before) {
-			t.Fatalf("match while a writer is stopped = %+v, want %+v", got, before)
-		}
-	}
-	close(resume)
-	if err := within(t, "the writer's operation", applied); err != nil {
+	sh.write.Lock() // the writer's turn
+	half := len(path) / 2
+	if _, err := sh.tree.apply(stored(b, TierHost, nil, path[:half])); err != nil {
 		t.Fatal(err)
 	}
-	after := append(before, Overlap{Worker: b, Device: 0, Host: 2 * writeChunk, Disk: 2 * writeChunk, Blocks: 2 * writeChunk})
+	for range 3 {
+		if got := within(t, "a match while a writer is halfway", matchAsync(ix, seq)); !slices.Equal(got, before) {
+			t.Fatalf("match while a writer is halfway = %+v, want %+v", got, before)
+		}
+	}
+	if _, err := sh.tree.apply(stored(b, TierHost, &path[half-1].Hash, path[half:])); err != nil {
+		t.Fatal(err)
+	}
+	if got := within(t, "a match before the writer publishes", matchAsync(ix, seq)); !slices.Equal(got, before) {
+		t.Fatalf("match before the writer publishes = %+v, want %+v", got, before)
+	}
+	sh.publish()
+	sh.write.Unlock()
+	after := append(before, Overlap{Worker: b, Device: 0, Host: 2 * longEvent, Disk: 2 * longEvent, Blocks: 2 * longEvent})
 	if got := ix.Match(seq, nil); !slices.Equal(got, after) {
 		t.Fatalf("match after the operation = %+v, want %+v", got, after)
 	}
@@ -813,9 +703,8 @@ func TestPublishWaitsForReaders(t *testing.T) {
 	sh := ix.shards[0]
 	seq := seqOf("0123")
 	var rm runMatch
-	var clock phaseClock
 	v, i := sh.enter()
-	want := v.match(seq, &rm, nil, &clock)
+	want := v.match(seq, &rm, nil)
 	applied := make(chan error, 1)
 	go func() {
 		_, err := ix.Apply(stored(b, TierDevice, nil, blocksOf("", "01")))
@@ -835,7 +724,7 @@ func TestPublishWaitsForReaders(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	if got := v.match(seq, &rm, nil, &clock); !slices.Equal(got, want) {
+	if got := v.match(seq, &rm, nil); !slices.Equal(got, want) {
 		t.Fatalf("the held view changed: %+v, was %+v", got, want)
 	}
 	sh.leave(i)
@@ -869,7 +758,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"spare", "phases", "views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "held", "warmth"}}
+	groups := [][]string{{"views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {
@@ -893,8 +782,7 @@ func TestMatchFieldsApart(t *testing.T) {
 }
 
 // TestMatchesLetAWaitingWriterRun checks, with one P, that matches back
-// to back give the P back to a writer that gave it up, every writeChunk
-// blocks of a long event (see shard.relax), or waits for one of them to
+// to back give the P back to a writer that waits for one of them to
 // leave the view it has to bring up to date (see shard.publish): Go
 // takes the P from a goroutine that keeps it only after 10 ms, so the
 // writer would otherwise wait that long each time, matches running all
@@ -905,8 +793,8 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 		name   string
 		blocks int
 	}{
-		{"events shorter than writeChunk", writeChunk / 2},
-		{"events of several writeChunks", 3 * writeChunk},
+		{"short events", longEvent / 2},
+		{"long events", 3 * longEvent},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(4)
@@ -942,7 +830,7 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 			}
 			stop.Store(true)
 			<-done
-			if most := int64(2 * cedeMatches * events * (1 + tc.blocks/writeChunk)); during > most {
+			if most := int64(2 * cedeMatches * events); during > most {
 				t.Fatalf("%d matches ran while %d events applied (at most %d)", during, events, most)
 			}
 		})

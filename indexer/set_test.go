@@ -159,8 +159,8 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 	s := NewSet(Options{EventThreads: 4, IndexShards: shards, QueueLen: 8})
 	defer s.Close()
 	ix, _ := s.Index(Key{"m", DefaultTenant}, 4)
-	if ix.Shards() != shards {
-		t.Fatalf("index of %d shards, want %d", ix.Shards(), shards)
+	if len(ix.shards) != shards {
+		t.Fatalf("index of %d shards, want %d", len(ix.shards), shards)
 	}
 	seq := NewIndex(4)
 
@@ -261,7 +261,7 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 // TestShardsFollowThreads checks what Options.IndexShards promises: with a
 // shard count that divides the goroutine count, all the workers of one
 // apply goroutine are in one shard, so goroutines of different shards
-// never wait for each other's lock.
+// never wait for each other's turn (see shard).
 func TestShardsFollowThreads(t *testing.T) {
 	for _, c := range []struct{ threads, shards int }{{4, 2}, {4, 4}, {6, 3}, {8, 2}, {4, 1}} {
 		shardOfThread := make(map[int]int)

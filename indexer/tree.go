@@ -98,13 +98,8 @@ type rankInfo struct {
 // that matches or writers write (see shard).
 const cacheLine = 64
 
-// view is what a match reads of a spanTree: the shard publishes a copy
-// of it (see shard.publish), which writers leave alone while matches
-// read it. The slab's chunks and the sets' array are shared by every
-// copy: writers change only blocks and sets that no copy reaches (see
-// spanTree.pend). The spans, heads and who arrays are each copy's own.
-// A copy is published after whole operations only, so a match never
-// sees a rank half removed.
+// view is what a match reads of a spanTree; a shard keeps two, and which
+// parts they share is written down there (see shard).
 type view struct {
 	blocks blockSlab
 	spans  []span
@@ -113,8 +108,8 @@ type view struct {
 	heads  headTable  // key of a span's first block -> span
 }
 
-// spanTree is the tree of one shard. Its view is the writers' own copy;
-// matches read the one the shard published last.
+// spanTree is the tree of one shard. Its view is the writers' own;
+// matches read the one the shard published last (see shard).
 type spanTree struct {
 	view
 	free []uint32 // free span ids
@@ -131,11 +126,8 @@ type spanTree struct {
 	ranks     []rankInfo
 	freeSlots []uint32 // slots of removed ranks, to reuse
 	live      int      // blocks in spans
-	// yield, if set, is called between the steps of an operation, where
-	// the tree is whole, with the blocks the step applied.
-	yield  func(blocks int)
-	slotOf map[WorkerRank]uint32
-	tmp    []uint32 // with's scratch
+	slotOf    map[WorkerRank]uint32
+	tmp       []uint32 // with's scratch
 	// diffs are spare arrays for span diffs, freed by spans, each with
 	// room for diffCap()+1 entries as of when it was freed (spareDiff
 	// lets go of those the ranks outgrew since): spans split,
@@ -153,8 +145,7 @@ type spanTree struct {
 	gen      uint32
 	headLog  []headOp
 	// pend is what writers let go of since the last publication, which
-	// the copy matches read may still reach: freed only once no match
-	// reads that copy (see catchUp).
+	// the published view may still reach: freed by catchUp (see shard).
 	pend struct {
 		diffs  [][]uint32
 		sets   []uint32

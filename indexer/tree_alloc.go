@@ -5,8 +5,8 @@ import (
 	"unsafe"
 )
 
-// This file allocates a spanTree's blocks (the slab and its free ranges)
-// and grows its arrays ahead of an event (prepare, use, warm), and reads
+// This file allocates a spanTree's blocks (the slab and its free ranges),
+// warms the cache for an event (warm), trims the ranks' tables, and reads
 // a rank's blocks for dumps.
 
 // freeClass is the free list of ranges of n blocks.
@@ -116,133 +116,19 @@ func (t *spanTree) unlinkFree(a, n uint32) {
 	}
 }
 
-// growth is what a writer builds for an event before it changes the
-// tree (see spanTree.prepare) and puts in place as it starts to
-// (spanTree.use): the arrays the event may outgrow, copied into larger
-// ones at once rather than one append at a time.
-type growth struct {
-	names []blockEntry // the rank's engine-id table, or a new rank's first (see resizeFor, trimmed)
-	ids   []uint64     // the rank's engine ids, for a Cleared event (see clear)
-	spans []span
-	sets  []holdSet
-	heads []headSlot
-}
-
-// prepare returns the growth ev may need, and makes the slab's chunks for
-// its new blocks. It reads the tree and writes only the slab's spare
-// chunks, which no view reaches. An event that needs more than prepare
-// foresaw grows what it needs as it goes (blockTable.add, headTable.put,
-// append): a Cleared event gets room for two spans only, as each of its
-// runs splits off at most two, and most merge back with the next run
-// (room for two a block would grow the arrays for nothing).
-func (t *spanTree) prepare(ev Event) growth {
-	var g growth
-	k := len(ev.Blocks) + len(ev.Hashes)
-	if ev.Kind == Stored && !ev.ByID {
-		g.names = t.resizeFor(ev)
-		t.blocks.reserve(k)
-	}
-	if ev.Kind == Cleared {
-		if slot, ok := t.slotOf[ev.Worker]; ok {
-			g.ids = t.clearOrder(slot)
-		}
-	}
-	// An event makes at most two spans a block (isolate's splits), and as
-	// many sets and heads, but where a stored block also takes an engine
-	// id from another (see storeOne): those few grow as they go.
-	room := 2*k + 2
-	g.spans = roomFor(t.spans, len(t.free), room)
-	g.sets = roomFor(t.sets, len(t.freeS), room)
-	g.heads = t.heads.grownFor(room)
-	return g
-}
-
-// roomFor returns s copied into an array with room for n more elements
-// than it and free have, if they do not have it, or nil.
-func roomFor[T any](s []T, free, n int) []T {
-	if cap(s)-len(s)+free >= n {
-		return nil
-	}
-	g := make([]T, len(s), max(2*cap(s), len(s)+n))
-	copy(g, s)
-	return g
-}
-
-// use puts g, prepared for the event about to be applied to rank wr, in
-// place; but a new rank's table, which the event makes the rank with (see
-// store).
-func (t *spanTree) use(wr WorkerRank, g growth) {
-	if g.names != nil {
-		if slot, ok := t.slotOf[wr]; ok {
-			t.ranks[slot].names.tab = g.names
-		}
-	}
-	if g.spans != nil {
-		t.spans = g.spans
-	}
-	if g.sets != nil {
-		t.sets = g.sets
-	}
-	if g.heads != nil {
-		t.heads.slots = g.heads
-	}
-}
-
-// resizeFor returns the engine id table of ev's rank grown, if it must
-// be, for the engine ids the Stored event ev adds, as the ids of its first
-// writeChunk blocks suggest: none for a copy of held blocks to another
-// tier; or, for a rank ev makes, its first table, sized for all of ev's
-// ids. It only reads the tree: a writer puts it in place with use, or
-// store.
-func (t *spanTree) resizeFor(ev Event) []blockEntry {
-	if len(ev.Blocks) == 0 {
-		return nil
-	}
-	slot, ok := t.slotOf[ev.Worker]
-	if !ok {
-		if ev.HasParent {
-			return nil // ErrUnknownParent
-		}
-		var empty blockTable
-		return make([]blockEntry, empty.reserveSize(len(ev.Blocks)))
-	}
-	bt := &t.ranks[slot].names
-	if bt.reserveSize(len(ev.Blocks)) == 0 {
-		return nil // counted only when the table could be too small
-	}
-	first := ev.Blocks[:min(writeChunk, len(ev.Blocks))]
-	fresh := 0
-	for _, b := range first {
-		if _, ok := bt.get(b.Hash); !ok {
-			fresh++
-		}
-	}
-	if fresh == 0 {
-		return nil
-	}
-	if size := bt.reserveSize((fresh*len(ev.Blocks) + len(first) - 1) / len(first)); size > 0 {
-		return bt.resized(size)
-	}
-	return nil
-}
-
 // warm reads, for each block of ev, the slot of its rank's engine id
 // table where a lookup of its engine id starts, and, for a Removed event,
 // the block that id names, so that applying ev finds them in the cache.
-// grown is the table prepare made for ev, if any, which applying ev will
-// use instead. It only reads the tree (see resizeFor), and the loads of
-// one pass are independent of each other, so the processor makes them at
-// once rather than one miss after the other.
-func (t *spanTree) warm(ev Event, grown []blockEntry) uint64 {
+// It only reads the tree, and the loads of one pass are independent of
+// each other, so the processor makes them at once rather than one miss
+// after the other.
+func (t *spanTree) warm(ev Event) uint64 {
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok || ev.ByID || ev.Kind != Stored && ev.Kind != Removed {
 		return 0
 	}
 	names := &t.ranks[slot].names
 	tab := names.tab
-	if grown != nil {
-		tab = grown
-	}
 	size := len(tab)
 	if size == 0 {
 		return 0
@@ -265,14 +151,14 @@ func (t *spanTree) warm(ev Event, grown []blockEntry) uint64 {
 	return sum
 }
 
-// trimmed returns the engine id table of wr shrunk, if removals left it
-// below trimBelow, or nil. It only reads the tree (see resizeFor).
-func (t *spanTree) trimmed(wr WorkerRank) []blockEntry {
-	slot, ok := t.slotOf[wr]
-	if !ok {
-		return nil
+// trim shrinks the engine id table of wr, if removals left it below
+// trimBelow.
+func (t *spanTree) trim(wr WorkerRank) {
+	if slot, ok := t.slotOf[wr]; ok {
+		if tab := t.ranks[slot].names.trimmed(); tab != nil {
+			t.ranks[slot].names.tab = tab
+		}
 	}
-	return t.ranks[slot].names.trimmed()
 }
 
 // rankList appends the tree's worker ranks to dst.
@@ -313,7 +199,6 @@ const slabBits = 14
 // blockSlab holds a tree's blocks by value, in chunks that never move, so
 // that growing it copies nothing, and both views share them (see view).
 type blockSlab struct {
-	spare  [][]blockRec // chunks made ahead (see reserve)
 	n      uint32       // ids below n are in use or free (see release)
 	chunks [][]blockRec // each of 1<<slabBits blocks
 }
@@ -323,32 +208,19 @@ func (s *blockSlab) at(b uint32) *blockRec { return &s.chunks[b>>slabBits][b&(1<
 
 func (s *blockSlab) len() int { return int(s.n) }
 
-// grow makes k more ids usable and returns the first. It takes the chunks
-// it needs from spare, made by reserve, if it can.
+// grow makes k more ids usable and returns the first.
 func (s *blockSlab) grow(k uint32) uint32 {
 	a := s.n
 	for uint64(a)+uint64(k) > uint64(len(s.chunks))<<slabBits {
-		if n := len(s.spare); n > 0 {
-			s.chunks = append(s.chunks, s.spare[n-1])
-			s.spare = s.spare[:n-1]
-		} else {
-			s.chunks = append(s.chunks, newChunk())
-		}
+		s.chunks = append(s.chunks, newChunk())
 	}
 	s.n += k
 	return a
 }
 
-// reserve makes spare chunks, if needed, for k more ids: the memory of a
-// new chunk comes from the system on its first write, a page at a time,
-// so a writer makes it, and writes it, ahead of the event.
-func (s *blockSlab) reserve(k int) {
-	for uint64(s.n)+uint64(k) > uint64(len(s.chunks)+len(s.spare))<<slabBits {
-		s.spare = append(s.spare, newChunk())
-	}
-}
-
-// newChunk returns a chunk of blocks whose pages are all written.
+// newChunk returns a chunk of blocks whose pages are all written: the
+// memory of a new chunk comes from the system on its first write, a page
+// at a time, at once rather than a fault now and then.
 func newChunk() []blockRec {
 	c := make([]blockRec, 1<<slabBits)
 	step := max(1, 4096/int(unsafe.Sizeof(blockRec{})))

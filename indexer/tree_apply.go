@@ -8,15 +8,11 @@ import (
 // This file applies events to a spanTree: stores, removals, clears and
 // a rank's removal, step by step.
 
-// maxStretch bounds the blocks a store applies in one step (see
-// spanTree.yield).
+// maxStretch bounds the blocks that one step of a store, a removal or an
+// id-only store takes at once (see store, run). Unbounded steps apply
+// events faster, but lengthen the tail of the matches that run meanwhile
+// (docs/design.md).
 const maxStretch = 16
-
-func (t *spanTree) step(n int) {
-	if t.yield != nil {
-		t.yield(n)
-	}
-}
 
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
@@ -126,9 +122,8 @@ func (t *spanTree) detachRun(slot uint32, hs []uint64, tiers Tier) (int, int) {
 // store applies a Stored event (not ByID). Stretches of blocks along one
 // span, under engine ids that name them or nothing yet, and of new
 // blocks, under engine ids the rank does not use, are stored up to
-// maxStretch at a time; other blocks one by one (see storeOne). A rank
-// the event makes takes tab, resizeFor's, as its engine-id table.
-func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
+// maxStretch at a time; other blocks one by one (see storeOne).
+func (t *spanTree) store(ev Event) (ApplyResult, error) {
 	if t.blocks.len()+len(ev.Blocks) > 1<<31 {
 		return ApplyResult{}, errTreeFull
 	}
@@ -147,7 +142,6 @@ func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 	}
 	if !known {
 		slot = t.rank(ev.Worker)
-		t.ranks[slot].names.tab = tab
 	}
 	names := &t.ranks[slot].names
 	var res ApplyResult
@@ -220,7 +214,6 @@ func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 		if k > 0 {
 			i += k
 			cur = at + uint32(k) - 1
-			t.step(k)
 			continue
 		}
 		if nxt == noBlock {
@@ -238,7 +231,6 @@ func (t *spanTree) store(ev Event, tab []blockEntry) (ApplyResult, error) {
 		res.Removed += removed
 		prev = key
 		i++
-		t.step(1)
 	}
 	return res, nil
 }
@@ -383,7 +375,6 @@ func (t *spanTree) remove(ev Event) ApplyResult {
 			res.Unknown += k
 		}
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }
@@ -437,13 +428,12 @@ func (t *spanTree) storeByID(ev Event) ApplyResult {
 			res.Stored += k
 		}
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }
 
-// clear applies a Cleared event of rank wr, whose engine ids are ids: a
-// writer lists them before it changes the tree (see prepare, leaving).
+// clear applies a Cleared event of rank wr, whose engine ids are ids,
+// listed before the tree changes (see clearOrder).
 func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[wr]
@@ -454,7 +444,6 @@ func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 		k, removed := t.detachRun(slot, hs, tiers)
 		res.Removed += removed
 		hs = hs[k:]
-		t.step(k)
 	}
 	return res
 }
@@ -510,19 +499,21 @@ func (t *spanTree) leaving(gone func(WorkerRank) bool) []rankIDs {
 	return out
 }
 
-// apply applies ev, with g, which prepare made for it, put in place
-// first.
-func (t *spanTree) apply(ev Event, g growth) (ApplyResult, error) {
-	t.use(ev.Worker, g)
+// apply applies ev.
+func (t *spanTree) apply(ev Event) (ApplyResult, error) {
 	switch {
 	case ev.Kind == Stored && ev.ByID:
 		return t.storeByID(ev), nil
 	case ev.Kind == Stored:
-		return t.store(ev, g.names)
+		return t.store(ev)
 	case ev.Kind == Removed:
 		return t.remove(ev), nil
 	case ev.Kind == Cleared:
-		return t.clear(ev.Worker, ev.Tier, g.ids), nil
+		slot, ok := t.slotOf[ev.Worker]
+		if !ok {
+			return ApplyResult{}, nil
+		}
+		return t.clear(ev.Worker, ev.Tier, t.clearOrder(slot)), nil
 	}
 	return ApplyResult{}, ErrBadEvent
 }

@@ -31,9 +31,8 @@ func (m *runMatch) reset(slots int) {
 	m.all = slices.Grow(m.all[:0], w)[:w]
 }
 
-// match appends to dst the Overlap of every rank holding seq[0], lapping
-// clock's phases.
-func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock) []Overlap {
+// match appends to dst the Overlap of every rank holding seq[0].
+func (t *view) match(seq []uint64, m *runMatch, dst []Overlap) []Overlap {
 	if len(seq) == 0 {
 		return dst
 	}
@@ -57,7 +56,6 @@ func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock
 			}
 		}
 	}
-	clock.lap(phaseStart)
 	live := 0 // ranks in cands[classAny]
 	for _, x := range m.cands[classAny] {
 		live += bits.OnesCount64(x)
@@ -142,7 +140,6 @@ func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock
 			break // reached is not read: no rank is left in cands
 		}
 	}
-	clock.lap(phaseWalk)
 	at := len(dst)
 	dst = slices.Grow(dst, n)[:at+n]
 	out := dst[at:]
@@ -170,7 +167,6 @@ func (t *view) match(seq []uint64, m *runMatch, dst []Overlap, clock *phaseClock
 			}
 		}
 	}
-	clock.lap(phaseEmit)
 	return dst
 }
 

@@ -320,15 +320,11 @@ func TestSpansAcrossSlabChunks(t *testing.T) {
 	check("a removed", ov(b, n-1<<slabBits, n-1<<slabBits, n-1<<slabBits))
 }
 
-// TestPrepareGrowsBeforeApply checks that what prepare builds for an event
-// before it is applied is all the event needs: applying it grows no array of
-// the tree (spans, sets, heads), makes no slab chunk, resizes no rank's
-// engine-id table and makes none for a new rank but prepare's; and that
-// prepare, for a Cleared event, and leaving, for a rank's removal, list
-// the rank's engine ids, last block first, which applying them takes (see
-// TestClearTakesTheIDsGiven), where a copy, a chunk's first writes or a
-// list would lengthen the writers' turn while the event applies.
-func TestPrepareGrowsBeforeApply(t *testing.T) {
+// TestLeavingListsIDsInClearOrder applies events that grow a tree over
+// two slab chunks, evict, copy and clear, and checks that leaving, for a
+// rank's removal, lists the rank's engine ids, last block first, which
+// removeRank takes (see TestClearTakesTheIDsGiven).
+func TestLeavingListsIDsInClearOrder(t *testing.T) {
 	const n = 3<<slabBits/2 + 11 // a chain over two chunks
 	every3 := func(w uint64, from, to int) []uint64 {
 		var hs []uint64
@@ -353,7 +349,10 @@ func TestPrepareGrowsBeforeApply(t *testing.T) {
 	}
 	tr := newSpanTree()
 	for _, e := range events {
-		applyPrepared(t, tr, e.name, e.ev)
+		if _, err := tr.apply(e.ev); err != nil {
+			t.Fatalf("%s: %v", e.name, err)
+		}
+		checkSpanTree(t, tr)
 	}
 	gone := tr.leaving(func(r WorkerRank) bool { return r == c })
 	if len(gone) != 1 || gone[0].wr != c || !inClearOrder(tr, tr.slotOf[c], gone[0].ids) {
@@ -366,90 +365,21 @@ func TestPrepareGrowsBeforeApply(t *testing.T) {
 	}
 }
 
-// TestClearGrowsBeforeApply checks that prepare gives a Cleared event the
-// room its runs need: on a tight tree (no free span ids, no spare
-// capacity), the first run of a's clear splits a span longer than a run,
-// so applying it would grow the spans if prepare had not.
-func TestClearGrowsBeforeApply(t *testing.T) {
-	a, b, c, d := wr(1, 0), wr(2, 0), wr(3, 0), wr(4, 0)
-	tr := newSpanTree()
-	for _, ev := range []Event{
-		stored(a, TierDevice, nil, longChain(1, 0, 40)),
-		stored(b, TierDevice, nil, longChain(2, 0, 40)), // frees spans as it goes
-		stored(c, TierDevice, nil, longChain(3, 0, 5)),  // splits, taking one
-		stored(d, TierDevice, nil, longChain(4, 0, 3)),  // and another
-	} {
-		applyPrepared(t, tr, fmt.Sprintf("%s stores", ev.Worker), ev)
-	}
-	if len(tr.free) != 0 {
-		t.Fatalf("the tree has %d free span ids; the test needs none", len(tr.free))
-	}
-	tr.spans = slices.Clip(tr.spans)
-	ids := len(tr.spans)
-	applyPrepared(t, tr, "a cleared on a tight tree", Event{Kind: Cleared, Worker: a, Tier: AllTiers})
-	if len(tr.spans) == ids {
-		t.Errorf("a's clear made no span: the test no longer checks room for one")
-	}
-	if tr.live != 40 || tr.who[tr.slotOf[a]].blocks != 0 {
-		t.Errorf("after a's clear the tree has %d blocks (want b's 40), a holds %d (want none)", tr.live, tr.who[tr.slotOf[a]].blocks)
-	}
-}
-
-// applyPrepared applies ev to tr as a writer does, prepare and use first,
-// and fails t if applying grew what prepare should have: an array of the
-// tree (spans, sets, heads), the slab's chunks, or a rank's engine-id
-// table; or if prepare listed for a Cleared event other ids than the
-// rank's, last block first.
-func applyPrepared(t *testing.T, tr *spanTree, name string, ev Event) {
-	t.Helper()
-	sameArray := func(x, y []blockEntry) bool { return len(x) == len(y) && (len(x) == 0 || &x[0] == &y[0]) }
-	g := tr.prepare(ev)
-	tr.use(ev.Worker, g)
-	spans, sets, heads := cap(tr.spans), cap(tr.sets), len(tr.heads.slots)
-	chunks := len(tr.blocks.chunks) + len(tr.blocks.spare)
-	slot, known := tr.slotOf[ev.Worker]
-	names := g.names // a new rank's
-	if known {
-		names = tr.ranks[slot].names.tab
-	}
-	if ev.Kind == Cleared {
-		if !inClearOrder(tr, slot, g.ids) {
-			t.Errorf("%s: prepare listed %d engine ids, not the rank's %d, last block first", name, len(g.ids), tr.ranks[slot].names.len())
-		}
-	}
-	if _, err := tr.apply(ev, g); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	checkSpanTree(t, tr)
-	if cap(tr.spans) != spans || cap(tr.sets) != sets || len(tr.heads.slots) != heads {
-		t.Errorf("%s: applying grew spans %d -> %d, sets %d -> %d, heads %d -> %d", name, spans, cap(tr.spans), sets, cap(tr.sets), heads, len(tr.heads.slots))
-	}
-	if got := len(tr.blocks.chunks) + len(tr.blocks.spare); got != chunks {
-		t.Errorf("%s: applying made %d slab chunks", name, got-chunks)
-	}
-	if tab := tr.ranks[tr.slotOf[ev.Worker]].names.tab; ev.Kind == Stored && !sameArray(tab, names) {
-		t.Errorf("%s: applying made the rank an engine-id table of its own (%d slots), not using the one prepared or there before", name, len(tab))
-	}
-}
-
-// TestClearTakesTheIDsGiven checks that a Cleared event takes the engine
-// ids prepare listed, and only those: it lists none of its own under the
-// lock.
+// TestClearTakesTheIDsGiven checks that clear takes the engine ids it is
+// given (clearOrder's, for a Cleared event), and only those.
 func TestClearTakesTheIDsGiven(t *testing.T) {
 	a := wr(1, 0)
 	tr := newSpanTree()
-	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4)), growth{}); err != nil {
+	if _, err := tr.apply(stored(a, TierDevice, nil, longChain(1, 0, 4))); err != nil {
 		t.Fatal(err)
 	}
-	ev := Event{Kind: Cleared, Worker: a, Tier: AllTiers}
-	g := tr.prepare(ev)
-	if !slices.Equal(g.ids, []uint64{1<<40 | 3, 1<<40 | 2, 1<<40 | 1, 1<<40 | 0}) {
-		t.Fatalf("prepare listed %x, want a's ids last block first", g.ids)
+	ids := tr.clearOrder(tr.slotOf[a])
+	if !slices.Equal(ids, []uint64{1<<40 | 3, 1<<40 | 2, 1<<40 | 1, 1<<40 | 0}) {
+		t.Fatalf("clearOrder listed %x, want a's ids last block first", ids)
 	}
-	g.ids = g.ids[:2]
-	res, err := tr.apply(ev, g)
-	if err != nil || res != (ApplyResult{Removed: 2}) {
-		t.Fatalf("clear with two of the ids: %+v, %v; want 2 removed", res, err)
+	res := tr.clear(a, AllTiers, ids[:2])
+	if res != (ApplyResult{Removed: 2}) {
+		t.Fatalf("clear with two of the ids: %+v; want 2 removed", res)
 	}
 	checkSpanTree(t, tr)
 	if got := tr.who[tr.slotOf[a]].blocks; got != 2 {
@@ -473,9 +403,9 @@ func inClearOrder(tr *spanTree, slot uint32, ids []uint64) bool {
 // and by engine ids only, and takes tiers off it again, in runs of
 // consecutive blocks, in either order, broken by gaps, repeats, unknown
 // ids and the ends of spans, as engines that offload blocks do. Each
-// event must be applied in the writer's steps given (a run of blocks of
-// one span, up to maxStretch, at once) and give what one block at a
-// time gives; the tree must end as few spans as the holders make.
+// event must give what one block at a time gives (see TestRunsOfIDs for
+// the runs taken at once); the tree must end as few spans as the holders
+// make.
 func TestTierRuns(t *testing.T) {
 	const n = 40
 	a, b := wr(1, 0), wr(2, 0)
@@ -496,31 +426,30 @@ func TestTierRuns(t *testing.T) {
 	steps := []struct {
 		name string
 		ev   Event
-		took []int // blocks per step
 		want ApplyResult
 		ov   []Overlap // a's, then b's
 	}{
-		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), []int{16, 16, 8}, ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
-		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), []int{16, 4}, ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
-		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(1, n-1, 10)...), []int{16, 14}, ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
+		{"a copies its chain to host", stored(a, TierHost, nil, longChain(1, 0, n)), ApplyResult{Stored: n}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"and again: nothing new", stored(a, TierHost, nil, longChain(1, 0, 20)), ApplyResult{}, []Overlap{ov(a, n, n, n), ov(b, n, n, n)}},
+		{"a evicts its tail from device, last first", removed(a, TierDevice, ids(1, n-1, 10)...), ApplyResult{Removed: n - 10}, []Overlap{ov(a, 10, n, n), ov(b, n, n, n)}},
 		{"from host, first first, with a gap, a repeat and an unknown id", removed(a, TierHost, append(append(ids(1, 30, 34), ids(1, 36, 37)...), 1<<40|37, 99)...),
-			[]int{5, 2, 1, 1}, ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
+			ApplyResult{Removed: 7, Unknown: 2}, []Overlap{ov(a, 10, 30, 30), ov(b, n, n, n)}},
 		// 39, 38; 37..30 gone but 35; 29..10 on host only, 9..0 on both.
-		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...), []int{2, 1, 1, 1, 1, 1, 1, 1, 1, 16, 4, 10},
+		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...),
 			ApplyResult{Removed: n - 7, Unknown: 7}, []Overlap{ov(a, 10, 10, 10), ov(b, n, n, n)}},
-		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), []int{10}, ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
-		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)}, []int{1, 1, 1},
+		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
+		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)},
 			ApplyResult{Unknown: 3}, []Overlap{ov(b, n, n, n)}},
-		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)}, []int{16, 16, 8, 1},
+		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)},
 			ApplyResult{Stored: n, Unknown: 1}, []Overlap{ov(b, n, n, n)}},
-		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)}, slices.Repeat([]int{1}, n),
+		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)},
 			ApplyResult{}, []Overlap{ov(b, n, n, n)}},
-		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)}, []int{16, 4},
+		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)},
 			ApplyResult{Stored: 20}, []Overlap{ov(b, n, n, n)}},
 		// A run ends where the span does: 19 | 20.
-		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...), []int{10, 10},
+		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...),
 			ApplyResult{Removed: 20}, []Overlap{ov(b, n, n, n)}},
-		{"and off device, last first, across two spans", removed(b, TierDevice, ids(2, 29, 10)...), []int{10, 10},
+		{"and off device, last first, across two spans", removed(b, TierDevice, ids(2, 29, 10)...),
 			ApplyResult{Removed: 20}, []Overlap{ov(b, 10, 10, 10)}},
 	}
 	ix := NewIndex(4)
@@ -533,18 +462,10 @@ func TestTierRuns(t *testing.T) {
 			}
 		}
 	}
-	var took []int
-	tr := ix.shards[0].tree
-	yield := tr.yield
-	tr.yield = func(n int) { took = append(took, n); yield(n) }
 	for _, st := range steps {
-		took = took[:0]
 		got, err := ix.Apply(st.ev)
 		if err != nil || got != st.want {
 			t.Fatalf("%s: %+v, %v; want %+v", st.name, got, err, st.want)
-		}
-		if !slices.Equal(took, st.took) {
-			t.Errorf("%s: applied in steps of %v blocks, want %v", st.name, took, st.took)
 		}
 		var each ApplyResult
 		for i := range len(st.ev.Hashes) + len(st.ev.Blocks) {
@@ -576,6 +497,59 @@ func TestTierRuns(t *testing.T) {
 	}
 }
 
+// TestRunsOfIDs checks the runs of engine ids that removals and
+// id-only stores take at once (see spanTree.run): ids naming consecutive
+// blocks of one span, in either order, up to maxStretch, ended by a gap,
+// a repeat, an unknown id or the end of the span.
+func TestRunsOfIDs(t *testing.T) {
+	const n = 40
+	a, b := wr(1, 0), wr(2, 0)
+	tr := newSpanTree()
+	for _, ev := range []Event{stored(a, TierDevice, nil, longChain(1, 0, n)), stored(b, TierDevice, nil, longChain(2, 0, n/2))} {
+		if _, err := tr.apply(ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := func(from, to int) []uint64 { // a's ids of blocks from..to, in that order
+		var hs []uint64
+		for i := from; ; {
+			hs = append(hs, 1<<40|uint64(i))
+			if i == to {
+				return hs
+			}
+			if from < to {
+				i++
+			} else {
+				i--
+			}
+		}
+	}
+	slot := tr.slotOf[a]
+	names := &tr.ranks[slot].names
+	for _, c := range []struct {
+		name  string
+		hs    []uint64
+		k, lo int // the run's length, and the index in a's chain of its lowest block
+	}{
+		{"first first, up to maxStretch", ids(20, n-1), maxStretch, 20},
+		{"last first, up to maxStretch", ids(n-1, 20), maxStretch, n - maxStretch},
+		{"a gap", append(ids(30, 34), ids(36, 37)...), 5, 30},
+		{"a repeat", append(ids(36, 37), 1<<40|37), 2, 36},
+		{"an unknown id", append(ids(36, 37), 99), 2, 36},
+		{"the end of a span", ids(10, 29), 10, 10},
+		{"the start of a span, last first", ids(25, 15), 6, 20},
+	} {
+		b, ok := names.get(c.hs[0])
+		if !ok {
+			t.Fatalf("%s: a does not name %x", c.name, c.hs[0])
+		}
+		lo0, _ := names.get(1<<40 | uint64(c.lo))
+		if k, lo := tr.run(names, c.hs, b, slot, false); k != c.k || lo != lo0 {
+			t.Errorf("%s: run of %d from block %d, want %d from %d", c.name, k, lo, c.k, lo0)
+		}
+	}
+}
+
 // TestStoreReusedIDKeepsBlocksTogether stores a new chain whose first
 // engine id names another block of the rank: the chain's blocks still
 // come from one range and make one span.
@@ -586,7 +560,7 @@ func TestStoreReusedIDKeepsBlocksTogether(t *testing.T) {
 		stored(a, TierDevice, nil, chain(100, 1, 2, 3, 4, 5, 6, 7, 8)),
 		stored(a, TierDevice, nil, append(chain(101, 9, 9, 9, 9)[:1], chain(201, 9, 9, 9, 9, 8, 8, 8, 8, 7, 7, 7, 7)[1:]...)),
 	} {
-		if _, err := tr.apply(ev, tr.prepare(ev)); err != nil {
+		if _, err := tr.apply(ev); err != nil {
 			t.Fatal(err)
 		}
 		checkSpanTree(t, tr)

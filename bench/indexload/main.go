@@ -16,25 +16,21 @@
 // time its matches at that apply rate rather than at the fastest; it
 // sleeps until each event's time, or spins with -pace-spin (so that its
 // core does not idle meanwhile: see BENCHMARKS.md on what a VM's
-// scheduler does then). With
-// -rematch, the replay matches each prompt a second time at once, and
-// times that too: the same match with the blocks it reads in cache.
-// Built with -tags matchphases, it also reports how long the replay's and
-// the idle matches spent in each phase: entering the view of the tree
-// the writers published last, starting, walking, emitting (see
-// indexer.Index.ObservePhases). Each phase that applies events reports
-// how often the system preempted the process's threads and how many page
+// scheduler does then). With -rematch, the replay matches each prompt a
+// second time at once, and times that too: the same match with the
+// blocks it reads in cache. Each phase that applies events reports how
+// often the system preempted the process's threads and how many page
 // faults they took, and, on Linux, the machine's interrupts of a few
 // kinds meanwhile (TLB shootdowns, function calls, rescheduling, the
-// local timer). It owns nothing but its own measurement; it uses only
-// the indexer package's public API.
+// local timer); -cpuprofile profiles the phases, a match's steps
+// included. It owns nothing but its own measurement; it uses only the
+// indexer package's public API.
 //
 // The trace is by default the Mooncake conversation trace shipped gzipped
 // in data/mooncake-traces (see data/README.md); run it from the repository
 // root, as make bench does:
 //
 //	go run ./bench/indexload [-trace data/mooncake-traces/conversation_trace.jsonl.gz]
-//	go run -tags matchphases ./bench/indexload
 package main
 
 import (
@@ -188,7 +184,7 @@ func run(cfg config, out io.Writer) error {
 	runtime.GC()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	stats, shards := ix.Stats(), ix.Shards()
+	stats := ix.Stats()
 	perEntry := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / float64(max(stats.Entries, 1))
 	allocs := float64(after.Mallocs-before.Mallocs) / float64(max(blocks, 1)) * 1000
 	if memProfile != nil {
@@ -216,7 +212,6 @@ func run(cfg config, out io.Writer) error {
 	replay = r.lat
 	slices.Sort(replay)
 	slices.Sort(r.again)
-	r.phases.sort()
 
 	// Phase 3, the stress: apply again while matches run back to back.
 	var lat latencies
@@ -234,17 +229,13 @@ func run(cfg config, out io.Writer) error {
 	// a phase after it would take each page it reuses from the system
 	// anew (a page fault each).
 	debug.FreeOSMemory()
-	var idlePhases phaseLog
-	idlePhases.timed = six.ObservePhases(idlePhases.observe)
-	idle, shapes := measureIdle(six, queries, cfg.idleRounds, &idlePhases)
-	six.ObservePhases(nil)
-	idlePhases.sort()
+	idle, shapes := measureIdle(six, queries, cfg.idleRounds)
 	// The same matches with a thread busy on another core, writing
 	// nothing the matches read: what having both cores busy does to
 	// them, without a writer.
 	var spun latencies
 	if runtime.GOMAXPROCS(0) > 1 {
-		spinWhile(func() { spun, _ = measureIdle(six, queries, cfg.idleRounds, &phaseLog{}) })
+		spinWhile(func() { spun, _ = measureIdle(six, queries, cfg.idleRounds) })
 	}
 
 	rate := func(d time.Duration) string { return fmt.Sprintf("%.2f M/s", float64(blocks)/d.Seconds()/1e6) }
@@ -282,7 +273,7 @@ func run(cfg config, out io.Writer) error {
 		}
 		fmt.Fprintf(out, " |\n")
 	}
-	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", shards, stats.Workers, stats.Nodes, stats.Entries)
+	fmt.Fprintf(out, "| final index | %d shards, %d worker ranks, %d nodes, %d (block, worker) entries |\n", cfg.indexShards, stats.Workers, stats.Nodes, stats.Entries)
 	fmt.Fprintf(out, "| heap bytes per (block, worker) entry | %.1f |\n", perEntry)
 	fmt.Fprintf(out, "| heap allocations per 1 000 blocks applied, alone (the index's and its Set's) | %.2f |\n", allocs)
 	fmt.Fprintf(out, "\nIdle matches by how many distinct device prefix lengths the matched ranks have:\n\n")
@@ -290,72 +281,7 @@ func run(cfg config, out io.Writer) error {
 	for _, g := range groupShapes(shapes) {
 		fmt.Fprintf(out, "| %s | %d | %d | %d | %s | %s |\n", g.name, len(g.lat), g.ranks, g.blocks, g.lat.pct(50), g.lat.pct(99))
 	}
-	if r.phases.timed {
-		fmt.Fprintf(out, "\nPhases of the matches (built with -tags matchphases; the shards' summed per match, over the %d replay and %d idle matches with candidates; timing them adds about 5 clock reads to each):\n\n", r.phases.all.n(), idlePhases.all.n())
-		fmt.Fprintf(out, "| phase | replay p50 | replay p99 | idle p50 | idle p99 |\n|---|---|---|---|---|\n")
-		for _, ph := range []struct {
-			name   string
-			replay latencies
-			idle   latencies
-		}{
-			{"enter the published view", r.phases.wait, idlePhases.wait},
-			{"start (first block, candidates)", r.phases.start, idlePhases.start},
-			{"walk", r.phases.walk, idlePhases.walk},
-			{"emit (Overlaps)", r.phases.emit, idlePhases.emit},
-			{"all but the wait", r.phases.busy, idlePhases.busy},
-			{"all", r.phases.all, idlePhases.all},
-		} {
-			fmt.Fprintf(out, "| %s | %s | %s | %s | %s |\n", ph.name, ph.replay.pct(50), ph.replay.pct(99), ph.idle.pct(50), ph.idle.pct(99))
-		}
-		fmt.Fprintf(out, "\nReplay matches that took more than 1µs to enter the published view: %d of %d.\n", r.phases.waited, r.phases.all.n())
-	}
 	return nil
-}
-
-// phaseLog collects the phases of matches made one at a time, by one
-// goroutine (see indexer.Index.ObservePhases): observe sums the shards'
-// phases of the current match, end files them.
-type phaseLog struct {
-	timed bool // the binary times phases
-	cur   indexer.MatchPhases
-	// wait is the time to enter the view the writers published last
-	// (MatchPhases.Wait); busy, all but that; all, the whole match.
-	wait, start, walk, emit latencies
-	busy, all               latencies
-	waited                  int // matches that took more than 1µs to enter the view
-}
-
-// observe adds one shard's phases to the current match's.
-func (l *phaseLog) observe(p indexer.MatchPhases) {
-	l.cur.Wait += p.Wait
-	l.cur.Start += p.Start
-	l.cur.Walk += p.Walk
-	l.cur.Emit += p.Emit
-	l.cur.Ranks += p.Ranks
-}
-
-// drop forgets the current match's phases.
-func (l *phaseLog) drop() { l.cur = indexer.MatchPhases{} }
-
-// end files the current match's phases if it had candidates.
-func (l *phaseLog) end() {
-	c := l.cur
-	l.cur = indexer.MatchPhases{}
-	if !l.timed || c.Ranks == 0 {
-		return
-	}
-	busy := c.Start + c.Walk + c.Emit
-	l.wait, l.start, l.walk, l.emit = append(l.wait, c.Wait), append(l.start, c.Start), append(l.walk, c.Walk), append(l.emit, c.Emit)
-	l.busy, l.all = append(l.busy, busy), append(l.all, busy+c.Wait)
-	if c.Wait > time.Microsecond {
-		l.waited++
-	}
-}
-
-func (l *phaseLog) sort() {
-	for _, x := range []latencies{l.wait, l.start, l.walk, l.emit, l.busy, l.all} {
-		slices.Sort(x)
-	}
 }
 
 // shape is one idle match: its duration, and what made it long.
@@ -540,22 +466,15 @@ type replayer struct {
 	lat     latencies
 	rematch bool      // match each prompt again at once, timed in again
 	again   latencies // the second matches
-	phases  phaseLog
-	hooked  bool // phases observes the replay's index
 }
 
 // before matches, on ix, every prompt not yet matched whose events start
 // at or before event i (len(events): all that are left).
 func (r *replayer) before(ix *indexer.Index, i int) {
-	if !r.hooked {
-		r.phases.timed, r.hooked = ix.ObservePhases(r.phases.observe), true
-	}
 	for ; r.next < len(r.queries) && r.firsts[r.next] <= i; r.next++ {
 		r.lat = append(r.lat, r.match(ix, r.queries[r.next]))
-		r.phases.end()
 		if r.rematch {
 			r.again = append(r.again, r.match(ix, r.queries[r.next]))
-			r.phases.drop()
 		}
 	}
 }
@@ -931,9 +850,8 @@ func spinWhile(f func()) {
 }
 
 // measureIdle matches every query rounds times on ix and returns the
-// durations, sorted, and the shape of each match, ending each match in
-// phases.
-func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int, phases *phaseLog) (latencies, []shape) {
+// durations, sorted, and the shape of each match.
+func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int) (latencies, []shape) {
 	buf := make([]indexer.Overlap, 0, 256)
 	l := make(latencies, 0, rounds*len(queries))
 	shapes := make([]shape, 0, rounds*len(queries))
@@ -943,7 +861,6 @@ func measureIdle(ix *indexer.Index, queries [][]uint64, rounds int, phases *phas
 			t0 := time.Now()
 			buf = ix.Match(q, buf[:0])
 			d := time.Since(t0)
-			phases.end()
 			l = append(l, d)
 			clear(lengths)
 			for _, o := range buf {

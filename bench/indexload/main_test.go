@@ -145,44 +145,6 @@ func TestGroupShapes(t *testing.T) {
 	}
 }
 
-// TestPhaseLog: the shards' phases of one match are summed; matches
-// without candidates are left out; a match that took over 1µs to enter
-// the published view counts as waited; a dropped match (the replay's
-// second, with -rematch) is not filed; a log of a binary that does not
-// time phases files nothing.
-func TestPhaseLog(t *testing.T) {
-	l := phaseLog{timed: true}
-	l.observe(indexer.MatchPhases{Wait: us(2), Start: us(1), Walk: us(3), Emit: us(1), Ranks: 4})
-	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(1), Ranks: 0})
-	l.end()
-	l.observe(indexer.MatchPhases{Wait: us(5), Start: us(5), Walk: us(5), Emit: us(5), Ranks: 4})
-	l.drop()
-	l.observe(indexer.MatchPhases{Start: us(1)}) // no candidates
-	l.end()
-	l.observe(indexer.MatchPhases{Wait: us(1), Start: us(2), Walk: us(2), Emit: us(2), Ranks: 1})
-	l.end()
-	l.sort()
-	want := map[string]latencies{
-		"wait": {us(1), us(3)}, "start": {us(2), us(2)}, "walk": {us(2), us(3)}, "emit": {us(1), us(2)},
-		"busy": {us(6), us(6)}, "all": {us(7), us(9)},
-	}
-	got := map[string]latencies{"wait": l.wait, "start": l.start, "walk": l.walk, "emit": l.emit, "busy": l.busy, "all": l.all}
-	for k, w := range want {
-		if !slices.Equal(got[k], w) {
-			t.Errorf("%s = %v, want %v", k, got[k], w)
-		}
-	}
-	if l.waited != 1 {
-		t.Errorf("waited = %d, want 1 (the match that took 3µs to enter; 1µs is not over)", l.waited)
-	}
-	untimed := phaseLog{}
-	untimed.observe(indexer.MatchPhases{Wait: us(2), Ranks: 1})
-	untimed.end()
-	if untimed.all.n() != 0 {
-		t.Errorf("an untimed log filed %v", untimed.all)
-	}
-}
-
 func describe(ev indexer.Event) string {
 	var b strings.Builder
 	b.WriteString(ev.Kind.String())
@@ -235,16 +197,12 @@ func TestRunOnASmallTrace(t *testing.T) {
 		if err := run(cfg, &out); err != nil {
 			t.Fatal(err)
 		}
-		timed := indexer.NewIndex(16).ObservePhases(func(indexer.MatchPhases) {})
 		multi := runtime.GOMAXPROCS(0) > 1
 		for _, row := range []struct {
 			text string
 			want bool
 		}{
-			{"\nPhases of the matches (built with -tags matchphases; ", timed},
-			{"| enter the published view | ", timed},
-			{"| all but the wait | ", timed},
-			{"Replay matches that took more than 1µs to enter the published view: ", timed},
+			{"Phases of the matches", false},
 			{"for the lock", false},
 			{"such threads at once, one per Go core", multi},
 			{"| the same, a thread spinning meanwhile (another core busy) | 6, ", multi},
