@@ -1,8 +1,10 @@
 // Package indexer owns kvgate's knowledge of which worker holds which KV
 // cache blocks: Dynamo-compatible block hashing (hash.go), the tier-aware
 // prefix index per (model, tenant) (index.go), its path-compressed tree
-// (tree.go) and pointer-free tables (hashtables.go), the two copies of what
-// matches read, which writers publish in turn (index.go), its dump and
+// (tree.go) and pointer-free tables (hashtables.go), the index's contract
+// (contract.go, with a plain reference implementation in package
+// indexer/reference), the two views of a shard that matches read while
+// writers publish in turn (shard.go), its dump and
 // recovery format (dump.go), and the set of indexes with the goroutines
 // that apply events to them in per-worker order (set.go). Engines' events
 // reach it through package indexer/kvevents; its HTTP views are in
@@ -38,35 +40,11 @@
 //
 // Concurrency: an index is split by worker id into shards (Options.
 // IndexShards), each a whole tree with writers of its own, so that the
-// apply goroutines of different shards never wait for each other; a
-// match walks every shard, and a block held in several shards is in
-// each. In a shard, writers take turns for a whole operation (an event,
-// a rank's removal) on a mutex, and matches never wait for them (see
-// shard in index.go): what a match reads of the tree (the spans, the
-// table of heads, the ranks; the view) is kept twice. Writers change
-// their own copy and, after each operation, publish it: matches read
-// the published copy, each counting itself in that copy's readers, and
-// the writer waits until no match reads the other copy, brings it up to
-// date with the spans the operation wrote and the heads it put or
-// deleted, and makes it its own (spanTree.catchUp). The blocks' slab and
-// the holder sets are one for both copies: writers rewrite only blocks
-// and sets no copy reaches, so a block, set or diff array the tree lets
-// go of is freed only at the next publication, once no match reads the
-// copy that may still reach it (spanTree.pend). A match so sees every
-// operation whole or not at all, never waits for a writer the system
-// has stopped, and costs writers nothing but the copy. Where the shards
-// are at least as many as the cores Go uses, a writer gives up its core
-// for a moment every writeChunk blocks, and while it waits for a match
-// to leave the copy it must bring up to date (runtime.Gosched), so that
-// writers busy on every core do not keep a match, or a request, from
-// one; matches back to back give it back every cedeMatches matches
-// (shard.cede). Before it changes the tree, a writer builds its rank's table of
-// engine ids grown for a Stored event (or, after removals, shrunk, or a
-// new rank's first), lists the engine ids a Cleared event or a rank's
-// removal takes (spanTree.clearOrder), makes larger copies of the arrays
-// an event may outgrow and the slab's next chunks (spanTree.prepare), and
-// reads where the event's engine ids and blocks lie, all at once, so
-// that it then finds them in the cache (spanTree.warm).
+// apply goroutines of different shards never wait for each other; a match
+// walks every shard, and a block held in several shards is in each. Within
+// a shard, matches never wait for writers; the scheme is written down
+// once, on the shard type (shard.go), and docs/design.md gives the
+// measurements behind it.
 //
 // The package is a leaf: it imports nothing of kvgate, and must not know
 // wire formats, HTTP, the worker catalog or scheduling.
