@@ -300,7 +300,7 @@ func TestGatewayKVReuseCharge(t *testing.T) {
 			local := indexer.LocalHashes(nil, ids, 16, indexer.LoRASeed(""), nil)
 			ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: 1}, Tier: indexer.TierDevice}
 			for i := range 6 {
-				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: uint64(i + 1), Local: local[i]})
+				ev.Blocks = append(ev.Blocks, indexer.Block{ID: uint64(i + 1), Local: local[i]})
 			}
 			ix, err := set.Index(key, 16)
 			if err == nil {

@@ -23,7 +23,7 @@ func benchIndex(b *testing.B, workers, shared, own int) (*Index, []uint64) {
 		}
 		blocks := make([]Block, len(local))
 		for i, l := range local {
-			blocks[i] = Block{Hash: uint64(w)<<40 | uint64(i), Local: l}
+			blocks[i] = Block{ID: uint64(w)<<40 | uint64(i), Local: l}
 		}
 		if _, err := ix.Apply(Event{Kind: Stored, Worker: WorkerRank{Worker: uint64(w)}, Tier: TierDevice, Blocks: blocks}); err != nil {
 			b.Fatal(err)
@@ -62,13 +62,13 @@ func BenchmarkStoreRemove(b *testing.B) {
 	blocks := make([]Block, 64)
 	hashes := make([]uint64, 64)
 	for i := range blocks {
-		blocks[i] = Block{Hash: 1000 + uint64(i), Local: 7<<50 | uint64(i)}
-		hashes[len(hashes)-1-i] = blocks[i].Hash
+		blocks[i] = Block{ID: 1000 + uint64(i), Local: 7<<50 | uint64(i)}
+		hashes[len(hashes)-1-i] = blocks[i].ID
 	}
 	b.ReportAllocs()
 	for b.Loop() {
 		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks})
-		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, IDs: hashes})
 	}
 }
 
@@ -81,7 +81,7 @@ func benchOwnChain(b *testing.B) (*Index, []Block, []uint64) {
 	hashes := make([]uint64, 64)
 	for i := 32; i < len(blocks); i++ {
 		blocks[i].Local = 7<<50 | uint64(i)
-		hashes[len(blocks)-1-i] = blocks[i].Hash
+		hashes[len(blocks)-1-i] = blocks[i].ID
 	}
 	return ix, blocks, hashes
 }
@@ -103,7 +103,7 @@ func BenchmarkCopyToHost(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierHost, Parent: 31, HasParent: true, Blocks: blocks[32:]})
-		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierHost, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierHost, IDs: hashes})
 	}
 }
 
@@ -118,7 +118,7 @@ func BenchmarkEvictShared(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, Hashes: hashes})
+		mustApply(b, ix, Event{Kind: Removed, Worker: w, Tier: TierDevice, IDs: hashes})
 		mustApply(b, ix, Event{Kind: Stored, Worker: w, Tier: TierDevice, Parent: 31, HasParent: true, Blocks: blocks[32:]})
 	}
 }

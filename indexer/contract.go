@@ -12,7 +12,7 @@ package indexer
 // hash, another's follows from its parent's key and its own local hash
 // (NextSequenceHash). A worker rank holds a block on one tier or more,
 // and names it with one engine id or more, the ids of Event.Blocks and
-// Event.Hashes; an engine id names one block. Implementations are safe
+// Event.IDs; an engine id names one block. Implementations are safe
 // for concurrent use; events of one rank must be applied in order.
 type Interface interface {
 	// Apply applies one event. On error (ErrBadEvent, ErrUnknownParent)

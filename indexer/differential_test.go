@@ -141,9 +141,9 @@ func describe(ev indexer.Event) string {
 		fmt.Fprintf(&b, " under %x", ev.Parent)
 	}
 	for _, bl := range ev.Blocks {
-		fmt.Fprintf(&b, " %x", bl.Hash)
+		fmt.Fprintf(&b, " %x", bl.ID)
 	}
-	for _, h := range ev.Hashes {
+	for _, h := range ev.IDs {
 		fmt.Fprintf(&b, " %x", h)
 	}
 	return b.String()
@@ -277,7 +277,7 @@ func differential(t *testing.T, seed uint64) {
 		for i := range 60 + rng.IntN(70) {
 			pad := prompt{path: "9"}
 			r.p.apply(t, indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: 1000 + uint64(i)}, Tier: indexer.TierDevice,
-				Blocks: []indexer.Block{{Hash: 1 << 50, Local: pad.seq()[0]}}})
+				Blocks: []indexer.Block{{ID: 1 << 50, Local: pad.seq()[0]}}})
 		}
 	}
 	for step := range 50 + rng.IntN(50) {
@@ -295,7 +295,7 @@ func differential(t *testing.T, seed uint64) {
 				ev.Parent, ev.HasParent = r.id(q, k-1), true
 			}
 			for i := k; i < len(q.path); i++ {
-				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: r.id(q, i), Local: local[i]})
+				ev.Blocks = append(ev.Blocks, indexer.Block{ID: r.id(q, i), Local: local[i]})
 			}
 			if rng.IntN(20) == 0 {
 				ev.Tier = []indexer.Tier{0, indexer.TierDevice | indexer.TierHost}[rng.IntN(2)]
@@ -311,12 +311,12 @@ func differential(t *testing.T, seed uint64) {
 			if rng.IntN(2) == 0 {
 				from, to = to, from
 			}
-			ev := indexer.Event{Kind: indexer.Removed, Worker: w, Tier: r.tier(), Hashes: r.ids(q, from, to)}
+			ev := indexer.Event{Kind: indexer.Removed, Worker: w, Tier: r.tier(), IDs: r.ids(q, from, to)}
 			if op >= 58 {
 				ev.Kind, ev.ByID = indexer.Stored, true
 			}
 			if rng.IntN(4) == 0 { // and an id the rank may not use
-				ev.Hashes = append(ev.Hashes, r.id(r.prompt(w), 0))
+				ev.IDs = append(ev.IDs, r.id(r.prompt(w), 0))
 			}
 			r.p.apply(t, ev)
 			what = fmt.Sprintf("%s %q blocks %d..%d", describe(ev), q.path, from, to)
@@ -451,7 +451,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 			case op < 7:
 				tier := genTier.Draw(t, "tier")
 				paths := named(t, mine[w])
-				if err := p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: tier, Hashes: idsOf(paths)}); err != nil {
+				if err := p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: tier, IDs: idsOf(paths)}); err != nil {
 					t.Fatal(err)
 				}
 				log = fmt.Sprintf("remove %v %s %v", w, tier, paths)
@@ -467,7 +467,7 @@ func TestIndexMatchesReferenceModel(t *testing.T) {
 			case op < 10: // another tier for blocks named by id (Mooncake)
 				tier := genTier.Draw(t, "tier")
 				paths := named(t, mine[w])
-				if err := p.apply(t, indexer.Event{Kind: indexer.Stored, ByID: true, Worker: w, Tier: tier, Hashes: idsOf(paths)}); err != nil {
+				if err := p.apply(t, indexer.Event{Kind: indexer.Stored, ByID: true, Worker: w, Tier: tier, IDs: idsOf(paths)}); err != nil {
 					t.Fatal(err)
 				}
 				log = fmt.Sprintf("store by id %v %s %v", w, tier, paths)
@@ -515,10 +515,10 @@ func TestDeepMatchesReferenceModel(t *testing.T) {
 				for l := len(path); l >= k; l-- {
 					ids = append(ids, indexer.PathID(path[:l]))
 				}
-				p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, Hashes: ids})
+				p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, IDs: ids})
 			case op < 19: // evict one block out of order: orphans its children
 				k := rapid.IntRange(1, len(path)).Draw(t, "hole")
-				p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, Hashes: []uint64{indexer.PathID(path[:k])}})
+				p.apply(t, indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, IDs: []uint64{indexer.PathID(path[:k])}})
 			default:
 				p.apply(t, indexer.Event{Kind: indexer.Cleared, Worker: w, Tier: indexer.AllTiers})
 			}

@@ -63,7 +63,7 @@ func (ix *Index) Dump() []Event {
 			if p.tiers&t == 0 {
 				continue
 			}
-			ev := Event{Kind: Stored, Worker: p.wr, Tier: t, Blocks: []Block{{Hash: p.hash, Local: p.local}}}
+			ev := Event{Kind: Stored, Worker: p.wr, Tier: t, Blocks: []Block{{ID: p.hash, Local: p.local}}}
 			if p.depth > 0 {
 				ev.Parent, ev.HasParent = byKey[p.parent], true
 			}
@@ -305,12 +305,12 @@ func toJSONEvent(ev Event) jsonRouterEvent {
 			st.ParentHash = &p
 		}
 		for i, b := range ev.Blocks {
-			st.Blocks[i] = jsonStBlck{BlockHash: Hash(b.Hash), TokensHash: Hash(b.Local)}
+			st.Blocks[i] = jsonStBlck{BlockHash: Hash(b.ID), TokensHash: Hash(b.Local)}
 		}
 		je.Event.Data.Stored = st
 	case Removed:
-		rm := &jsonRemoved{BlockHashes: make([]Hash, len(ev.Hashes))}
-		for i, h := range ev.Hashes {
+		rm := &jsonRemoved{BlockHashes: make([]Hash, len(ev.IDs))}
+		for i, h := range ev.IDs {
 			rm.BlockHashes[i] = Hash(h)
 		}
 		je.Event.Data.Removed = rm
@@ -339,13 +339,13 @@ func fromJSONEvent(je jsonRouterEvent) (Event, error) {
 		}
 		ev.Blocks = make([]Block, len(d.Stored.Blocks))
 		for i, b := range d.Stored.Blocks {
-			ev.Blocks[i] = Block{Hash: uint64(b.BlockHash), Local: uint64(b.TokensHash)}
+			ev.Blocks[i] = Block{ID: uint64(b.BlockHash), Local: uint64(b.TokensHash)}
 		}
 	case d.Removed != nil:
 		ev.Kind = Removed
-		ev.Hashes = make([]uint64, len(d.Removed.BlockHashes))
+		ev.IDs = make([]uint64, len(d.Removed.BlockHashes))
 		for i, h := range d.Removed.BlockHashes {
-			ev.Hashes[i] = uint64(h)
+			ev.IDs[i] = uint64(h)
 		}
 	case d.Cleared:
 		ev.Kind = Cleared

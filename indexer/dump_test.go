@@ -34,7 +34,7 @@ func TestDumpIsBreadthFirstAndReplayable(t *testing.T) {
 		if ev.HasParent && !seen[ev.Worker][ev.Parent] {
 			t.Fatalf("event %d comes before its parent %d", i, ev.Parent)
 		}
-		seen[ev.Worker][ev.Blocks[0].Hash] = true
+		seen[ev.Worker][ev.Blocks[0].ID] = true
 	}
 	loaded := NewIndex(4)
 	if skipped, err := loaded.Load(events); err != nil || skipped != 0 {
@@ -59,7 +59,7 @@ func TestDumpJSONShape(t *testing.T) {
 	ix := NewIndex(2)
 	local := LocalHashes(nil, []uint32{1, 2, 3, 4}, 2, BaseSeed, nil)
 	big := uint64(1) << 63
-	if _, err := ix.Apply(stored(wr(7, 1), TierHost, nil, []Block{{Hash: big, Local: local[0]}, {Hash: 5, Local: local[1]}})); err != nil {
+	if _, err := ix.Apply(stored(wr(7, 1), TierHost, nil, []Block{{ID: big, Local: local[0]}, {ID: 5, Local: local[1]}})); err != nil {
 		t.Fatal(err)
 	}
 	data, err := MarshalDump([]IndexDump{{Key: Key{"org/m:v1", "default"}, BlockSize: 2, Events: ix.Dump()}})
@@ -122,13 +122,13 @@ func TestUnmarshalDump(t *testing.T) {
 		t.Fatalf("dumps = %+v", dumps)
 	}
 	max := ^uint64(0)
-	if evs[0].Blocks[0] != (Block{Hash: max, Local: max}) || evs[0].HasParent {
+	if evs[0].Blocks[0] != (Block{ID: max, Local: max}) || evs[0].HasParent {
 		t.Errorf("event 0 = %+v", evs[0])
 	}
 	if !evs[1].HasParent || evs[1].Parent != max || evs[1].Blocks[0].Local != 1<<63 || evs[1].Tier != TierDevice {
 		t.Errorf("event 1 = %+v", evs[1])
 	}
-	if evs[2].Kind != Removed || evs[2].Tier != TierDisk || !slices.Equal(evs[2].Hashes, []uint64{2}) {
+	if evs[2].Kind != Removed || evs[2].Tier != TierDisk || !slices.Equal(evs[2].IDs, []uint64{2}) {
 		t.Errorf("event 2 = %+v", evs[2])
 	}
 	if evs[3].Kind != Cleared || evs[3].Tier != AllTiers || evs[4].Kind != Cleared || evs[4].Tier != TierHost {
@@ -198,7 +198,7 @@ func TestMarshalDumpClearedTiers(t *testing.T) {
 
 func eventsEqual(a, b Event) bool {
 	return a.Kind == b.Kind && a.Worker == b.Worker && a.Tier == b.Tier && a.Parent == b.Parent &&
-		a.HasParent == b.HasParent && slices.Equal(a.Blocks, b.Blocks) && slices.Equal(a.Hashes, b.Hashes)
+		a.HasParent == b.HasParent && slices.Equal(a.Blocks, b.Blocks) && slices.Equal(a.IDs, b.IDs)
 }
 
 func TestSetDumpLoad(t *testing.T) {

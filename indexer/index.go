@@ -59,7 +59,7 @@ func (w WorkerRank) String() string { return fmt.Sprintf("worker %d rank %d", w.
 // Block is one stored KV block: the engine's opaque id for it, and the
 // router's own local hash of its tokens (LocalHash).
 type Block struct {
-	Hash  uint64 // engine block id; used only to link parents and to remove
+	ID    uint64 // engine block id; used only to link parents and to remove
 	Local uint64 // LocalHash of the block's tokens
 }
 
@@ -69,7 +69,7 @@ type EventKind uint8
 // The kinds of Event.
 const (
 	Stored  EventKind = iota + 1 // Blocks were stored under Parent
-	Removed                      // Hashes were evicted from Tier
+	Removed                      // IDs were evicted from Tier
 	Cleared                      // every block on the tiers in Tier was dropped
 )
 
@@ -98,10 +98,10 @@ type Event struct {
 	Parent    uint64
 	HasParent bool
 	Blocks    []Block  // Stored: in order, each the child of the previous
-	Hashes    []uint64 // Removed: engine ids
+	IDs       []uint64 // Removed: engine ids
 	// ByID marks a Stored event that names blocks by engine id only, with
 	// no tokens (Mooncake's store publisher reports objects that way): Tier
-	// is added to those of Hashes the worker rank already holds, on any
+	// is added to those of IDs the worker rank already holds, on any
 	// tier; the others are counted Unknown. Parent and Blocks are unused.
 	ByID bool
 }

@@ -18,7 +18,7 @@ func chain(id0 uint64, tokens ...uint32) []Block {
 	local := LocalHashes(nil, tokens, 4, BaseSeed, nil)
 	bs := make([]Block, len(local))
 	for i, l := range local {
-		bs[i] = Block{Hash: id0 + uint64(i), Local: l}
+		bs[i] = Block{ID: id0 + uint64(i), Local: l}
 	}
 	return bs
 }
@@ -28,7 +28,7 @@ func chain(id0 uint64, tokens ...uint32) []Block {
 func longChain(w uint64, from, k int) []Block {
 	bs := make([]Block, k)
 	for i := range bs {
-		bs[i] = Block{Hash: w<<40 | uint64(from+i), Local: uint64(from+i)*0x9e3779b97f4a7c15 + 1}
+		bs[i] = Block{ID: w<<40 | uint64(from+i), Local: uint64(from+i)*0x9e3779b97f4a7c15 + 1}
 	}
 	return bs
 }
@@ -54,7 +54,7 @@ func stored(w WorkerRank, t Tier, parent *uint64, blocks []Block) Event {
 }
 
 func removed(w WorkerRank, t Tier, hashes ...uint64) Event {
-	return Event{Kind: Removed, Worker: w, Tier: t, Hashes: hashes}
+	return Event{Kind: Removed, Worker: w, Tier: t, IDs: hashes}
 }
 
 func ptr(v uint64) *uint64 { return &v }
@@ -306,7 +306,7 @@ func loraChain(id0 uint64, lora string, tokens ...uint32) []Block {
 	local := LocalHashes(nil, tokens, 4, LoRASeed(lora), nil)
 	bs := make([]Block, len(local))
 	for i, l := range local {
-		bs[i] = Block{Hash: id0 + uint64(i), Local: l}
+		bs[i] = Block{ID: id0 + uint64(i), Local: l}
 	}
 	return bs
 }
@@ -398,7 +398,7 @@ func TestLongEvents(t *testing.T) {
 	}
 	hashes := make([]uint64, n)
 	for i, b := range blocks {
-		hashes[i] = b.Hash
+		hashes[i] = b.ID
 	}
 	res, _ := ix.Apply(removed(a, TierDevice, hashes[n/2:]...))
 	if res.Removed != n-n/2 {
@@ -507,7 +507,7 @@ func TestOrphanLinks(t *testing.T) {
 				{removed(a, TierDevice, 100), []Overlap{ov(b, 1, 1, 1)}},
 				{removed(b, TierDevice, 500), nil}, // 200 names a dead node
 				{stored(a, TierHost, nil, chain(300, prompt[:4]...)), []Overlap{ov(a, 0, 1, 1)}},
-				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: []uint64{200}}, []Overlap{ov(a, 0, 1, 1)}},
+				{Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, IDs: []uint64{200}}, []Overlap{ov(a, 0, 1, 1)}},
 				{removed(a, TierHost, 200), []Overlap{ov(a, 0, 0, 1)}},
 				{removed(a, TierDisk, 200), nil}, // 300 names a dead node now
 				{stored(b, TierDevice, nil, chain(600, prompt[:8]...)), []Overlap{ov(b, 2, 2, 2)}},
@@ -614,8 +614,8 @@ func TestStoredReservesForNewIDs(t *testing.T) {
 				t.Fatalf("setup: %d entries in %d slots leave room", before.n, len(before.tab))
 			}
 			var parent *uint64
-			if c.blocks[0].Hash != 1<<40 {
-				parent = ptr(c.blocks[0].Hash - 1)
+			if c.blocks[0].ID != 1<<40 {
+				parent = ptr(c.blocks[0].ID - 1)
 			}
 			if _, err := ix.Apply(stored(a, c.tier, parent, c.blocks)); err != nil {
 				t.Fatal(err)
@@ -675,7 +675,7 @@ func TestMatchesNeverWaitForWriters(t *testing.T) {
 			t.Fatalf("match while a writer is halfway = %+v, want %+v", got, before)
 		}
 	}
-	if _, err := sh.tree.apply(stored(b, TierHost, &path[half-1].Hash, path[half:])); err != nil {
+	if _, err := sh.tree.apply(stored(b, TierHost, &path[half-1].ID, path[half:])); err != nil {
 		t.Fatal(err)
 	}
 	if got := within(t, "a match before the writer publishes", matchAsync(ix, seq)); !slices.Equal(got, before) {

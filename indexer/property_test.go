@@ -41,7 +41,7 @@ func seqOf(path string) []uint64 {
 func blocksOf(base, blocks string) []Block {
 	out := make([]Block, len(blocks))
 	for i := range blocks {
-		out[i] = Block{Hash: pathID(base + blocks[:i+1]), Local: symLocal(blocks[i])}
+		out[i] = Block{ID: pathID(base + blocks[:i+1]), Local: symLocal(blocks[i])}
 	}
 	return out
 }
@@ -86,7 +86,7 @@ func TestEngineIDCollisions(t *testing.T) {
 			case op < 6:
 				blocks := blocksOf("", path)
 				for i := range blocks {
-					blocks[i].Hash = genID.Draw(t, "id")
+					blocks[i].ID = genID.Draw(t, "id")
 				}
 				var parent *uint64
 				if rapid.Bool().Draw(t, "under a parent") {

@@ -86,7 +86,7 @@ func TestSetAppliesInOrderAndDo(t *testing.T) {
 	for i, b := range blocks {
 		ev := stored(a, TierDevice, nil, []Block{b})
 		if i > 0 {
-			ev.Parent, ev.HasParent = blocks[i-1].Hash, true
+			ev.Parent, ev.HasParent = blocks[i-1].ID, true
 		}
 		if err := s.Submit(ctx, ix, ev, func(_ ApplyResult, err error) {
 			if err != nil {
@@ -174,7 +174,7 @@ func concurrentApplyAndMatch(t *testing.T, shards int) {
 			ev := stored(wr(uint64(w), uint32(w%2)), Tier(1<<(r%3)), nil, blocksOf("", path))
 			evs = append(evs, ev)
 			if r%3 == 2 {
-				evs = append(evs, removed(ev.Worker, ev.Tier, ev.Blocks[len(ev.Blocks)-1].Hash, ev.Blocks[2].Hash))
+				evs = append(evs, removed(ev.Worker, ev.Tier, ev.Blocks[len(ev.Blocks)-1].ID, ev.Blocks[2].ID))
 			}
 			if r%29 == 28 {
 				evs = append(evs, Event{Kind: Cleared, Worker: ev.Worker, Tier: TierHost})
@@ -297,14 +297,14 @@ func TestSetHold(t *testing.T) {
 				for i, blk := range blocks {
 					ev := stored(w, TierDevice, nil, []Block{blk})
 					if i > 0 {
-						ev.Parent, ev.HasParent = blocks[i-1].Hash, true
+						ev.Parent, ev.HasParent = blocks[i-1].ID, true
 					}
 					done := func(_ ApplyResult, err error) {
 						if err != nil {
 							failed.Add(1)
 						}
 						if w == a {
-							applied = append(applied, blk.Hash)
+							applied = append(applied, blk.ID)
 						}
 					}
 					if err := s.Submit(ctx, ix, ev, done); err != nil {

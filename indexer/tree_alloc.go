@@ -136,14 +136,14 @@ func (t *spanTree) warm(ev Event) uint64 {
 	var sum uint64
 	if ev.Kind == Stored {
 		for _, b := range ev.Blocks {
-			sum += uint64(tab[home(mix(b.Hash), size)].lo)
+			sum += uint64(tab[home(mix(b.ID), size)].lo)
 		}
 		return sum
 	}
-	for _, h := range ev.Hashes {
+	for _, h := range ev.IDs {
 		sum += uint64(names.tab[home(mix(h), size)].lo)
 	}
-	for _, h := range ev.Hashes {
+	for _, h := range ev.IDs {
 		if w, ok := names.get(h); ok {
 			sum += uint64(t.blocks.at(w).span)
 		}

@@ -165,7 +165,7 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 			last := S.first + S.n - 1
 			before := t.tiersIn(S.set, slot)
 			for kk := key; ; {
-				if !t.own(names, slot, ev.Blocks[i+k].Hash, nxt+uint32(k), len(ev.Blocks)-i-k) {
+				if !t.own(names, slot, ev.Blocks[i+k].ID, nxt+uint32(k), len(ev.Blocks)-i-k) {
 					break
 				}
 				prev = kk
@@ -193,7 +193,7 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 			at = first
 			for kk := key; ; {
 				*t.blocks.at(first + uint32(k)) = blockRec{key: kk, local: ev.Blocks[i+k].Local, span: noBlock}
-				if !t.claim(names, slot, ev.Blocks[i+k].Hash, first+uint32(k), len(ev.Blocks)-i-k) {
+				if !t.claim(names, slot, ev.Blocks[i+k].ID, first+uint32(k), len(ev.Blocks)-i-k) {
 					break
 				}
 				prev = kk
@@ -301,19 +301,19 @@ func (t *view) childSpan(parent uint32, key uint64) (uint32, bool) {
 // added and removed.
 func (t *spanTree) storeOne(slot, nxt uint32, bl Block, tier Tier) (int, int) {
 	r := &t.ranks[slot]
-	old, had := r.names.get(bl.Hash)
+	old, had := r.names.get(bl.ID)
 	removed := 0
 	if had && old != nxt {
 		// The engine reused an id for other content: the old block is
 		// gone. (nxt, and its parent, stay: the parent has nxt as
 		// child, and nxt is pinned or held, or is new and held below.)
 		t.blocks.at(nxt).pins++ // keeps a new nxt through the detach
-		removed = t.detach(slot, bl.Hash, AllTiers)
+		removed = t.detach(slot, bl.ID, AllTiers)
 		t.blocks.at(nxt).pins--
 		had = false
 	}
 	if !had {
-		t.claim(&r.names, slot, bl.Hash, nxt, 1) // h names nothing now
+		t.claim(&r.names, slot, bl.ID, nxt, 1) // h names nothing now
 	}
 	added := 0
 	if before := t.blockTiers(slot, nxt); before&tier == 0 {
@@ -364,10 +364,10 @@ func (t *spanTree) remove(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, ok := t.slotOf[ev.Worker]
 	if !ok {
-		res.Unknown = len(ev.Hashes)
+		res.Unknown = len(ev.IDs)
 		return res
 	}
-	for hs := ev.Hashes; len(hs) > 0; {
+	for hs := ev.IDs; len(hs) > 0; {
 		k, removed := t.detachRun(slot, hs, ev.Tier)
 		if removed > 0 {
 			res.Removed += k
@@ -412,7 +412,7 @@ func (t *spanTree) run(names *blockTable, hs []uint64, b, slot uint32, drop bool
 func (t *spanTree) storeByID(ev Event) ApplyResult {
 	var res ApplyResult
 	slot, known := t.slotOf[ev.Worker]
-	for hs := ev.Hashes; len(hs) > 0; {
+	for hs := ev.IDs; len(hs) > 0; {
 		k, b, before := 1, uint32(0), Tier(0)
 		if known {
 			if named, ok := t.ranks[slot].names.get(hs[0]); ok {

@@ -341,7 +341,7 @@ func TestLeavingListsIDsInClearOrder(t *testing.T) {
 		{"a new chain", stored(a, TierDevice, nil, longChain(1, 0, n))},
 		{"another rank along it", stored(b, TierDevice, nil, longChain(2, 0, 3000))},
 		{"every third block of a stretch evicted", removed(a, TierDevice, every3(1, 100, 2500)...)},
-		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, Hashes: every3(1, 101, 2500)}},
+		{"held blocks' ids copied to host", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierHost, IDs: every3(1, 101, 2500)}},
 		{"more of the chain, for a: its table grows", stored(a, TierDevice, ptr(1<<40|uint64(n-1)), longChain(1, n, 6000))},
 		{"a third rank along b's", stored(c, TierDevice, nil, longChain(3, 0, 2000))},
 		{"a's host tier cleared", Event{Kind: Cleared, Worker: a, Tier: TierHost}},
@@ -438,13 +438,13 @@ func TestTierRuns(t *testing.T) {
 		{"the rest of its host copy, last first", removed(a, TierHost, ids(1, n-1, 0)...),
 			ApplyResult{Removed: n - 7, Unknown: 7}, []Overlap{ov(a, 10, 10, 10), ov(b, n, n, n)}},
 		{"its device blocks, first first", removed(a, TierDevice, ids(1, 0, 9)...), ApplyResult{Removed: 10}, []Overlap{ov(b, n, n, n)}},
-		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, Hashes: ids(1, 0, 2)},
+		{"a's gone ids named for disk (Mooncake's store publisher)", Event{Kind: Stored, ByID: true, Worker: a, Tier: TierDisk, IDs: ids(1, 0, 2)},
 			ApplyResult{Unknown: 3}, []Overlap{ov(b, n, n, n)}},
-		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: append(ids(2, 0, n-1), 99)},
+		{"b's named for host, and an unknown id", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, IDs: append(ids(2, 0, n-1), 99)},
 			ApplyResult{Stored: n, Unknown: 1}, []Overlap{ov(b, n, n, n)}},
-		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, Hashes: ids(2, n-1, 0)},
+		{"b's again, last first: nothing new", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierHost, IDs: ids(2, n-1, 0)},
 			ApplyResult{}, []Overlap{ov(b, n, n, n)}},
-		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, Hashes: ids(2, 20, n-1)},
+		{"b's last half named for disk", Event{Kind: Stored, ByID: true, Worker: b, Tier: TierDisk, IDs: ids(2, 20, n-1)},
 			ApplyResult{Stored: 20}, []Overlap{ov(b, n, n, n)}},
 		// A run ends where the span does: 19 | 20.
 		{"b's middle taken off host, first first, across two spans", removed(b, TierHost, ids(2, 10, 29)...),
@@ -468,12 +468,12 @@ func TestTierRuns(t *testing.T) {
 			t.Fatalf("%s: %+v, %v; want %+v", st.name, got, err, st.want)
 		}
 		var each ApplyResult
-		for i := range len(st.ev.Hashes) + len(st.ev.Blocks) {
+		for i := range len(st.ev.IDs) + len(st.ev.Blocks) {
 			ev := st.ev
-			if ev.Hashes != nil {
-				ev.Hashes = ev.Hashes[i : i+1]
+			if ev.IDs != nil {
+				ev.IDs = ev.IDs[i : i+1]
 			} else if ev.Blocks = ev.Blocks[i : i+1]; i > 0 {
-				ev.Parent, ev.HasParent = st.ev.Blocks[i-1].Hash, true
+				ev.Parent, ev.HasParent = st.ev.Blocks[i-1].ID, true
 			}
 			r, _ := one.Apply(ev)
 			each.Stored, each.Removed, each.Unknown = each.Stored+r.Stored, each.Removed+r.Removed, each.Unknown+r.Unknown
@@ -624,8 +624,8 @@ func TestSpanDiffsReuseArrays(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	drop := removed(wr(2, 0), TierDevice, chain[n/2].Hash)
-	back := stored(wr(2, 0), TierDevice, &chain[n/2-1].Hash, chain[n/2:n/2+1])
+	drop := removed(wr(2, 0), TierDevice, chain[n/2].ID)
+	back := stored(wr(2, 0), TierDevice, &chain[n/2-1].ID, chain[n/2:n/2+1])
 	cycle := func() {
 		for _, ev := range []Event{drop, back} {
 			if _, err := ix.Apply(ev); err != nil {

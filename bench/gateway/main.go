@@ -375,7 +375,7 @@ func (b *bench) warm(ctx context.Context, c *conversation) error {
 	seq := indexer.SequenceHashes(nil, local)
 	ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: c.home}, Tier: indexer.TierDevice}
 	for i := range local {
-		ev.Blocks = append(ev.Blocks, indexer.Block{Hash: seq[i], Local: local[i]})
+		ev.Blocks = append(ev.Blocks, indexer.Block{ID: seq[i], Local: local[i]})
 	}
 	if _, err := b.ix.Apply(ev); err != nil {
 		return fmt.Errorf("store a previous turn: %w", err)

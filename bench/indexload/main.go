@@ -424,7 +424,7 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 				ev.Parent, ev.HasParent = p[miss-1], true
 			}
 			for _, id := range p[miss:] {
-				ev.Blocks = append(ev.Blocks, indexer.Block{Hash: id, Local: localOf(id)})
+				ev.Blocks = append(ev.Blocks, indexer.Block{ID: id, Local: localOf(id)})
 			}
 			events = append(events, ev)
 			ops += blockOps(ev)
@@ -443,7 +443,7 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 			for c.order.Len() > cfg.capacity {
 				id := c.order.Remove(c.order.Back()).(uint64)
 				delete(c.at, id)
-				ev.Hashes = append(ev.Hashes, id)
+				ev.IDs = append(ev.IDs, id)
 			}
 			events = append(events, ev)
 			ops += blockOps(ev)
@@ -454,7 +454,7 @@ func simulate(cfg config, prompts [][]uint64) ([]indexer.Event, []int, int) {
 
 // blockOps is the block operations of ev: its stored blocks or removed
 // ids.
-func blockOps(ev indexer.Event) int { return len(ev.Blocks) + len(ev.Hashes) }
+func blockOps(ev indexer.Event) int { return len(ev.Blocks) + len(ev.IDs) }
 
 // replayer matches the trace's prompts in trace order as the replay
 // reaches them: each before the first of its events is submitted.

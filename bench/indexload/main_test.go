@@ -156,9 +156,9 @@ func describe(ev indexer.Event) string {
 		if i > 0 {
 			b.WriteString(" ")
 		}
-		b.WriteString(itoa(bl.Hash))
+		b.WriteString(itoa(bl.ID))
 	}
-	for i, h := range ev.Hashes {
+	for i, h := range ev.IDs {
 		if i > 0 {
 			b.WriteString(" ")
 		}
@@ -274,7 +274,7 @@ func TestRunOnASmallTrace(t *testing.T) {
 func storedOf(worker uint64, ids ...uint64) indexer.Event {
 	ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: worker}, Tier: indexer.TierDevice}
 	for _, id := range ids {
-		ev.Blocks = append(ev.Blocks, indexer.Block{Hash: id, Local: id})
+		ev.Blocks = append(ev.Blocks, indexer.Block{ID: id, Local: id})
 	}
 	return ev
 }

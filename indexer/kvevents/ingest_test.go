@@ -199,14 +199,14 @@ func snap(x *indexer.Index) snapshot {
 		if ev.HasParent {
 			key = indexer.NextSequenceHash(keys[ev.Worker][ev.Parent], b.Local)
 		}
-		keys[ev.Worker][b.Hash] = key
+		keys[ev.Worker][b.ID] = key
 		tiers := ev.Tier
-		if prev, ok := out[ev.Worker][b.Hash]; ok {
+		if prev, ok := out[ev.Worker][b.ID]; ok {
 			var t indexer.Tier
 			fmt.Sscanf(prev[strings.IndexByte(prev, '/')+1:], "%d", &t)
 			tiers |= t
 		}
-		out[ev.Worker][b.Hash] = fmt.Sprintf("%x/%d", key, tiers)
+		out[ev.Worker][b.ID] = fmt.Sprintf("%x/%d", key, tiers)
 	}
 	for wr, n := range x.BlockCounts() {
 		if n > 0 {
@@ -245,7 +245,7 @@ func expect(t testing.TB, evs ...indexer.Event) snapshot {
 func indexEvent(w indexer.WorkerRank, tier indexer.Tier, ev engine.BlockStored) indexer.Event {
 	blocks := make([]indexer.Block, len(ev.BlockHashes))
 	for i, h := range ev.BlockHashes {
-		blocks[i] = indexer.Block{Hash: h, Local: indexer.LocalHash(ev.TokenIDs[i*testBS:(i+1)*testBS], indexer.LoRASeed(ev.LoRAName), nil)}
+		blocks[i] = indexer.Block{ID: h, Local: indexer.LocalHash(ev.TokenIDs[i*testBS:(i+1)*testBS], indexer.LoRASeed(ev.LoRAName), nil)}
 	}
 	out := indexer.Event{Kind: indexer.Stored, Worker: w, Tier: tier, Blocks: blocks}
 	if ev.Parent != nil {
@@ -661,7 +661,7 @@ func TestMooncakeObjects(t *testing.T) {
 	tiers := func() indexer.Tier { // of block 0x70
 		var t indexer.Tier
 		for _, ev := range ix.Dump() {
-			if ev.Worker == w && ev.Blocks[0].Hash == 0x70 {
+			if ev.Worker == w && ev.Blocks[0].ID == 0x70 {
 				t |= ev.Tier
 			}
 		}
@@ -886,5 +886,5 @@ func TestIngestConcurrentControl(t *testing.T) {
 }
 
 func removed(w indexer.WorkerRank, t indexer.Tier, hashes ...uint64) indexer.Event {
-	return indexer.Event{Kind: indexer.Removed, Worker: w, Tier: t, Hashes: hashes}
+	return indexer.Event{Kind: indexer.Removed, Worker: w, Tier: t, IDs: hashes}
 }

@@ -332,10 +332,10 @@ func (l *listener) convert(wr indexer.WorkerRank, we *wireEvent) []indexer.Event
 		}
 		return []indexer.Event{{Kind: indexer.Cleared, Worker: wr, Tier: we.Tier}}
 	case wireRemoved:
-		hashes := slices.Clone(we.Hashes)
+		hashes := slices.Clone(we.IDs)
 		if len(hashes) == 0 && we.HasObject {
 			if o, ok := l.objects[we.Object]; ok {
-				hashes = append(hashes, o.block.Hash)
+				hashes = append(hashes, o.block.ID)
 				delete(l.objects, we.Object)
 			}
 		}
@@ -343,29 +343,29 @@ func (l *listener) convert(wr indexer.WorkerRank, we *wireEvent) []indexer.Event
 			m.eventsDropped.WithLabelValues(dropEmpty).Inc()
 			return nil
 		}
-		return []indexer.Event{{Kind: indexer.Removed, Worker: wr, Tier: we.Tier, Hashes: hashes}}
+		return []indexer.Event{{Kind: indexer.Removed, Worker: wr, Tier: we.Tier, IDs: hashes}}
 	case wireMoved:
 		return l.move(wr, we)
 	}
 	// Stored.
-	if len(we.Hashes) == 0 {
+	if len(we.IDs) == 0 {
 		m.eventsDropped.WithLabelValues(dropEmpty).Inc()
 		return nil
 	}
 	if len(we.Tokens) == 0 {
 		// Ids only (Mooncake's store publisher): a tier for known blocks.
-		return []indexer.Event{{Kind: indexer.Stored, Worker: wr, Tier: we.Tier, Hashes: slices.Clone(we.Hashes), ByID: true}}
+		return []indexer.Event{{Kind: indexer.Stored, Worker: wr, Tier: we.Tier, IDs: slices.Clone(we.IDs), ByID: true}}
 	}
 	bs := l.ix.BlockSize()
 	if we.BlockSize != 0 && we.BlockSize != bs {
 		m.eventsDropped.WithLabelValues(dropBlockSize).Inc()
-		m.blocksDropped.WithLabelValues(dropBlockSize).Add(float64(len(we.Hashes)))
+		m.blocksDropped.WithLabelValues(dropBlockSize).Add(float64(len(we.IDs)))
 		l.warn("block_size", "kv event block size differs from the registered one", "event_block_size", we.BlockSize, "block_size", bs)
 		return nil
 	}
-	n := min(len(we.Hashes), len(we.Tokens)/bs)
-	if n < len(we.Hashes) {
-		m.blocksDropped.WithLabelValues(dropPartialBlock).Add(float64(len(we.Hashes) - n))
+	n := min(len(we.IDs), len(we.Tokens)/bs)
+	if n < len(we.IDs) {
+		m.blocksDropped.WithLabelValues(dropPartialBlock).Add(float64(len(we.IDs) - n))
 	}
 	if n == 0 {
 		m.eventsDropped.WithLabelValues(dropPartialBlock).Inc()
@@ -378,7 +378,7 @@ func (l *listener) convert(wr indexer.WorkerRank, we *wireEvent) []indexer.Event
 		if i < len(we.Extra) {
 			extra = we.Extra[i]
 		}
-		blocks[i] = indexer.Block{Hash: we.Hashes[i], Local: indexer.LocalHash(we.Tokens[i*bs:(i+1)*bs], seed, extra)}
+		blocks[i] = indexer.Block{ID: we.IDs[i], Local: indexer.LocalHash(we.Tokens[i*bs:(i+1)*bs], seed, extra)}
 	}
 	if we.HasObject && n == 1 {
 		if l.objects == nil {
@@ -401,7 +401,7 @@ func (l *listener) move(wr indexer.WorkerRank, we *wireEvent) []indexer.Event {
 	for _, t := range []indexer.Tier{indexer.TierHost, indexer.TierDisk} {
 		switch {
 		case o.tiers&t != 0 && we.Tier&t == 0:
-			evs = append(evs, indexer.Event{Kind: indexer.Removed, Worker: wr, Tier: t, Hashes: []uint64{o.block.Hash}})
+			evs = append(evs, indexer.Event{Kind: indexer.Removed, Worker: wr, Tier: t, IDs: []uint64{o.block.ID}})
 		case o.tiers&t == 0 && we.Tier&t != 0:
 			evs = append(evs, indexer.Event{Kind: indexer.Stored, Worker: wr, Tier: t, Parent: o.parent, HasParent: o.hasParent, Blocks: []indexer.Block{o.block}})
 		}

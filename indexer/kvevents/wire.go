@@ -63,10 +63,10 @@ type wireEvent struct {
 	// medium or replica locations), the tiers a Cleared event empties, or
 	// the tiers a Moved object now occupies (0: none, it is gone).
 	Tier indexer.Tier
-	// Hashes are the engine's block ids: the stored blocks in order, or the
+	// IDs are the engine's block ids: the stored blocks in order, or the
 	// removed ones.
-	Hashes    []uint64
-	Parent    uint64 // engine id of the block before Hashes[0]
+	IDs       []uint64
+	Parent    uint64 // engine id of the block before IDs[0]
 	HasParent bool
 	Tokens    []uint32 // Stored: all blocks' tokens, flattened
 	BlockSize int      // Stored: tokens per block as the engine states it (0: not sent)
@@ -148,7 +148,7 @@ func (d *decoder) decode(payload []byte) (wireBatch, error) {
 	// Resolve spans now that the buffers no longer move.
 	for i := range d.events {
 		ev, sp := &d.events[i], d.spans[i]
-		ev.Hashes = d.hashes[sp.hashLo:sp.hashHi:sp.hashHi]
+		ev.IDs = d.hashes[sp.hashLo:sp.hashHi:sp.hashHi]
 		ev.Tokens = d.tokens[sp.tokLo:sp.tokHi:sp.tokHi]
 		if sp.hasExtra {
 			ev.Extra = d.extras[sp.extraLo:sp.extraHi:sp.extraHi]

@@ -122,9 +122,9 @@ func TestDecodeVariants(t *testing.T) {
 		hasRank bool
 		events  []wireEvent
 	}
-	storedArrayEv := wireEvent{Kind: wireStored, Tier: indexer.TierHost, Hashes: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
+	storedArrayEv := wireEvent{Kind: wireStored, Tier: indexer.TierHost, IDs: []uint64{big1, 7}, Tokens: toks, BlockSize: 4,
 		LoRA: "adapter", Extra: [][]uint64{nil, {99, xxh3.HashString("salt")}}}
-	storedMapEv := wireEvent{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
+	storedMapEv := wireEvent{Kind: wireStored, Tier: indexer.TierDisk, IDs: []uint64{1, 2}, Parent: big1, HasParent: true, Tokens: toks, BlockSize: 4}
 	tests := []struct {
 		name    string
 		payload mp
@@ -133,12 +133,12 @@ func TestDecodeVariants(t *testing.T) {
 		{"three-element array batch, mixed event forms",
 			mp{}.arr(3).f64(1.5).arr(6).raw(storedArray).raw(storedMap).raw(removedArray).raw(removedMap).raw(cleared).raw(clearedMap).uint(2),
 			want{2, true, []wireEvent{storedArrayEv, storedMapEv,
-				{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}},
-				{Kind: wireRemoved, Tier: indexer.TierHost, Hashes: []uint64{big1}},
+				{Kind: wireRemoved, Tier: indexer.TierDevice, IDs: []uint64{7}},
+				{Kind: wireRemoved, Tier: indexer.TierHost, IDs: []uint64{big1}},
 				{Kind: wireCleared, Tier: indexer.AllTiers}, {Kind: wireCleared, Tier: indexer.AllTiers}}}},
 		{"two-element batch (older engines)",
 			mp{}.arr(2).f64(1).arr(1).raw(removedArray),
-			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{7}}}}},
+			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, IDs: []uint64{7}}}}},
 		{"nil rank",
 			mp{}.arr(3).f64(1).arr(0).nil(),
 			want{0, false, nil}},
@@ -153,14 +153,14 @@ func TestDecodeVariants(t *testing.T) {
 			want{0, true, nil}},
 		{"SGLang negative int64 hashes",
 			mp{}.arr(3).f64(1).arr(1).arr(6).str("BlockStored").arr(2).int(-5).int(-1 << 62).int(-7).tokens(toks).uint(4).nil().uint(0),
-			want{0, true, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, Hashes: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
+			want{0, true, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, IDs: []uint64{uint64(1<<64 - 5), uint64(1<<64 - 1<<62)},
 				Parent: uint64(1<<64 - 7), HasParent: true, Tokens: toks, BlockSize: 4}}}},
 		{"bytes hashes: last 8 bytes big-endian",
 			mp{}.arr(2).f64(1).arr(1).arr(3).str("BlockRemoved").arr(2).bin(append(make([]byte, 24), 0, 0, 0, 0, 0, 0, 1, 2)).bin([]byte{3}).nil(),
-			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, Hashes: []uint64{0x0102, 3}}}}},
+			want{0, false, []wireEvent{{Kind: wireRemoved, Tier: indexer.TierDevice, IDs: []uint64{0x0102, 3}}}}},
 		{"trimmed array event: defaults for missing fields",
 			mp{}.arr(2).f64(1).arr(1).arr(4).str("BlockStored").uints(5).nil().tokens(toks[:4]),
-			want{0, false, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, Hashes: []uint64{5}, Tokens: toks[:4]}}}},
+			want{0, false, []wireEvent{{Kind: wireStored, Tier: indexer.TierDevice, IDs: []uint64{5}, Tokens: toks[:4]}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -197,8 +197,8 @@ func checkEvents(t *testing.T, got, want []wireEvent) {
 		if len(g.Tokens) == 0 {
 			g.Tokens = nil
 		}
-		if len(g.Hashes) == 0 {
-			g.Hashes = nil
+		if len(g.IDs) == 0 {
+			g.IDs = nil
 		}
 		if fmt.Sprint(g) != fmt.Sprint(w) {
 			t.Errorf("event %d:\n got %+v\nwant %+v", i, g, w)
@@ -261,11 +261,11 @@ func TestDecodeMooncake(t *testing.T) {
 		{"conductor array form, memory replica, hex and empty hash strings",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k1").arr(1).arr(2).str("memory").str("10.0.0.1:1234").
 				str("model").uint(4).str("0x41").str("").tokens(toks),
-			[]wireEvent{{Kind: wireStored, Tier: indexer.TierHost, Hashes: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierHost, IDs: []uint64{0x41}, Tokens: toks, BlockSize: 4, Object: key("k1"), HasObject: true}}},
 		{"disk replica, decimal parent, opaque hash string",
 			mp{}.arr(2).f64(1).arr(1).arr(8).str("BlockStoreEvent").str("k2").arr(1).arr(2).str("disk").str("/mnt/x").
 				nil().uint(4).str("blk-a").str("12345").tokens(toks),
-			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, IDs: []uint64{key("blk-a")}, Parent: 12345, HasParent: true, Tokens: toks, BlockSize: 4, Object: key("k2"), HasObject: true}}},
 		{"update and remove all",
 			mp{}.arr(2).f64(1).arr(2).arr(3).str("BlockUpdateEvent").str("k1").arr(2).arr(2).str("memory").str("a").arr(2).str("local_disk").str("b").
 				arr(1).str("RemoveAllEvent"),
@@ -280,7 +280,7 @@ func TestDecodeMooncake(t *testing.T) {
 				mapN(4).str("event_type").str("removed").str("medium").str("cpu").str("seq_hashes").uints(9).str("block_hashes").uints(9).
 				mapN(2).str("event_type").str("cleared").str("medium").nil().
 				uint(0),
-			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, Hashes: []uint64{big1}}, {Kind: wireRemoved, Tier: indexer.TierHost, Hashes: []uint64{9}},
+			[]wireEvent{{Kind: wireStored, Tier: indexer.TierDisk, IDs: []uint64{big1}}, {Kind: wireRemoved, Tier: indexer.TierHost, IDs: []uint64{9}},
 				{Kind: wireCleared, Tier: indexer.TierHost | indexer.TierDisk}}},
 	}
 	for _, tt := range tests {

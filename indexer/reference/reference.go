@@ -68,11 +68,11 @@ func (ix *Index) Apply(ev indexer.Event) (indexer.ApplyResult, error) {
 	r := ix.ranks[ev.Worker]
 	switch {
 	case ev.Kind == indexer.Stored && ev.ByID:
-		return r.addTier(ev.Tier, ev.Hashes), nil
+		return r.addTier(ev.Tier, ev.IDs), nil
 	case ev.Kind == indexer.Stored:
 		return ix.store(ev)
 	case ev.Kind == indexer.Removed:
-		return r.remove(ev.Tier, ev.Hashes), nil
+		return r.remove(ev.Tier, ev.IDs), nil
 	default: // Cleared
 		if r == nil {
 			return indexer.ApplyResult{}, nil
@@ -125,13 +125,13 @@ func (ix *Index) store(ev indexer.Event) (indexer.ApplyResult, error) {
 			key = indexer.NextSequenceHash(prev, b.Local)
 		}
 		r.blocks[key] = block{local: b.Local, parent: prev, root: root}
-		if old, ok := r.names[b.Hash]; ok && old != key {
+		if old, ok := r.names[b.ID]; ok && old != key {
 			// The engine reused the id for other content: the block it
 			// named is gone from every tier.
 			res.Removed += tiers(r.held[old])
 			delete(r.held, old)
 		}
-		r.names[b.Hash] = key
+		r.names[b.ID] = key
 		if r.held[key]&ev.Tier == 0 {
 			r.held[key] |= ev.Tier
 			res.Stored++
@@ -328,7 +328,7 @@ func (ix *Index) Dump() []indexer.Event {
 				if r.held[key]&t == 0 {
 					continue
 				}
-				ev := indexer.Event{Kind: indexer.Stored, Worker: wr, Tier: t, Blocks: []indexer.Block{{Hash: n.id, Local: b.local}}}
+				ev := indexer.Event{Kind: indexer.Stored, Worker: wr, Tier: t, Blocks: []indexer.Block{{ID: n.id, Local: b.local}}}
 				if !b.root {
 					ev.Parent, ev.HasParent = idOf[b.parent], true
 				}

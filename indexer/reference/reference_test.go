@@ -27,7 +27,7 @@ func contract(t *testing.T, empty func() indexer.Interface) {
 	w := indexer.WorkerRank{Worker: 7, Rank: 1}
 	local := []uint64{11, 12, 13}
 	seq := indexer.SequenceHashes(nil, local)
-	blocks := []indexer.Block{{Hash: 1, Local: 11}, {Hash: 2, Local: 12}, {Hash: 3, Local: 13}}
+	blocks := []indexer.Block{{ID: 1, Local: 11}, {ID: 2, Local: 12}, {ID: 3, Local: 13}}
 	ix := empty()
 	apply := func(ev indexer.Event, want indexer.ApplyResult) {
 		t.Helper()
@@ -47,7 +47,7 @@ func contract(t *testing.T, empty func() indexer.Interface) {
 	match(ix, indexer.Overlap{Worker: w, Device: 3, Host: 3, Disk: 3, Blocks: 3})
 
 	// Block 2 leaves both tiers before its child: the match stops at it.
-	apply(indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, Hashes: []uint64{2, 99}}, indexer.ApplyResult{Removed: 1, Unknown: 1})
+	apply(indexer.Event{Kind: indexer.Removed, Worker: w, Tier: indexer.TierDevice, IDs: []uint64{2, 99}}, indexer.ApplyResult{Removed: 1, Unknown: 1})
 	match(ix, indexer.Overlap{Worker: w, Device: 1, Host: 3, Disk: 3, Blocks: 3})
 	apply(indexer.Event{Kind: indexer.Cleared, Worker: w, Tier: indexer.TierHost}, indexer.ApplyResult{Removed: 2})
 	match(ix, indexer.Overlap{Worker: w, Device: 1, Host: 1, Disk: 1, Blocks: 2})
@@ -67,7 +67,7 @@ func contract(t *testing.T, empty func() indexer.Interface) {
 	if _, err := ix.Apply(indexer.Event{Kind: indexer.Stored, Worker: w, Tier: indexer.TierDevice, Parent: 2, HasParent: true, Blocks: blocks[2:]}); !errors.Is(err, indexer.ErrUnknownParent) {
 		t.Fatalf("stored under a removed parent: err %v", err)
 	}
-	apply(indexer.Event{Kind: indexer.Stored, Worker: w, Tier: indexer.TierDisk, Blocks: []indexer.Block{{Hash: 1, Local: 21}}}, indexer.ApplyResult{Stored: 1, Removed: 1})
+	apply(indexer.Event{Kind: indexer.Stored, Worker: w, Tier: indexer.TierDisk, Blocks: []indexer.Block{{ID: 1, Local: 21}}}, indexer.ApplyResult{Stored: 1, Removed: 1})
 	match(ix)
 	if st := ix.Stats(); st.Workers != 1 || st.Entries != 2 {
 		t.Fatalf("stats %+v, want 1 rank with 2 engine ids", st)

@@ -42,7 +42,7 @@ func place(t testing.TB, ix *indexer.Index, holds ...hold) {
 			ev.Parent, ev.HasParent = seq[h.from-1], true
 		}
 		for i := h.from; i < h.to; i++ {
-			ev.Blocks = append(ev.Blocks, indexer.Block{Hash: seq[i], Local: local[i]})
+			ev.Blocks = append(ev.Blocks, indexer.Block{ID: seq[i], Local: local[i]})
 		}
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatalf("place %+v: %v", h, err)
@@ -423,8 +423,8 @@ func TestQueryByHashEncodings(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ev := range []indexer.Event{
-		{Kind: indexer.Stored, Worker: wr(1, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{Hash: 1, Local: max64}, {Hash: 2, Local: p53 + 1}}},
-		{Kind: indexer.Stored, Worker: wr(2, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{Hash: 1, Local: p53}}},
+		{Kind: indexer.Stored, Worker: wr(1, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{ID: 1, Local: max64}, {ID: 2, Local: p53 + 1}}},
+		{Kind: indexer.Stored, Worker: wr(2, 0), Tier: indexer.TierDevice, Blocks: []indexer.Block{{ID: 1, Local: p53}}},
 	} {
 		if _, err := ix.Apply(ev); err != nil {
 			t.Fatal(err)

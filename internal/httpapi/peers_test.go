@@ -228,7 +228,7 @@ func TestRecover(t *testing.T) {
 	five := append(slices.Clone(fxTokens), 1, 2)
 	fl := indexer.LocalHashes(nil, five, 2, indexer.BaseSeed, nil)
 	fs := indexer.SequenceHashes(nil, fl)
-	live := indexer.Event{Kind: indexer.Stored, Worker: wr(2, 0), Tier: indexer.TierDevice, Parent: fs[3], HasParent: true, Blocks: []indexer.Block{{Hash: fs[4], Local: fl[4]}}}
+	live := indexer.Event{Kind: indexer.Stored, Worker: wr(2, 0), Tier: indexer.TierDevice, Parent: fs[3], HasParent: true, Blocks: []indexer.Block{{ID: fs[4], Local: fl[4]}}}
 	var liveErr atomic.Value
 	m, _ := dst.set.Index(indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, 2)
 	if err := dst.set.Submit(context.Background(), m, live, func(_ indexer.ApplyResult, err error) { liveErr.Store(fmt.Sprint(err)) }); err != nil {

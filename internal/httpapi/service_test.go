@@ -43,7 +43,7 @@ func (r *rig) svcStore(model string, id uint64, rank uint32, tier indexer.Tier, 
 	seq := indexer.SequenceHashes(nil, locals)
 	ev := indexer.Event{Kind: indexer.Stored, Worker: indexer.WorkerRank{Worker: id, Rank: rank}, Tier: tier}
 	for i, l := range locals {
-		ev.Blocks = append(ev.Blocks, indexer.Block{Hash: seq[i], Local: l})
+		ev.Blocks = append(ev.Blocks, indexer.Block{ID: seq[i], Local: l})
 	}
 	if _, err := r.set.Lookup(indexer.Key{Model: model, Tenant: indexer.DefaultTenant}).Apply(ev); err != nil {
 		r.t.Fatal(err)

@@ -77,7 +77,7 @@ func (s *rig) store(r indexer.WorkerRank, tier indexer.Tier, prompt []uint64, lo
 	s.t.Helper()
 	ev := indexer.Event{Kind: indexer.Stored, Worker: r, Tier: tier}
 	for i := lo; i < hi; i++ {
-		ev.Blocks = append(ev.Blocks, indexer.Block{Hash: uint64(i + 1), Local: prompt[i]})
+		ev.Blocks = append(ev.Blocks, indexer.Block{ID: uint64(i + 1), Local: prompt[i]})
 	}
 	if lo > 0 {
 		ev.Parent, ev.HasParent = uint64(lo), true
