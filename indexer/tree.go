@@ -160,9 +160,9 @@ type headOp struct {
 	del bool
 }
 
-// w returns span s for writing, marking it changed since the last
+// spanForWrite returns span s for writing, marking it changed since the last
 // publication.
-func (t *spanTree) w(s uint32) *span {
+func (t *spanTree) spanForWrite(s uint32) *span {
 	if int(s) >= len(t.spanMark) {
 		t.spanMark = append(t.spanMark, make([]uint32, int(s)+1-len(t.spanMark))...)
 	}
@@ -353,7 +353,7 @@ func (t *spanTree) with(id uint32, slot uint32, tiers Tier) uint32 {
 // depend on it up to date: its own, and that of the child span next in
 // the slab (others go stale: see span.diff).
 func (t *spanTree) setSpanSet(s, id, slot uint32, tiers Tier) {
-	S := t.w(s)
+	S := t.spanForWrite(s)
 	old := S.set
 	child := t.chainedChild(S)
 	childFresh := child != noBlock && t.freshDiff(child, old)
@@ -366,7 +366,7 @@ func (t *spanTree) setSpanSet(s, id, slot uint32, tiers Tier) {
 		}
 	}
 	if child != noBlock {
-		if C := t.w(child); childFresh {
+		if C := t.spanForWrite(child); childFresh {
 			t.setDiff(C, adjustDiff(t.roomyDiff(C), slot, tiers, t.tiersIn(C.set, slot)), id)
 		} else {
 			t.refreshDiff(child)
@@ -401,7 +401,7 @@ func adjustDiff(diff []uint32, slot uint32, from, here Tier) []uint32 {
 // refreshDiff computes span s's diff from its parent span's set, or
 // leaves it stale if it would be longer than matches use (see diffCap).
 func (t *spanTree) refreshDiff(s uint32) {
-	S := t.w(s)
+	S := t.spanForWrite(s)
 	t.dropDiff(S.diff)
 	S.diff = nil
 	if S.parent == noBlock {
@@ -484,7 +484,7 @@ func (t *spanTree) diffOf(p, c uint32, dst []uint32, limit int) []uint32 {
 
 func (t *spanTree) newSpan(sp span) uint32 {
 	id := reuse(&t.spans, &t.free)
-	*t.w(id) = sp
+	*t.spanForWrite(id) = sp
 	return id
 }
 
@@ -517,7 +517,7 @@ func (t *spanTree) split(s, k uint32) {
 			diff: S.diff, diffFrom: S.diffFrom, diffGen: S.diffGen})
 		t.relabel(S.first, k, ns)
 		t.putHead(t.blocks.at(S.first).key, ns)
-		p := t.w(s)
+		p := t.spanForWrite(s)
 		p.first, p.n, p.depth, p.parent = S.first+k, S.n-k, S.depth+k, S.first+k-1
 		p.diff, p.diffFrom, p.diffGen = nil, S.set, t.sets[S.set].gen // its parent has its set
 		t.putHead(t.blocks.at(p.first).key, s)
@@ -527,7 +527,7 @@ func (t *spanTree) split(s, k uint32) {
 		diffFrom: S.set, diffGen: t.sets[S.set].gen})
 	t.relabel(S.first+k, S.n-k, ns)
 	t.putHead(t.blocks.at(S.first+k).key, ns)
-	p := t.w(s)
+	p := t.spanForWrite(s)
 	p.n, p.kids, p.end = k, 1, t.blocks.at(S.first+k-1).key
 }
 
@@ -539,7 +539,7 @@ func (t *spanTree) merge(a, b uint32) uint32 {
 	if B.n <= A.n {
 		t.relabel(B.first, B.n, a)
 		t.delHead(t.blocks.at(B.first).key)
-		p := t.w(a)
+		p := t.spanForWrite(a)
 		p.n += B.n
 		p.end, p.kids = B.end, B.kids
 		t.freeSpan(b)
@@ -548,11 +548,11 @@ func (t *spanTree) merge(a, b uint32) uint32 {
 	t.relabel(A.first, A.n, b)
 	t.delHead(t.blocks.at(B.first).key)
 	t.putHead(t.blocks.at(A.first).key, b)
-	p := t.w(b)
+	p := t.spanForWrite(b)
 	p.first, p.depth, p.parent = A.first, A.depth, A.parent
 	p.diff, p.diffFrom, p.diffGen = A.diff, A.diffFrom, A.diffGen
 	p.n += A.n
-	t.w(a).diff = B.diff // a, freed, gives back b's array, not its own
+	t.spanForWrite(a).diff = B.diff // a, freed, gives back b's array, not its own
 	t.freeSpan(a)
 	return b
 }
@@ -560,7 +560,7 @@ func (t *spanTree) merge(a, b uint32) uint32 {
 // freeSpan frees span s, keeping its diff array for spareDiff.
 func (t *spanTree) freeSpan(s uint32) {
 	t.dropDiff(t.spans[s].diff)
-	*t.w(s) = span{}
+	*t.spanForWrite(s) = span{}
 	t.free = append(t.free, s)
 }
 
@@ -612,7 +612,7 @@ func (t *spanTree) prune(s uint32) {
 		if k > 0 {
 			if k < S.n {
 				t.release(S.first+k, S.n-k)
-				p := t.w(s)
+				p := t.spanForWrite(s)
 				p.n, p.end = k, t.blocks.at(S.first+k-1).key
 			}
 			return
@@ -625,7 +625,7 @@ func (t *spanTree) prune(s uint32) {
 			return
 		}
 		s = t.blocks.at(S.parent).span
-		P := t.w(s)
+		P := t.spanForWrite(s)
 		P.kids--
 		if P.kids > 0 || P.set != 0 {
 			if P.kids == 1 {

@@ -342,7 +342,7 @@ func (t *spanTree) attachSet(cur, first, k, set uint32) {
 			t.split(s, cur-S.first+1)
 			s = t.blocks.at(cur).span
 		}
-		S := t.w(s)
+		S := t.spanForWrite(s)
 		if S.kids == 0 && S.first+S.n == first && S.set == set {
 			S.n += k
 			S.end = end

@@ -95,8 +95,8 @@ func (r *Reader) Peek() Type {
 	return Invalid // 0xc1 is never used
 }
 
-// n reads an n-byte big-endian unsigned integer.
-func (r *Reader) n(size int) (uint64, error) {
+// readUint reads a size-byte big-endian unsigned integer.
+func (r *Reader) readUint(size int) (uint64, error) {
 	if len(r.b)-r.off < size {
 		return 0, ErrTruncated
 	}
@@ -150,10 +150,10 @@ func (r *Reader) header(want string, fix, code16 byte, per uint64) (int, error) 
 		l = uint64(c & 0x0f)
 	case c == code16:
 		r.off++
-		l, err = r.n(2)
+		l, err = r.readUint(2)
 	case c == code16+1:
 		r.off++
-		l, err = r.n(4)
+		l, err = r.readUint(4)
 	default:
 		return 0, r.TypeError(want)
 	}
@@ -180,13 +180,13 @@ func (r *Reader) Raw() ([]byte, error) {
 		l = uint64(c & 0x1f)
 	case c == 0xd9 || c == 0xc4:
 		r.off++
-		l, err = r.n(1)
+		l, err = r.readUint(1)
 	case c == 0xda || c == 0xc5:
 		r.off++
-		l, err = r.n(2)
+		l, err = r.readUint(2)
 	case c == 0xdb || c == 0xc6:
 		r.off++
-		l, err = r.n(4)
+		l, err = r.readUint(4)
 	default:
 		return nil, r.TypeError("str or bin")
 	}
@@ -220,25 +220,25 @@ func (r *Reader) Int() (v int64, big bool, err error) {
 	switch c {
 	case 0xcc, 0xd0:
 		r.off++
-		u, err = r.n(1)
+		u, err = r.readUint(1)
 		if c == 0xd0 {
 			return int64(int8(u)), false, err
 		}
 	case 0xcd, 0xd1:
 		r.off++
-		u, err = r.n(2)
+		u, err = r.readUint(2)
 		if c == 0xd1 {
 			return int64(int16(u)), false, err
 		}
 	case 0xce, 0xd2:
 		r.off++
-		u, err = r.n(4)
+		u, err = r.readUint(4)
 		if c == 0xd2 {
 			return int64(int32(u)), false, err
 		}
 	case 0xcf, 0xd3:
 		r.off++
-		u, err = r.n(8)
+		u, err = r.readUint(8)
 		if c == 0xcf && u > math.MaxInt64 {
 			return int64(u), true, err
 		}
@@ -263,11 +263,11 @@ func (r *Reader) Float() (float64, error) {
 	switch r.b[r.off] {
 	case 0xca:
 		r.off++
-		u, err := r.n(4)
+		u, err := r.readUint(4)
 		return float64(math.Float32frombits(uint32(u))), err
 	case 0xcb:
 		r.off++
-		u, err := r.n(8)
+		u, err := r.readUint(8)
 		return math.Float64frombits(u), err
 	}
 	if r.Peek() == Int {
@@ -326,11 +326,11 @@ func (r *Reader) SkipDepth(depth int) error {
 		case 0xd4, 0xd5, 0xd6, 0xd7, 0xd8:
 			size = 1 << (c - 0xd4)
 		case 0xc7:
-			size, err = r.n(1)
+			size, err = r.readUint(1)
 		case 0xc8:
-			size, err = r.n(2)
+			size, err = r.readUint(2)
 		case 0xc9:
-			size, err = r.n(4)
+			size, err = r.readUint(4)
 		}
 		if err != nil {
 			return err
