@@ -172,7 +172,7 @@ func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }
 func NewShardedIndex(blockSize, n int) *Index {
 	ix := &Index{blockSize: blockSize, shards: make([]*shard, max(n, 1))}
 	for i := range ix.shards {
-		ix.shards[i] = newShard()
+		ix.shards[i] = newShard(len(ix.shards))
 	}
 	return ix
 }

@@ -758,7 +758,7 @@ func fieldsOf(t reflect.Type) []field {
 // line apart, so that no line holds two groups, however the struct is
 // aligned.
 func TestMatchFieldsApart(t *testing.T) {
-	groups := [][]string{{"views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "warmth"}}
+	groups := [][]string{{"views", "front", "ceded"}, {"readers", "cededMatches"}, {"write", "tree", "peers", "held", "warmth"}}
 	fields := fieldsOf(reflect.TypeFor[shard]())
 	groupOf := func(name string) int {
 		for g, names := range groups {
@@ -782,7 +782,8 @@ func TestMatchFieldsApart(t *testing.T) {
 }
 
 // TestMatchesLetAWaitingWriterRun checks, with one P, that matches back
-// to back give the P back to a writer that waits for one of them to
+// to back give the P back to a writer that gave it up, every writeChunk
+// blocks of a long event (see shard.relax), or waits for one of them to
 // leave the view it has to bring up to date (see shard.publish): Go
 // takes the P from a goroutine that keeps it only after 10 ms, so the
 // writer would otherwise wait that long each time, matches running all
@@ -793,8 +794,8 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 		name   string
 		blocks int
 	}{
-		{"short events", longEvent / 2},
-		{"long events", 3 * longEvent},
+		{"events shorter than writeChunk", writeChunk / 2},
+		{"events of several writeChunks", 3 * writeChunk},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ix := NewIndex(4)
@@ -830,9 +831,42 @@ func TestMatchesLetAWaitingWriterRun(t *testing.T) {
 			}
 			stop.Store(true)
 			<-done
-			if most := int64(2 * cedeMatches * events); during > most {
+			if most := int64(2 * cedeMatches * events * (1 + tc.blocks/writeChunk)); during > most {
 				t.Fatalf("%d matches ran while %d events applied (at most %d)", during, events, most)
 			}
 		})
+	}
+}
+
+// TestWritersGiveUpTheCPU checks that where the shards are as many as
+// the cores, a writer applying a long event lets a goroutine waiting for
+// a core run before the event ends: with one P and one shard, a goroutine
+// made runnable as the event begins runs before Apply returns.
+func TestWritersGiveUpTheCPU(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	ix := NewIndex(4)
+	w := WorkerRank{Worker: 1}
+	blocks := make([]Block, 4*writeChunk)
+	for i := range blocks {
+		blocks[i] = Block{ID: uint64(i + 1), Local: uint64(i + 1)}
+	}
+	var applying, over atomic.Bool
+	ranDuring := make(chan bool, 1)
+	go func() {
+		// Should it run before the event starts (this goroutine
+		// preempted in between), it gives the P back until it has.
+		for !applying.Load() {
+			runtime.Gosched()
+		}
+		ranDuring <- !over.Load()
+	}()
+	applying.Store(true)
+	_, err := ix.Apply(stored(w, TierDevice, nil, blocks))
+	over.Store(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !<-ranDuring {
+		t.Fatal("the other goroutine ran only once the event was applied")
 	}
 }

@@ -45,6 +45,12 @@ import (
 // as Go would take the core from a goroutine matching back to back only
 // after 10 ms.
 //
+// A writer also gives up its core every writeChunk blocks of a long
+// operation (relax) where the index's shards are at least as many as the
+// cores Go uses (GOMAXPROCS, read then): their writers can then keep
+// every core busy, and a match, or a request, would wait for a core
+// until Go preempts a writer, after 10 ms.
+//
 // Every byte a match reads is one no writer writes while a match may read
 // it, so the race detector checks the scheme in every test run.
 // docs/design.md gives the measurements that chose it and its parts.
@@ -75,15 +81,39 @@ type shard struct {
 	// What only writers read and write: their turn, and their tree.
 	write sync.Mutex
 	tree  *spanTree
+	// peers is how many shards the index has, this one included.
+	peers int
+	// held counts the blocks the writer applied since it last gave up
+	// its core (see relax).
+	held int
 	// warmth sums what spanTree.warm read, so that its loads are kept.
 	warmth uint64
 }
 
-// newShard returns an empty shard.
-func newShard() *shard {
-	ix := &shard{tree: newSpanTree()}
+// newShard returns an empty shard of an index of peers shards.
+func newShard(peers int) *shard {
+	ix := &shard{tree: newSpanTree(), peers: peers}
+	ix.tree.yield = ix.relax
 	ix.views[0] = ix.tree.view // its arrays are empty, but the sets'
 	return ix
+}
+
+// writeChunk is how many blocks a writer applies, and the step that
+// reaches it, before it gives up its core where the index's shards are
+// at least as many as Go's cores (see shard.relax).
+const writeChunk = 64
+
+// relax is called by a writer after each step of an operation (see
+// spanTree.yield), with n the blocks the step applied. Every writeChunk
+// blocks, where the shards can keep every core Go uses busy, it gives
+// up its core (cede) to any goroutine waiting for one.
+func (ix *shard) relax(n int) {
+	if ix.held += n; ix.held >= writeChunk {
+		ix.held = 0
+		if ix.peers >= runtime.GOMAXPROCS(0) {
+			ix.cede()
+		}
+	}
 }
 
 // cede gives up the writer's core to any goroutine waiting for one
@@ -174,6 +204,7 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	defer ix.write.Unlock()
 	ix.warmth += ix.tree.warm(ev)
 	res, err := ix.tree.apply(ev)
+	ix.held = 0
 	ix.publish()
 	if ev.Kind == Removed || ev.Kind == Cleared {
 		ix.tree.trim(ev.Worker) // if removals emptied its table enough
@@ -206,6 +237,7 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	for _, r := range leaving {
 		ix.tree.removeRank(r.wr, r.ids)
 	}
+	ix.held = 0
 	ix.publish()
 }
 

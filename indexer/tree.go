@@ -126,8 +126,11 @@ type spanTree struct {
 	ranks     []rankInfo
 	freeSlots []uint32 // slots of removed ranks, to reuse
 	live      int      // blocks in spans
-	slotOf    map[WorkerRank]uint32
-	tmp       []uint32 // with's scratch
+	// yield, if set, is called between the steps of an operation, where
+	// the tree is whole, with the blocks the step applied.
+	yield  func(blocks int)
+	slotOf map[WorkerRank]uint32
+	tmp    []uint32 // with's scratch
 	// diffs are spare arrays for span diffs, freed by spans, each with
 	// room for diffCap()+1 entries as of when it was freed (spareDiff
 	// lets go of those the ranks outgrew since): spans split,

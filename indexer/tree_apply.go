@@ -11,8 +11,16 @@ import (
 // maxStretch bounds the blocks that one step of a store, a removal or an
 // id-only store takes at once (see store, run). Unbounded steps apply
 // events faster, but lengthen the tail of the matches that run meanwhile
-// (docs/design.md).
+// (docs/design.md); a writer may give up its core between steps (see
+// spanTree.yield).
 const maxStretch = 16
+
+// step reports a step of n blocks to yield, if set.
+func (t *spanTree) step(n int) {
+	if t.yield != nil {
+		t.yield(n)
+	}
+}
 
 // isolate splits spans so that blocks b..b+k-1, all in one span, are a
 // span of their own, and returns it.
@@ -214,6 +222,7 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 		if k > 0 {
 			i += k
 			cur = at + uint32(k) - 1
+			t.step(k)
 			continue
 		}
 		if nxt == noBlock {
@@ -231,6 +240,7 @@ func (t *spanTree) store(ev Event) (ApplyResult, error) {
 		res.Removed += removed
 		prev = key
 		i++
+		t.step(1)
 	}
 	return res, nil
 }
@@ -375,6 +385,7 @@ func (t *spanTree) remove(ev Event) ApplyResult {
 			res.Unknown += k
 		}
 		hs = hs[k:]
+		t.step(k)
 	}
 	return res
 }
@@ -428,6 +439,7 @@ func (t *spanTree) storeByID(ev Event) ApplyResult {
 			res.Stored += k
 		}
 		hs = hs[k:]
+		t.step(k)
 	}
 	return res
 }
@@ -444,6 +456,7 @@ func (t *spanTree) clear(wr WorkerRank, tiers Tier, ids []uint64) ApplyResult {
 		k, removed := t.detachRun(slot, hs, tiers)
 		res.Removed += removed
 		hs = hs[k:]
+		t.step(k)
 	}
 	return res
 }
