@@ -32,7 +32,7 @@
 // last reply and the new question of a request are new to the gateway.
 // The text is runs of 6 to 17 consecutive words of English prose, in an
 // order drawn from -seed: the prose of kvgate's own documentation, embedded
-// (testdata/prose.txt.gz, written by genprose.go).
+// (testdata/prose.txt.gz, written by ./genprose).
 //
 // Reported per offered rate: decision latency p50/p99/max, the rate
 // achieved, and CPU time per request (user+system of this whole process

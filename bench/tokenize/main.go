@@ -19,7 +19,7 @@
 // directory (see CONTRIBUTING.md).
 //
 // The corpus ships with the command, embedded: testdata/corpus.txt.gz, about 0.87 MB
-// of kvgate's own text (gencorpus.go writes it and says what it holds): Markdown
+// of kvgate's own text (./gencorpus writes it and says what it holds): Markdown
 // prose, the same rendered as HTML, Go sources, YAML and scripts, edge-case texts,
 // and French, Japanese, Chinese and Korean paragraphs. Its sections are cut into
 // documents of about -docsize bytes at line ends and interleaved in proportion, so
@@ -367,7 +367,7 @@ func writeJSON(path string, v any) error {
 //go:embed testdata/corpus.txt.gz
 var corpusGz []byte
 
-// sectionMarker starts a line naming the corpus section that follows (gencorpus.go).
+// sectionMarker starts a line naming the corpus section that follows (./gencorpus).
 const sectionMarker = "\x1ekvgate-corpus "
 
 // section is one part of the corpus: a kind of text.

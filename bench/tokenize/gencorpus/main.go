@@ -1,9 +1,7 @@
-//go:build ignore
-
-// Gencorpus writes testdata/corpus.txt.gz, the corpus of bench/tokenize. Run it
-// from this directory:
+// Gencorpus writes bench/tokenize/testdata/corpus.txt.gz, the corpus of
+// bench/tokenize. Run it from the repository root:
 //
-//	go run gencorpus.go
+//	go run ./bench/tokenize/gencorpus
 //
 // Everything in the corpus is kvgate's own text, so it carries no third-party
 // license: Markdown prose of the repository (README.md, BENCHMARKS.md,
@@ -34,7 +32,7 @@ import (
 	"strings"
 )
 
-const root = "../.."
+const root = "."
 
 func main() {
 	var out bytes.Buffer
@@ -108,10 +106,10 @@ func main() {
 	if err := zw.Close(); err != nil {
 		log.Fatal(err)
 	}
-	if err := os.WriteFile("testdata/corpus.txt.gz", gz.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile("bench/tokenize/testdata/corpus.txt.gz", gz.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
-	log.Printf("testdata/corpus.txt.gz: %d bytes, %d gzipped", out.Len(), gz.Len())
+	log.Printf("bench/tokenize/testdata/corpus.txt.gz: %d bytes, %d gzipped", out.Len(), gz.Len())
 }
 
 // sectionMarker starts a line naming the section that follows (as main.go reads it).

@@ -1,12 +1,10 @@
-//go:build ignore
-
-// Genprose writes testdata/prose.txt.gz, the text bench/gateway builds its
+// Genprose writes bench/gateway/testdata/prose.txt.gz, the text bench/gateway builds its
 // prompts from: the English prose of kvgate's own README.md, deploy/README.md
 // and BENCHMARKS.md (paragraphs and list items; no code, tables or headings),
 // with Markdown's inline markup removed. Being kvgate's own text, it carries
-// no third-party license. Run it from this directory:
+// no third-party license. Run it from the repository root:
 //
-//	go run genprose.go
+//	go run ./bench/gateway/genprose
 package main
 
 import (
@@ -25,7 +23,7 @@ var (
 
 func main() {
 	var out strings.Builder
-	for _, f := range []string{"../../README.md", "../../deploy/README.md", "../../BENCHMARKS.md"} {
+	for _, f := range []string{"README.md", "deploy/README.md", "BENCHMARKS.md"} {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			log.Fatal(err)
@@ -63,8 +61,8 @@ func main() {
 	if err := zw.Close(); err != nil {
 		log.Fatal(err)
 	}
-	if err := os.WriteFile("testdata/prose.txt.gz", gz.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile("bench/gateway/testdata/prose.txt.gz", gz.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
-	log.Printf("testdata/prose.txt.gz: %d words, %d bytes, %d gzipped", len(strings.Fields(out.String())), out.Len(), gz.Len())
+	log.Printf("bench/gateway/testdata/prose.txt.gz: %d words, %d bytes, %d gzipped", len(strings.Fields(out.String())), out.Len(), gz.Len())
 }
