@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/indexer"
+	"github.com/kvgate/kvgate/internal/stacktest"
 )
 
 // These tests drive Loads directly (docs/scheduling.md, "Active load
@@ -25,24 +26,9 @@ func rk(worker uint64, rank uint32) indexer.WorkerRank {
 }
 
 // fakeClock is a clock the tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = stacktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return stacktest.NewClock() }
 
 // recorder collects what a Loads observer is told.
 type recorder struct {

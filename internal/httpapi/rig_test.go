@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -24,8 +23,8 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
-	"github.com/kvgate/kvgate/internal/listeners"
 	"github.com/kvgate/kvgate/internal/poll"
+	"github.com/kvgate/kvgate/internal/stacktest"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
@@ -78,24 +77,9 @@ type rig struct {
 
 func newRig(t testing.TB, o rigOptions) *rig {
 	t.Helper()
-	if o.set.EventThreads == 0 {
-		o.set.EventThreads = 2
-	}
-	r := &rig{t: t, set: indexer.NewSet(o.set), reg: prometheus.NewRegistry(), token: o.token}
-	if o.ingest.Logger == nil {
-		o.ingest.Logger = quiet
-	}
-	if o.ingest.MinBackoff == 0 {
-		o.ingest.MinBackoff, o.ingest.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-	}
-	if o.ingest.FailAfter == 0 {
-		o.ingest.FailAfter = 2
-	}
-	r.ing = kvevents.NewIngester(r.set, o.ingest)
-	if o.catalog.Logger == nil {
-		o.catalog.Logger = quiet
-	}
-	r.cat = catalog.New(r.set, listeners.New(r.ing), r.reg, o.catalog)
+	r := &rig{t: t, reg: prometheus.NewRegistry(), token: o.token}
+	st := stacktest.New(t, stacktest.Options{Set: o.set, Ingest: o.ingest, Catalog: o.catalog, Registry: r.reg})
+	r.set, r.ing, r.cat = st.Set, st.Ingester, st.Catalog
 	r.loads = scheduler.NewLoads(o.loads)
 	r.cat.Watch(r.loads.Follow)
 	srv := admin.New(admin.Options{Token: o.token, Registerer: r.reg})
@@ -107,12 +91,10 @@ func newRig(t testing.TB, o rigOptions) *rig {
 	if !o.inProcess {
 		r.ts = httptest.NewServer(srv)
 	}
-	t.Cleanup(func() {
+	t.Cleanup(func() { // before the stack's, registered earlier
 		if r.ts != nil {
 			r.ts.Close()
 		}
-		r.ing.Close() // listeners stop submitting before the Set closes
-		r.set.Close()
 	})
 	return r
 }
@@ -163,18 +145,7 @@ func rangeBody(model, tenant string, id uint64, start, size uint32) jsonObj {
 func deadEndpoint(name string) string { return "ipc:///nonexistent/kvgate-httpapi-test/" + name }
 
 // closedPort returns a tcp endpoint on a loopback port nobody listens on.
-func closedPort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := "tcp://" + ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return ep
-}
+func closedPort(t testing.TB) string { return stacktest.ClosedPort(t) }
 
 // reply is an HTTP answer.
 type reply struct {

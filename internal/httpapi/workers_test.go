@@ -16,6 +16,7 @@ import (
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
+	"github.com/kvgate/kvgate/internal/stacktest"
 	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/kvgate/kvgate/scheduler/scrape"
 )
@@ -380,24 +381,9 @@ func (p *metricsPage) set(status int, body string) {
 }
 
 // fakeClock is a clock the tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = stacktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return stacktest.NewClock() }
 
 // twoEngines is a page of model m's engines 2 (waiting 3, running 5,
 // usage 0.5, 2048 blocks) and 3 (waiting 0, usage 0.25, nothing else).

@@ -21,6 +21,7 @@ import (
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/poll"
+	"github.com/kvgate/kvgate/internal/stacktest"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/scheduler/catalog"
 )
@@ -33,18 +34,7 @@ import (
 var quiet = slog.New(slog.DiscardHandler)
 
 // closedPort returns a tcp endpoint on a loopback port nobody listens on.
-func closedPort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := "tcp://" + ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return ep
-}
+func closedPort(t testing.TB) string { return stacktest.ClosedPort(t) }
 
 var replicaKey = indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
 

@@ -5,18 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvgate/kvgate/indexer"
-	"github.com/kvgate/kvgate/indexer/kvevents"
-	"github.com/kvgate/kvgate/internal/listeners"
+	"github.com/kvgate/kvgate/internal/stacktest"
 	"github.com/kvgate/kvgate/scheduler"
 	"github.com/kvgate/kvgate/scheduler/catalog"
 )
@@ -50,16 +47,11 @@ func newRig(t testing.TB, bs int, now func() time.Time) *rig {
 	if now == nil {
 		now = time.Now
 	}
-	r := &rig{t: t, set: indexer.NewSet(indexer.Options{EventThreads: 2}), reg: prometheus.NewRegistry(), now: now,
-		key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, bs: bs}
-	ing := kvevents.NewIngester(r.set, kvevents.IngestOptions{Logger: quiet})
-	r.cat = catalog.New(r.set, listeners.New(ing), r.reg, catalog.Options{Logger: quiet})
+	r := &rig{t: t, reg: prometheus.NewRegistry(), now: now, key: indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}, bs: bs}
+	st := stacktest.New(t, stacktest.Options{Registry: r.reg})
+	r.set, r.cat = st.Set, st.Catalog
 	r.loads = scheduler.NewLoads(scheduler.LoadOptions{Now: now})
 	r.cat.Watch(r.loads.Follow)
-	t.Cleanup(func() {
-		ing.Close() // listeners stop submitting before the Set closes
-		r.set.Close()
-	})
 	return r
 }
 
@@ -128,38 +120,12 @@ func promptOf(p, n int) []uint64 {
 var costPrompt = promptOf(0, 10)
 
 // closedPort returns a tcp endpoint on a loopback port nobody listens on.
-func closedPort(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ep := "tcp://" + ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return ep
-}
+func closedPort(t testing.TB) string { return stacktest.ClosedPort(t) }
 
 // fakeClock is a clock the tests move by hand.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+type fakeClock = stacktest.Clock
 
-func newFakeClock() *fakeClock { return &fakeClock{now: time.Unix(1_800_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+func newFakeClock() *fakeClock { return stacktest.NewClock() }
 
 // engineView is a worker's scrape as GET /workers shows it (see
 // internal/httpapi), for the checks: a value not reported is nil.
