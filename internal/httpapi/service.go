@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
@@ -511,11 +512,11 @@ func (s *service) selection(req *selectRequest, reserve bool) (int, any, error) 
 		sr.ReservationID = rand.Text()
 	}
 	if sr.Workers, err = s.candidates(key, req); err != nil {
-		return 0, nil, err
+		return 0, nil, unschedulable(err)
 	}
 	d, err := s.sched.Select(sr)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, unschedulable(err)
 	}
 	resp := selectResponse{
 		SelectionID: deref(req.SelectionID), ReservationID: sr.ReservationID, ModelName: key.Model, TenantID: key.Tenant,
@@ -528,6 +529,15 @@ func (s *service) selection(req *selectRequest, reserve bool) (int, any, error) 
 		resp.Overlap.DP[strconv.FormatUint(uint64(rank), 10)] = blocks * d.BlockSize
 	}
 	return http.StatusOK, resp, nil
+}
+
+// unschedulable makes a selection's unknown model and tenant a 503, as
+// Dynamo answers when no worker is schedulable: its clients retry on it.
+func unschedulable(err error) error {
+	if errors.Is(err, scheduler.ErrNotFound) {
+		return admin.Errorf(http.StatusServiceUnavailable, "%s", strings.TrimPrefix(err.Error(), scheduler.ErrNotFound.Error()+": "))
+	}
+	return err
 }
 
 // candidates returns the worker ids a selection is restricted to (nil: any),

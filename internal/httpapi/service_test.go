@@ -436,13 +436,13 @@ func TestSelectCandidatesAndErrors(t *testing.T) {
 	}
 	r.svcCalls(t, []svcCall{
 		{name: "unknown candidate", path: "/select", body: sel.with("worker_ids", []any{9}), status: 503, errHas: []string{"9"}},
-		{name: "unknown candidate, unknown model", path: "/select", body: sel.with("worker_ids", []any{9}, "model_name", "nope"), status: 404},
+		{name: "unknown candidate, unknown model", path: "/select", body: sel.with("worker_ids", []any{9}, "model_name", "nope"), status: 503},
 		{name: "no candidates", path: "/select", body: sel.with("worker_ids", []any{}), status: 400, errHas: []string{"worker_ids"}},
 		{name: "two candidate lists", path: "/select", body: sel.with("worker_ids", []any{1}, "candidates", []any{2}), status: 400},
 		{name: "none schedulable", path: "/select_and_reserve", body: sel.with("model_name", "m2"), status: 503, errHas: []string{"schedulable"}},
-		{name: "unknown model", path: "/select_and_reserve", body: sel.with("model_name", "nope"), status: 404, errHas: []string{"nope"}},
-		{name: "unknown tenant", path: "/select", body: sel.with("tenant_id", "t"), status: 404},
-		{name: "default model", path: "/select", body: sel.without("model_name"), status: 404, errHas: []string{`"default"`}},
+		{name: "unknown model", path: "/select_and_reserve", body: sel.with("model_name", "nope"), status: 503, errHas: []string{"nope"}},
+		{name: "unknown tenant", path: "/select", body: sel.with("tenant_id", "t"), status: 503},
+		{name: "default model", path: "/select", body: sel.without("model_name"), status: 503, errHas: []string{`"default"`}},
 		{name: "no block_hashes", path: "/select", body: sel.without("block_hashes"), status: 400, errHas: []string{"block_hashes"}},
 		{name: "hash lengths differ", path: "/select_and_reserve", body: sel.with("sequence_hashes", []any{1}), status: 400, errHas: []string{"sequence_hashes"}},
 		{name: "negative isl", path: "/select", body: sel.with("isl_tokens", -1), status: 400, errHas: []string{"isl_tokens"}},
