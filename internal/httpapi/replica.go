@@ -58,14 +58,18 @@ func decodeReplicaPeer(r *http.Request) (string, error) {
 
 func (h replicaAPI) handleRegisterPeer(w http.ResponseWriter, req *http.Request) {
 	ep, err := decodeReplicaPeer(req)
+	var added bool
 	if err == nil {
-		_, err = h.r.AddPeer(ep)
+		added, err = h.r.AddPeer(ep)
 	}
-	if err != nil {
+	switch {
+	case err != nil:
 		admin.WriteError(w, replicaHTTPError(err))
-		return
+	case added:
+		admin.OK(w, http.StatusCreated)
+	default: // registered already, as Dynamo answers
+		admin.OK(w, http.StatusOK)
 	}
-	admin.OK(w, http.StatusCreated)
 }
 
 func (h replicaAPI) handleDeregisterPeer(w http.ResponseWriter, req *http.Request) {

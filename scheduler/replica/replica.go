@@ -304,29 +304,30 @@ func NormalizeEndpoint(s string) (string, error) {
 
 // AddPeer subscribes to the PUB socket at endpoint (see
 // NormalizeEndpoint), connecting in the background and reconnecting
-// with backoff. Adding a peer already present does nothing. It returns the
-// normalized endpoint.
-func (r *Replica) AddPeer(endpoint string) (string, error) {
+// with backoff. Adding a peer already present does nothing. It reports
+// whether the peer was added, false when it was present already.
+func (r *Replica) AddPeer(endpoint string) (bool, error) {
 	ep, err := NormalizeEndpoint(endpoint)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", scheduler.ErrInvalid, err)
+		return false, fmt.Errorf("%w: %w", scheduler.ErrInvalid, err)
 	}
-	if !r.addPeer(ep) {
-		return "", fmt.Errorf("%w: replica sync is closed", scheduler.ErrUnavailable)
+	added, open := r.addPeer(ep)
+	if !open {
+		return false, fmt.Errorf("%w: replica sync is closed", scheduler.ErrUnavailable)
 	}
-	return ep, nil
+	return added, nil
 }
 
-// addPeer starts following ep unless it is followed already; false after
-// Close.
-func (r *Replica) addPeer(ep string) bool {
+// addPeer starts following ep unless it is followed already, and reports
+// whether it did; open is false after Close.
+func (r *Replica) addPeer(ep string) (added, open bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
-		return false
+		return false, false
 	}
 	if r.peers[ep] != nil {
-		return true
+		return false, true
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	p := &replicaPeer{cancel: cancel, done: make(chan struct{})}
@@ -336,7 +337,7 @@ func (r *Replica) addPeer(ep string) bool {
 		r.follow(ctx, ep, p)
 	})
 	r.log.Info("replica sync peer added", "peer", ep)
-	return true
+	return true, true
 }
 
 // RemovePeer unsubscribes from endpoint and waits until its connection is
