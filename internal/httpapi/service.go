@@ -182,6 +182,50 @@ func deref[T any](p *T) T {
 	return *p
 }
 
+// prompt is a selection service request's prompt: the hash form
+// (block_hashes, sequence_hashes) or token_ids, which kvgate hashes.
+type prompt struct {
+	BlockHashes    *[]indexer.Hash `json:"block_hashes"`
+	SequenceHashes *[]indexer.Hash `json:"sequence_hashes"`
+	TokenIDs       *[]uint32       `json:"token_ids"`
+	LoRAName       *string         `json:"lora_name"` // adapter of token_ids; block_hashes carry theirs
+}
+
+// hashTokens turns a prompt given as token_ids into the hash form: its
+// block_hashes are the local hashes of the tokens with key's block size
+// and lora_name's seed, and *isl (isl_tokens) is the number of tokens, or
+// must be when given. A prompt in the hash form is left as it is.
+func (s *service) hashTokens(key indexer.Key, p *prompt, isl **int64) error {
+	if p.TokenIDs == nil {
+		return nil
+	}
+	if p.BlockHashes != nil || p.SequenceHashes != nil {
+		return badRequest("give token_ids or block_hashes and sequence_hashes, not both")
+	}
+	bs, ok := s.loads().BlockSize(key)
+	if ix := s.set.Lookup(key); ix != nil {
+		bs, ok = ix.BlockSize(), true
+	}
+	if !ok {
+		return fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
+	}
+	toks := *p.TokenIDs
+	local := indexer.LocalHashes(make([]uint64, 0, len(toks)/bs), toks, bs, indexer.LoRASeed(deref(p.LoRAName)), nil)
+	hs := make([]indexer.Hash, len(local))
+	for i, h := range local {
+		hs[i] = indexer.Hash(h)
+	}
+	p.BlockHashes, p.TokenIDs = &hs, nil
+	n := int64(len(toks))
+	switch {
+	case *isl == nil:
+		*isl = &n
+	case **isl != n:
+		return badRequest("isl_tokens is %d but token_ids has %d tokens", **isl, n)
+	}
+	return nil
+}
+
 // --- Slot tracker lifecycle (seed 002) ---
 
 type lifecycleRequest struct {
@@ -269,10 +313,9 @@ func (s *service) handleLoads(w http.ResponseWriter, r *http.Request) {
 
 type potentialRequest struct {
 	scope
-	SequenceHashes *[]indexer.Hash `json:"sequence_hashes"`
-	BlockHashes    *[]indexer.Hash `json:"block_hashes"`
-	NewISLTokens   *int64          `json:"new_isl_tokens"`
-	ISLTokens      *int64          `json:"isl_tokens"`
+	prompt
+	NewISLTokens *int64 `json:"new_isl_tokens"`
+	ISLTokens    *int64 `json:"isl_tokens"`
 }
 
 type potentialView struct {
@@ -291,6 +334,9 @@ func (s *service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	if err != nil {
 		return 0, nil, err
 	}
+	if err := s.hashTokens(key, &req.prompt, &req.ISLTokens); err != nil {
+		return 0, nil, err
+	}
 	// As for /select, block_hashes (the selection service's form) give the
 	// sequence hashes; sequence_hashes alone are the slot tracker's.
 	var seq []uint64
@@ -303,7 +349,7 @@ func (s *service) potentialLoads(_ *http.Request, req *potentialRequest) (int, a
 	case req.SequenceHashes != nil:
 		seq = u64s(*req.SequenceHashes)
 	default:
-		return 0, nil, badRequest("sequence_hashes (or block_hashes) is required")
+		return 0, nil, badRequest("sequence_hashes (or block_hashes, or token_ids) is required")
 	}
 	newISL, err := tokens("new_isl_tokens", req.NewISLTokens)
 	if err != nil {
@@ -433,17 +479,16 @@ func (s *service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
 
 type selectRequest struct {
 	scope
-	SelectionID        *string         `json:"selection_id"`
-	ReservationID      *string         `json:"reservation_id"`
-	BlockHashes        *[]indexer.Hash `json:"block_hashes"`
-	SequenceHashes     *[]indexer.Hash `json:"sequence_hashes"`
-	ISLTokens          *int64          `json:"isl_tokens"`
-	OverlapScoreWeight *float64        `json:"overlap_score_weight"`
-	RouterTemperature  *float64        `json:"router_temperature"`
-	Temperature        *float64        `json:"temperature"`
-	WorkerIDs          *[]uint64       `json:"worker_ids"`
-	Candidates         *[]uint64       `json:"candidates"`
-	AllowedWorkerIDs   *[]uint64       `json:"allowed_worker_ids"` // Dynamo's name
+	SelectionID   *string `json:"selection_id"`
+	ReservationID *string `json:"reservation_id"`
+	prompt
+	ISLTokens          *int64    `json:"isl_tokens"`
+	OverlapScoreWeight *float64  `json:"overlap_score_weight"`
+	RouterTemperature  *float64  `json:"router_temperature"`
+	Temperature        *float64  `json:"temperature"`
+	WorkerIDs          *[]uint64 `json:"worker_ids"`
+	Candidates         *[]uint64 `json:"candidates"`
+	AllowedWorkerIDs   *[]uint64 `json:"allowed_worker_ids"` // Dynamo's name
 	Override           *struct {
 		OverlapScoreWeight *float64 `json:"overlap_score_weight"`
 		RouterTemperature  *float64 `json:"router_temperature"`
@@ -490,8 +535,11 @@ func (s *service) selection(req *selectRequest, reserve bool) (int, any, error) 
 		return 0, nil, err
 	}
 	sr := scheduler.SelectRequest{Key: key, Reserve: reserve, ReservationID: deref(req.ReservationID)}
+	if err := s.hashTokens(key, &req.prompt, &req.ISLTokens); err != nil {
+		return 0, nil, unschedulable(err)
+	}
 	if req.BlockHashes == nil {
-		return 0, nil, badRequest("block_hashes is required")
+		return 0, nil, badRequest("block_hashes (or token_ids) is required")
 	}
 	sr.Local = u64s(*req.BlockHashes)
 	// The overlap is looked up by block_hashes; the given sequence
@@ -576,14 +624,13 @@ func (s *service) candidates(key indexer.Key, req *selectRequest) ([]uint64, err
 
 type reservationRequest struct {
 	scope
-	ReservationID          *string         `json:"reservation_id"`
-	SelectionID            *string         `json:"selection_id"` // Dynamo's later name of the booking id
-	WorkerID               *uint64         `json:"worker_id"`
-	DPRank                 *uint32         `json:"dp_rank"`
-	SequenceHashes         *[]indexer.Hash `json:"sequence_hashes"`
-	BlockHashes            *[]indexer.Hash `json:"block_hashes"`
-	ISLTokens              *int64          `json:"isl_tokens"`
-	EffectivePrefillTokens *int64          `json:"effective_prefill_tokens"`
+	ReservationID *string `json:"reservation_id"`
+	SelectionID   *string `json:"selection_id"` // Dynamo's later name of the booking id
+	WorkerID      *uint64 `json:"worker_id"`
+	DPRank        *uint32 `json:"dp_rank"`
+	prompt
+	ISLTokens              *int64 `json:"isl_tokens"`
+	EffectivePrefillTokens *int64 `json:"effective_prefill_tokens"`
 }
 
 type reservationResponse struct {
@@ -610,6 +657,9 @@ func (s *service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 	if req.WorkerID == nil {
 		return 0, nil, badRequest("worker_id is required")
 	}
+	if err := s.hashTokens(key, &req.prompt, &req.ISLTokens); err != nil {
+		return 0, nil, err
+	}
 	var seq []uint64
 	switch {
 	case req.SequenceHashes != nil:
@@ -617,7 +667,7 @@ func (s *service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 	case req.BlockHashes != nil:
 		seq = indexer.SequenceHashes(nil, u64s(*req.BlockHashes))
 	default:
-		return 0, nil, badRequest("sequence_hashes is required")
+		return 0, nil, badRequest("sequence_hashes (or block_hashes, or token_ids) is required")
 	}
 	isl, err := tokens("isl_tokens", req.ISLTokens)
 	if err != nil {
@@ -691,9 +741,7 @@ func (s *service) reservationFree(r *http.Request, req *reservationBody) (int, a
 
 type overlapRequest struct {
 	scope
-	BlockHashes *[]indexer.Hash `json:"block_hashes"`
-	TokenIDs    *[]uint32       `json:"token_ids"`
-	LoRAName    *string         `json:"lora_name"` // adapter of token_ids; block_hashes carry theirs
+	prompt
 }
 
 type overlapRow struct {
@@ -716,12 +764,11 @@ func (s *service) overlapScores(_ *http.Request, req *overlapRequest) (int, any,
 	if ix == nil {
 		return 0, nil, fmt.Errorf("%w: no index for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
 	}
-	var ovs []indexer.Overlap
-	if req.BlockHashes != nil {
-		ovs = ix.Match(indexer.SequenceHashes(nil, u64s(*req.BlockHashes)), nil)
-	} else {
-		ovs = ix.MatchTokens(*req.TokenIDs, deref(req.LoRAName), nil)
+	var isl *int64
+	if err := s.hashTokens(key, &req.prompt, &isl); err != nil {
+		return 0, nil, err
 	}
+	ovs := ix.Match(indexer.SequenceHashes(nil, u64s(*req.BlockHashes)), nil)
 	slices.SortFunc(ovs, func(a, b indexer.Overlap) int {
 		return cmp.Or(cmp.Compare(a.Worker.Worker, b.Worker.Worker), cmp.Compare(a.Worker.Rank, b.Worker.Rank))
 	})
