@@ -298,6 +298,11 @@ func NewScheduler(cat Workers, set *indexer.Set, loads *Loads, opts CostOptions,
 // Loads returns the active-load accounting the scheduler books on.
 func (s *Scheduler) Loads() *Loads { return s.loads }
 
+// CreditBlocks returns the blocks of a rank's overlap ov that a decision
+// credits as cached: its device blocks, and its host-only and disk-only
+// ones discounted by the cost options.
+func (s *Scheduler) CreditBlocks(ov indexer.Overlap) float64 { return s.opts.effective(&ov) }
+
 // candidate is one rank's inputs and cost, kept small: a decision costs
 // thousands.
 type candidate struct {

@@ -70,7 +70,10 @@ func TestPromptTokenIDs(t *testing.T) {
 	// adapter's first one.
 	tokens, _ := promptForms(toks, "ad")
 	svcJSON(t, "overlap by tokens", r.post("/overlap_scores", tokens), 200,
-		`[{"worker_id":1,"dp_rank":0,"longest_matched":16,"gpu":16,"cpu":16,"disk":16}]`)
+		`{"block_size":16,"num_blocks":2,"workers":[
+		{"worker_id":1,"dp_rank":0,"device_blocks":1,"host_pinned_blocks":1,"disk_blocks":1,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":1},
+		{"worker_id":1,"dp_rank":1,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0}],
+		"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
 	tokens, _ = promptForms(toks, "")
 	svcJSON(t, "reservation by tokens", r.post("/reservations", tokens.with("reservation_id", "r2", "worker_id", 1)), 201,
 		`{"status":"ok","reservation_id":"r2","model_name":"model","tenant_id":"default","worker_id":1,"dp_rank":0,"endpoint":"http://worker:8000"}`)

@@ -744,14 +744,39 @@ type overlapRequest struct {
 	prompt
 }
 
+// overlapRow is one rank's overlap in Dynamo's shape: blocks, cumulative
+// per tier (device, then host, then disk), the extensions beyond the tier
+// above and the blocks the scheduler credits.
 type overlapRow struct {
-	WorkerID uint64 `json:"worker_id"`
-	DPRank   uint32 `json:"dp_rank"`
-	tiers
+	WorkerID            uint64  `json:"worker_id"`
+	DPRank              uint32  `json:"dp_rank"`
+	DeviceBlocks        int     `json:"device_blocks"`
+	HostPinnedBlocks    int     `json:"host_pinned_blocks"`
+	DiskBlocks          int     `json:"disk_blocks"`
+	HostPinnedExtBlocks int     `json:"host_pinned_extension_blocks"`
+	DiskExtBlocks       int     `json:"disk_extension_blocks"`
+	SharedBeyondDevice  *uint32 `json:"shared_beyond_device_blocks"` // no shared cache: null
+	RouterCreditBlocks  float64 `json:"router_credit_blocks"`
 }
 
-// overlapScores answers every rank's cached prefix of the prompt, per tier,
-// in tokens, for the ranks holding at least its first block.
+// sharedCache is Dynamo's shared cache summary; kvgate has none.
+type sharedCache struct {
+	Enabled        bool     `json:"enabled"`
+	TotalHitBlocks int      `json:"total_hit_blocks"`
+	Ranges         [][2]int `json:"ranges"`
+	Error          *string  `json:"error"`
+}
+
+type overlapResponse struct {
+	BlockSize   int          `json:"block_size"`
+	NumBlocks   int          `json:"num_blocks"`
+	Workers     []overlapRow `json:"workers"`
+	SharedCache sharedCache  `json:"shared_cache"`
+}
+
+// overlapScores answers the prompt's blocks and, for every schedulable
+// rank and every rank holding at least its first block, that rank's cached
+// prefix per tier, in blocks.
 func (s *service) overlapScores(_ *http.Request, req *overlapRequest) (int, any, error) {
 	key, err := req.key(nil, true)
 	if err != nil {
@@ -768,13 +793,34 @@ func (s *service) overlapScores(_ *http.Request, req *overlapRequest) (int, any,
 	if err := s.hashTokens(key, &req.prompt, &isl); err != nil {
 		return 0, nil, err
 	}
-	ovs := ix.Match(indexer.SequenceHashes(nil, u64s(*req.BlockHashes)), nil)
-	slices.SortFunc(ovs, func(a, b indexer.Overlap) int {
-		return cmp.Or(cmp.Compare(a.Worker.Worker, b.Worker.Worker), cmp.Compare(a.Worker.Rank, b.Worker.Rank))
-	})
-	rows := make([]overlapRow, len(ovs))
-	for i, o := range ovs {
-		rows[i] = overlapRow{o.Worker.Worker, o.Worker.Rank, tiersOf(o, ix.BlockSize())}
+	byRank := make(map[indexer.WorkerRank]indexer.Overlap)
+	for _, o := range ix.Match(indexer.SequenceHashes(nil, u64s(*req.BlockHashes)), nil) {
+		byRank[o.Worker] = o
 	}
-	return http.StatusOK, rows, nil
+	sched := s.cat.View().Schedulable(key)
+	for _, w := range s.cat.Workers(key.Model, key.Tenant) {
+		if !sched[w.ID] {
+			continue
+		}
+		for _, rank := range w.Ranks {
+			wr := indexer.WorkerRank{Worker: w.ID, Rank: rank}
+			if _, ok := byRank[wr]; !ok {
+				byRank[wr] = indexer.Overlap{Worker: wr}
+			}
+		}
+	}
+	resp := overlapResponse{BlockSize: ix.BlockSize(), NumBlocks: len(*req.BlockHashes),
+		Workers: make([]overlapRow, 0, len(byRank)), SharedCache: sharedCache{Ranges: [][2]int{}}}
+	for _, wr := range slices.SortedFunc(maps.Keys(byRank), func(a, b indexer.WorkerRank) int {
+		return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
+	}) {
+		o := byRank[wr]
+		resp.Workers = append(resp.Workers, overlapRow{
+			WorkerID: wr.Worker, DPRank: wr.Rank,
+			DeviceBlocks: int(o.Device), HostPinnedBlocks: int(o.Host), DiskBlocks: int(o.Disk),
+			HostPinnedExtBlocks: int(o.Host - o.Device), DiskExtBlocks: int(o.Disk - o.Host),
+			RouterCreditBlocks: s.sched.CreditBlocks(o),
+		})
+	}
+	return http.StatusOK, resp, nil
 }

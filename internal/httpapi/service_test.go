@@ -326,9 +326,10 @@ func TestSelectSeedExample(t *testing.T) {
 		{"model_name":"model","tenant_id":"default","worker_id":1,"dp_rank":1,"active_prefill_tokens":0,"active_decode_blocks":0}]`
 	svcJSON(t, "loads after select_and_reserve", r.svcGet("/loads"), 200, booked)
 	r.svcCalls(t, []svcCall{{name: "duplicate reservation", path: "/select_and_reserve", body: svcSeedSelect, status: 409, errHas: []string{"request-123"}}})
-	svcJSON(t, "overlap scores", r.post("/overlap_scores", jsonObj{"model_name": "model", "block_hashes": svcSeedSelect["block_hashes"]}), 200, `[
-		{"worker_id":1,"dp_rank":0,"longest_matched":128,"gpu":64,"cpu":96,"disk":128},
-		{"worker_id":1,"dp_rank":1,"longest_matched":32,"gpu":32,"cpu":32,"disk":32}]`)
+	svcJSON(t, "overlap scores", r.post("/overlap_scores", jsonObj{"model_name": "model", "block_hashes": svcSeedSelect["block_hashes"]}), 200, `{"block_size":16,"num_blocks":8,"workers":[
+		{"worker_id":1,"dp_rank":0,"device_blocks":4,"host_pinned_blocks":6,"disk_blocks":8,"host_pinned_extension_blocks":2,"disk_extension_blocks":2,"shared_beyond_device_blocks":null,"router_credit_blocks":8},
+		{"worker_id":1,"dp_rank":1,"device_blocks":2,"host_pinned_blocks":2,"disk_blocks":2,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":2}],
+		"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
 	svcJSON(t, "potential loads by isl_tokens", r.post("/potential_loads", svcSeedSelect), 200, `[
 		{"worker_id":1,"dp_rank":0,"potential_prefill_tokens":768,"potential_decode_blocks":8},
 		{"worker_id":1,"dp_rank":1,"potential_prefill_tokens":480,"potential_decode_blocks":8}]`)
@@ -460,8 +461,16 @@ func TestSelectCandidatesAndErrors(t *testing.T) {
 		toks[i] = uint32(i)
 	}
 	r.svcStore("model", 2, 0, indexer.TierDevice, indexer.LocalHashes(nil, toks, 16, indexer.BaseSeed, nil)...)
+	// Every schedulable rank has a row, with no overlap too; worker 3
+	// (model m2), waiting for its publisher, has none.
 	svcJSON(t, "overlap scores by tokens", r.post("/overlap_scores", jsonObj{"model_name": "model", "token_ids": toks, "lora_name": ""}), 200,
-		`[{"worker_id":2,"dp_rank":0,"longest_matched":32,"gpu":32,"cpu":32,"disk":32}]`)
+		`{"block_size":16,"num_blocks":2,"workers":[
+		{"worker_id":1,"dp_rank":0,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0},
+		{"worker_id":1,"dp_rank":1,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0},
+		{"worker_id":2,"dp_rank":0,"device_blocks":2,"host_pinned_blocks":2,"disk_blocks":2,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":2}],
+		"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
+	svcJSON(t, "overlap scores, none schedulable", r.post("/overlap_scores", jsonObj{"model_name": "m2", "block_hashes": []any{1}}), 200,
+		`{"block_size":16,"num_blocks":1,"workers":[],"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
 }
 
 func TestWorkersChangeWhileSelecting(t *testing.T) {
