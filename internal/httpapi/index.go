@@ -168,10 +168,14 @@ type queryResult struct {
 }
 
 // answer matches q against its index. An unknown (model, tenant) is a 404
-// *admin.Error.
+// *admin.Error in Dynamo's shape, and no match in Mooncake's: the conductor
+// answers 200 with no engines for a model nothing has registered.
 func (a *indexAPI) answer(q overlapQuery) (queryResult, error) {
 	ix := a.set.Lookup(q.Key)
 	if ix == nil {
+		if q.Mooncake {
+			return queryResult{}, nil
+		}
 		return queryResult{}, admin.Errorf(http.StatusNotFound, "no index for model_name %q tenant_id %q", q.Key.Model, q.Key.Tenant)
 	}
 	res := queryResult{BlockSize: ix.BlockSize()}
