@@ -204,10 +204,11 @@ func TestE2EAdminAPI(t *testing.T) {
 	}
 
 	var workers []struct {
-		InstanceID uint64 `json:"instance_id"`
-		Status     string `json:"status"`
-		Source     string `json:"source"`
-		Listeners  map[string]struct {
+		InstanceID   uint64 `json:"instance_id"`
+		Status       string `json:"status"`
+		Source       string `json:"source"`
+		RegisteredBy string `json:"registered_by"`
+		Listeners    map[string]struct {
 			Endpoint string `json:"endpoint"`
 			Status   string `json:"status"`
 		} `json:"listeners"`
@@ -216,7 +217,7 @@ func TestE2EAdminAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(workers) != 2 || workers[0].InstanceID != 1 || workers[1].InstanceID != 2 ||
-		workers[0].Status != "active" || workers[0].Source != "api" || workers[0].Listeners["0"].Endpoint != pub1.Endpoint() {
+		workers[0].Status != "active" || workers[0].Source != "zmq" || workers[0].RegisteredBy != "api" || workers[0].Listeners["0"].Endpoint != pub1.Endpoint() {
 		t.Errorf("GET /workers = %+v", workers)
 	}
 

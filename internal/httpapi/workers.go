@@ -195,23 +195,27 @@ func (c catalogAPI) handleUnregister(w http.ResponseWriter, r *http.Request) {
 // workerView is one entry of GET /workers: the union of the fields of the
 // indexer's, the slot tracker's and the selection service's views.
 type workerView struct {
-	InstanceID            uint64                  `json:"instance_id"`
-	WorkerID              uint64                  `json:"worker_id"`
-	ModelName             string                  `json:"model_name"`
-	TenantID              string                  `json:"tenant_id"`
-	BlockSize             int                     `json:"block_size"`
-	DPStart               uint32                  `json:"dp_start"`
-	DPSize                uint32                  `json:"dp_size"`
-	DataParallelStartRank uint32                  `json:"data_parallel_start_rank"`
-	DataParallelSize      uint32                  `json:"data_parallel_size"`
-	DPRanks               []uint32                `json:"dp_ranks"`
-	Endpoint              string                  `json:"endpoint,omitempty"`
-	Endpoints             map[string]string       `json:"endpoints"`
-	KVEventsEndpoints     map[string]string       `json:"kv_events_endpoints"`
-	ReplayEndpoint        string                  `json:"replay_endpoint,omitempty"`
-	Source                string                  `json:"source"`
-	Status                catalog.Status          `json:"status"`
-	Listeners             map[string]listenerView `json:"listeners"`
+	InstanceID            uint64            `json:"instance_id"`
+	WorkerID              uint64            `json:"worker_id"`
+	ModelName             string            `json:"model_name"`
+	TenantID              string            `json:"tenant_id"`
+	BlockSize             int               `json:"block_size"`
+	DPStart               uint32            `json:"dp_start"`
+	DPSize                uint32            `json:"dp_size"`
+	DataParallelStartRank uint32            `json:"data_parallel_start_rank"`
+	DataParallelSize      uint32            `json:"data_parallel_size"`
+	DPRanks               []uint32          `json:"dp_ranks"`
+	Endpoint              string            `json:"endpoint,omitempty"`
+	Endpoints             map[string]string `json:"endpoints"`
+	KVEventsEndpoints     map[string]string `json:"kv_events_endpoints"`
+	ReplayEndpoint        string            `json:"replay_endpoint,omitempty"`
+	// Source is Dynamo's: always "zmq" (its clients filter on it).
+	// RegisteredBy is where kvgate learned of the worker (catalog.SourceAPI,
+	// catalog.SourceConfig or discovery's "kubernetes").
+	Source       string                  `json:"source"`
+	RegisteredBy string                  `json:"registered_by"`
+	Status       catalog.Status          `json:"status"`
+	Listeners    map[string]listenerView `json:"listeners"`
 	// EngineMetrics is what the scrapes of the worker's /metrics page
 	// found (see scrape.Scraper); left out when it was never scraped.
 	EngineMetrics *engineMetricsView `json:"engine_metrics,omitempty"`
@@ -270,7 +274,7 @@ type listenerView struct {
 func viewOf(ws catalog.WorkerState, em *scrape.WorkerScrape) workerView {
 	v := workerView{
 		InstanceID: ws.ID, WorkerID: ws.ID, ModelName: ws.Key.Model, TenantID: ws.Key.Tenant,
-		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: ws.Source, Status: ws.Status,
+		BlockSize: ws.BlockSize, DPRanks: ws.Ranks, Endpoint: ws.Endpoint, Source: "zmq", RegisteredBy: ws.Source, Status: ws.Status,
 		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
 		EngineMetrics: engineMetricsOf(em),
 	}

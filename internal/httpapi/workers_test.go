@@ -66,7 +66,8 @@ func TestRegisterIndexerShape(t *testing.T) {
 		t.Fatalf("workers %+v, want 3", ws)
 	}
 	w := ws[0]
-	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS || w.Source != catalog.SourceAPI {
+	if w.ModelName != "m" || w.TenantID != "default" || w.InstanceID != 1 || w.WorkerID != 1 || w.BlockSize != testBS ||
+		w.Source != "zmq" || w.RegisteredBy != catalog.SourceAPI {
 		t.Errorf("worker 1: %+v", w)
 	}
 	if !slices.Equal(w.DPRanks, []uint32{0, 1}) || w.Endpoints["0"] != e0 || w.Endpoints["1"] != e1 || w.DPStart != 0 || w.DPSize != 2 {
@@ -302,7 +303,7 @@ func TestWorkersView(t *testing.T) {
 		t.Fatalf("GET /workers: %s (%v), want 4 workers", rep.body, err)
 	}
 	fields := []string{"instance_id", "worker_id", "model_name", "tenant_id", "block_size", "dp_start", "dp_size",
-		"data_parallel_start_rank", "data_parallel_size", "dp_ranks", "endpoints", "kv_events_endpoints", "source", "status", "listeners"}
+		"data_parallel_start_rank", "data_parallel_size", "dp_ranks", "endpoints", "kv_events_endpoints", "source", "registered_by", "status", "listeners"}
 	for i, w := range raw {
 		for _, f := range fields {
 			if _, ok := w[f]; !ok {
