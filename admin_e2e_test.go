@@ -134,7 +134,7 @@ func TestE2EAdminAPI(t *testing.T) {
 	withReplay := engine.Config{ReplayEndpoint: "tcp://127.0.0.1:0"}
 	pub1, pub2 := enginetest.Start(t, withReplay), enginetest.Start(t, withReplay)
 	p := startKvgateEnv(t, ctx, []string{dynMinWorkersEnv + "=2"},
-		"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--admin-token", "tok", "--max-body", "4KiB")
+		"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json", "--admin-token", "tok", "--max-body", "4KiB", "--enable-test-routes")
 	anon := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + p.adminAddr(t, ctx)}
 	admin := anon
 	admin.token = "tok"
@@ -350,4 +350,26 @@ func TestE2EPeerRecovery(t *testing.T) {
 	}
 	stop(t, pb)
 	stop(t, pa)
+}
+
+// TestE2ETestRoutesFlag checks that Dynamo's test routes are 404 without
+// --enable-test-routes, and served with it.
+func TestE2ETestRoutesFlag(t *testing.T) {
+	ctx := e2eContext(t)
+	for _, tc := range []struct {
+		args   []string
+		status int // of a pause without a worker id
+	}{
+		{nil, 404},
+		{[]string{"--enable-test-routes"}, 400},
+	} {
+		p := startKvgate(t, ctx, append([]string{"serve", "--admin-addr", "127.0.0.1:0", "--log-format", "json"}, tc.args...)...)
+		c := apiClient{t: t, ctx: ctx, c: testClient(t), base: "http://" + p.adminAddr(t, ctx)}
+		for _, path := range []string{"/test/pause_listener", "/test/resume_listener"} {
+			if status, body := c.call("POST", path, map[string]any{}); status != tc.status {
+				t.Errorf("kvgate %v: POST %s = %d %s, want %d", tc.args, path, status, body, tc.status)
+			}
+		}
+		stop(t, p)
+	}
 }

@@ -51,6 +51,7 @@ type serveConfig struct {
 	KVTopic   string
 
 	AdminToken        string   // bearer token required on mutating admin routes; "" for none
+	EnableTestRoutes  bool     // mount Dynamo's /test/ routes (pause and resume listeners)
 	MaxBody           int64    // admin request body limit, bytes
 	Peers             []string // indexers to recover the index from at start
 	PeerTimeout       time.Duration
@@ -180,7 +181,8 @@ func addServeFlags(fs *pflag.FlagSet) {
 		"workers (POST /register, /unregister, /workers; PATCH and DELETE /workers/{id}), "+
 		"bookings (POST /add, /prefill_complete, /free, /select_and_reserve, /reservations and /reservations/{id}/...; DELETE /reservations/{id}), "+
 		"peer lists (POST /register_peer, /deregister_peer, /replica_sync/register_peer, /replica_sync/deregister_peer) "+
-		"and listeners (POST /test/pause_listener, /test/resume_listener); routes that only read stay open; empty: no token, every route open")
+		"and listeners (POST /test/pause_listener, /test/resume_listener, with --enable-test-routes); routes that only read stay open; empty: no token, every route open")
+	fs.Bool("enable-test-routes", false, "mount Dynamo's test routes POST /test/pause_listener and /test/resume_listener, which stop and restart a worker's KV event listeners; off: they are 404")
 	fs.String("max-body", "8MiB", "largest admin request body, in bytes or with a unit (KiB, MiB, GiB)")
 	fs.String("peers", "", "comma-separated base URLs of indexers (kvgate or Dynamo) to recover the index from at start, first reachable wins")
 	fs.Duration("peer-timeout", 10*time.Second, "how long to wait for one peer's /dump during recovery")
@@ -369,6 +371,9 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 		return cfg, bad("admin-token", "(hidden)", err.Error())
 	}
 	cfg.AdminToken = strings.TrimSpace(cfg.AdminToken)
+	if cfg.EnableTestRoutes, err = getBool(v, "enable-test-routes"); err != nil {
+		return cfg, bad("enable-test-routes", v.Get("enable-test-routes"), err.Error())
+	}
 	maxBody, err := getString(v, "max-body")
 	if err != nil {
 		return cfg, bad("max-body", v.Get("max-body"), err.Error())
@@ -579,6 +584,18 @@ func getString(v *viper.Viper, key string) (string, error) {
 		return x, nil
 	}
 	return "", errors.New("want a string")
+}
+
+func getBool(v *viper.Viper, key string) (bool, error) {
+	switch x := v.Get(key).(type) {
+	case bool:
+		return x, nil
+	case string:
+		if b, err := strconv.ParseBool(strings.TrimSpace(x)); err == nil {
+			return b, nil
+		}
+	}
+	return false, errors.New("want true or false")
 }
 
 func getInt(v *viper.Viper, key string) (int, error) {

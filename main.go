@@ -173,6 +173,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	logger.Info("starting kvgate", "version", versionString(), "config_file", cfg.ConfigFile,
 		"admin_addr", cfg.AdminAddr, "event_threads", cfg.EventThreads, "index_shards", cfg.IndexShards, "peers", len(cfg.Peers),
 		"min_initial_workers", cfg.MinInitialWorkers, "admin_token", cfg.AdminToken != "",
+		"test_routes", cfg.EnableTestRoutes,
 		"replica_sync_port", cfg.ReplicaSyncPort, "replica_sync_peers", len(cfg.ReplicaSyncPeers))
 
 	reg := prometheus.NewRegistry()
@@ -236,7 +237,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}()
 		replicaRoutes = httpapi.ReplicaRoutes(rsync)
 	}
-	srv.Handle(adminRoutes(reg, logger, httpapi.IndexRoutes(indexes, peers, reg), httpapi.WorkerRoutes(cat, scraper), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
+	srv.Handle(adminRoutes(reg, logger, httpapi.IndexRoutes(indexes, peers, reg), workerRoutes(cat, scraper, cfg.EnableTestRoutes), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
 
 	for _, w := range cfg.Workers {
 		err := cat.RegisterRank(catalog.RankRegistration{
@@ -410,6 +411,16 @@ func adminRoutes(reg *prometheus.Registry, logger *slog.Logger, apis ...[]admin.
 	routes := processRoutes(reg, logger)
 	for _, rs := range apis {
 		routes = append(routes, rs...)
+	}
+	return routes
+}
+
+// workerRoutes are the worker catalog's routes, with Dynamo's test routes
+// when testRoutes (--enable-test-routes).
+func workerRoutes(cat *catalog.Catalog, scraper *scrape.Scraper, testRoutes bool) []admin.Route {
+	routes := httpapi.WorkerRoutes(cat, scraper)
+	if testRoutes {
+		routes = append(routes, httpapi.ListenerTestRoutes(cat)...)
 	}
 	return routes
 }

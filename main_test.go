@@ -103,6 +103,7 @@ func TestLoadServeConfig(t *testing.T) {
 	malformed := file("malformed.yaml", "admin-addr: [\n")
 	empty := file("empty.yaml", "")
 	reuseFile := file("reuse.yaml", "reuse-weight: 32\n")
+	testRoutesFile := file("test-routes.yaml", "enable-test-routes: true\n")
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, IndexShards: 1, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
@@ -230,6 +231,12 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "max-body 1MB", args: []string{"--max-body", "1MB"}, want: with(func(c *serveConfig) { c.MaxBody = 1e6 })},
 		{name: "max-body zero", args: []string{"--max-body", "0"}, wantErr: `invalid max-body "0" (from flag --max-body): want a positive size`},
 		{name: "max-body junk", args: []string{"--max-body", "8 furlongs"}, wantErr: `invalid max-body "8 furlongs"`},
+		{name: "test routes off by default", want: with(func(c *serveConfig) { c.EnableTestRoutes = false })},
+		{name: "test routes flag", args: []string{"--enable-test-routes"}, want: with(func(c *serveConfig) { c.EnableTestRoutes = true })},
+		{name: "test routes env", env: map[string]string{"KVGATE_ENABLE_TEST_ROUTES": "true"}, want: with(func(c *serveConfig) { c.EnableTestRoutes = true })},
+		{name: "test routes YAML", args: []string{"--config", testRoutesFile}, want: with(func(c *serveConfig) { c.ConfigFile, c.EnableTestRoutes = testRoutesFile, true })},
+		{name: "test routes flag beats env", args: []string{"--enable-test-routes=false"}, env: map[string]string{"KVGATE_ENABLE_TEST_ROUTES": "1"}, want: def},
+		{name: "test routes not a bool", env: map[string]string{"KVGATE_ENABLE_TEST_ROUTES": "maybe"}, wantErr: `invalid enable-test-routes "maybe" (from env KVGATE_ENABLE_TEST_ROUTES): want true or false`},
 		{name: "peer not a URL", args: []string{"--peers", "host:8090"}, wantErr: `invalid peers "host:8090" (from flag --peers): peer url "host:8090" is not an http(s)://host:port base URL`},
 		{name: "peer-timeout zero", args: []string{"--peer-timeout", "0s"}, wantErr: "invalid peer-timeout"},
 		{name: "min workers from Dynamo env", env: map[string]string{dynMinWorkersEnv: "2"}, want: with(func(c *serveConfig) { c.MinInitialWorkers = 2 })},
@@ -824,7 +831,8 @@ func FuzzParseWorkers(f *testing.F) {
 }
 
 // adminRouteTable returns the admin listener's route table as runServe
-// builds it (replica sync off: its routes have the same patterns on).
+// builds it with --enable-test-routes (replica sync off: its routes have
+// the same patterns on).
 func adminRouteTable(t *testing.T) []admin.Route {
 	t.Helper()
 	logger := discardLogger()
@@ -841,7 +849,29 @@ func adminRouteTable(t *testing.T) []admin.Route {
 		t.Fatal(err)
 	}
 	return adminRoutes(prometheus.NewRegistry(), logger, httpapi.IndexRoutes(set, peers, nil),
-		httpapi.WorkerRoutes(cat, nil), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
+		workerRoutes(cat, nil, true), httpapi.ServiceRoutes(cat, sched, set), httpapi.ReplicaSyncOffRoutes())
+}
+
+// TestTestRoutesNeedTheFlag checks that Dynamo's /test/ routes are in the
+// admin route table only with --enable-test-routes.
+func TestTestRoutesNeedTheFlag(t *testing.T) {
+	logger := discardLogger()
+	set := indexer.NewSet(indexer.Options{})
+	t.Cleanup(set.Close)
+	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
+	t.Cleanup(ingest.Close) // before set.Close
+	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+	for _, on := range []bool{false, true} {
+		var got []string
+		for _, rt := range workerRoutes(cat, nil, on) {
+			if strings.Contains(rt.Pattern, " /test/") {
+				got = append(got, rt.Pattern)
+			}
+		}
+		if want := map[bool]int{false: 0, true: 2}[on]; len(got) != want {
+			t.Errorf("test routes on %v: %v, want %d routes", on, got, want)
+		}
+	}
 }
 
 // routeFamily is a route path up to its first wildcard: "/workers/{id}"

@@ -55,6 +55,8 @@ type rigOptions struct {
 	token   string
 	// scrape, when not nil, configures the scraper GET /workers shows.
 	scrape *scrape.Options
+	// testRoutes mounts ListenerTestRoutes (--enable-test-routes).
+	testRoutes bool
 	// inProcess serves requests by calling the admin handler, without a
 	// TCP listener (for fuzzing, where every input gets a fresh rig).
 	inProcess bool
@@ -87,6 +89,9 @@ func newRig(t testing.TB, o rigOptions) *rig {
 		r.sc = scrape.New(r.cat, *o.scrape, r.reg)
 	}
 	srv.Handle(WorkerRoutes(r.cat, r.sc)...)
+	if o.testRoutes {
+		srv.Handle(ListenerTestRoutes(r.cat)...)
+	}
 	r.handler = srv
 	if !o.inProcess {
 		r.ts = httptest.NewServer(srv)

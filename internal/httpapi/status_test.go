@@ -57,7 +57,7 @@ func TestWorkerStatusWithAClosedPort(t *testing.T) {
 }
 
 func TestPauseResumeListener(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := newRig(t, rigOptions{testRoutes: true})
 	key := indexer.Key{Model: "m", Tenant: "default"}
 	p0 := r.follow("m", "", 1, 0)
 	r.follow("m", "", 1, 1)
@@ -147,7 +147,7 @@ func TestWorkerGauges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newRig(t, rigOptions{ingest: kvevents.IngestOptions{DialTimeout: time.Hour}})
+	r := newRig(t, rigOptions{ingest: kvevents.IngestOptions{DialTimeout: time.Hour}, testRoutes: true})
 	t.Cleanup(func() { _ = silent.Close() }) // before the rig's cleanup
 	r.waitGauges(0, 0, 0, 0)
 
@@ -203,7 +203,7 @@ func (r *rig) wantReady(ready bool, reason string, workers, activeWorkers int) {
 }
 
 func TestReadyNeedsASchedulableWorker(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := newRig(t, rigOptions{testRoutes: true})
 	r.wantReady(false, "", 0, 0)
 	r.register(rankBody("m", "", 1, 0, deadEndpoint("ready")))
 	r.wantReady(false, "", 1, 0)
@@ -372,4 +372,18 @@ func TestConcurrentRegistrations(t *testing.T) {
 	}
 	r.checkViews()
 	t.Logf("%d workers, %d listeners left", len(r.workers("")), len(got))
+}
+
+// TestTestRoutesOff checks that Dynamo's test routes are 404 unless
+// mounted (--enable-test-routes), and change nothing.
+func TestTestRoutesOff(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	r.follow("m", "", 1, 0)
+	before := r.state()
+	for _, path := range []string{"/test/pause_listener", "/test/resume_listener"} {
+		r.post(path, jsonObj{"instance_id": 1}).expect(t, http.StatusNotFound)
+	}
+	if after := r.state(); after != before {
+		t.Errorf("test routes changed the state:\n%s\nthen:\n%s", before, after)
+	}
 }

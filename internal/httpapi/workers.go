@@ -1,7 +1,7 @@
 package httpapi
 
 // This file serves the worker catalog's routes (/register, /unregister,
-// /workers, /ready and the listener test hooks) and maps the scheduler's
+// /workers, /ready, and the listener test hooks apart: ListenerTestRoutes) and maps the scheduler's
 // errors to HTTP statuses (httpError).
 
 import (
@@ -28,6 +28,16 @@ func WorkerRoutes(cat *catalog.Catalog, scraper *scrape.Scraper) []admin.Route {
 		{Pattern: "POST /unregister", Handler: c.handleUnregister, Mutates: true},
 		{Pattern: "GET /workers", Handler: c.handleWorkers},
 		{Pattern: "GET /ready", Handler: c.handleReady},
+	}
+}
+
+// ListenerTestRoutes returns Dynamo's test routes over cat (POST
+// /test/pause_listener, /test/resume_listener): they stop and restart a
+// worker's listeners, so a server mounts them only when asked to
+// (--enable-test-routes); unmounted, they are 404.
+func ListenerTestRoutes(cat *catalog.Catalog) []admin.Route {
+	c := catalogAPI{cat: cat}
+	return []admin.Route{
 		{Pattern: "POST /test/pause_listener", Handler: c.handleListener(true), Mutates: true},
 		{Pattern: "POST /test/resume_listener", Handler: c.handleListener(false), Mutates: true},
 	}

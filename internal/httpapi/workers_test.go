@@ -489,7 +489,7 @@ func TestWorkersSortedAndFiltered(t *testing.T) {
 }
 
 func TestBearerToken(t *testing.T) {
-	r := newRig(t, rigOptions{token: "t0ken"})
+	r := newRig(t, rigOptions{token: "t0ken", testRoutes: true})
 	r.follow("m", "", 1, 0) // with the token
 	for _, rt := range []struct {
 		path string
