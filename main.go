@@ -310,7 +310,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		var wg sync.WaitGroup
 		defer wg.Wait() // runs before ingest.Close and indexes.Close
 		wg.Go(func() {
-			httpapi.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger)
+			httpapi.Recover(ctx, indexes, cfg.Peers, &http.Client{}, cfg.PeerTimeout, logger, reg)
 			indexes.Release()
 			cat.HoldReady("")
 		})

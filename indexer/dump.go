@@ -395,11 +395,24 @@ func MarshalDump(dumps []IndexDump) ([]byte, error) {
 // maxDumpBlockSize bounds block sizes accepted from a peer's dump.
 const maxDumpBlockSize = 1 << 20
 
+// A DumpError is an index of a dump that UnmarshalDump left out: its key,
+// block size or one of its events is invalid.
+type DumpError struct {
+	Index string // the index's name in the dump ("<model>:<tenant>")
+	Err   error
+}
+
+func (e *DumpError) Error() string { return fmt.Sprintf("dump %q: %v", e.Index, e.Err) }
+
+func (e *DumpError) Unwrap() error { return e.Err }
+
 // UnmarshalDump decodes the /dump JSON format, sorted by key. It validates
-// every key, block size and event, and fails with a description of the
-// first problem found.
+// every key, block size and event. A document that is not a dump is an
+// error and no indexes; an invalid index is left out, the others returned
+// with an error joining a *DumpError for each index left out (the first
+// problem found in it), in key order.
 func UnmarshalDump(data []byte) ([]IndexDump, error) {
-	var doc jsonDump
+	var doc map[string]json.RawMessage // each index decoded on its own
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("decode dump: %w", err)
@@ -408,25 +421,48 @@ func UnmarshalDump(data []byte) ([]IndexDump, error) {
 		return nil, errors.New("decode dump: trailing data after the JSON object")
 	}
 	out := make([]IndexDump, 0, len(doc))
-	for name, ji := range doc {
-		key, err := ParseKey(name)
+	var bad []*DumpError
+	for name, raw := range doc {
+		d, err := decodeIndex(name, raw)
 		if err != nil {
-			return nil, fmt.Errorf("dump: %w", err)
-		}
-		if ji.BlockSize <= 0 || ji.BlockSize > maxDumpBlockSize {
-			return nil, fmt.Errorf("dump %q: block_size %d out of range 1..%d", name, ji.BlockSize, maxDumpBlockSize)
-		}
-		d := IndexDump{Key: key, BlockSize: ji.BlockSize, Events: make([]Event, len(ji.Events))}
-		for i, je := range ji.Events {
-			if d.Events[i], err = fromJSONEvent(je); err != nil {
-				return nil, fmt.Errorf("dump %q event %d: %w", name, i, err)
-			}
-			if d.Events[i].Kind == 0 {
-				return nil, fmt.Errorf("dump %q event %d: no event data", name, i)
-			}
+			bad = append(bad, &DumpError{Index: name, Err: err})
+			continue
 		}
 		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b IndexDump) int { return strings.Compare(a.Key.String(), b.Key.String()) })
-	return out, nil
+	if len(bad) == 0 {
+		return out, nil
+	}
+	slices.SortFunc(bad, func(a, b *DumpError) int { return strings.Compare(a.Index, b.Index) })
+	errs := make([]error, len(bad))
+	for i, e := range bad {
+		errs[i] = e
+	}
+	return out, errors.Join(errs...)
+}
+
+// decodeIndex decodes and validates the index named name of a dump.
+func decodeIndex(name string, raw json.RawMessage) (IndexDump, error) {
+	key, err := ParseKey(name)
+	if err != nil {
+		return IndexDump{}, err
+	}
+	var ji jsonIndex
+	if err := json.Unmarshal(raw, &ji); err != nil {
+		return IndexDump{}, fmt.Errorf("decode: %w", err)
+	}
+	if ji.BlockSize <= 0 || ji.BlockSize > maxDumpBlockSize {
+		return IndexDump{}, fmt.Errorf("block_size %d out of range 1..%d", ji.BlockSize, maxDumpBlockSize)
+	}
+	d := IndexDump{Key: key, BlockSize: ji.BlockSize, Events: make([]Event, len(ji.Events))}
+	for i, je := range ji.Events {
+		if d.Events[i], err = fromJSONEvent(je); err != nil {
+			return IndexDump{}, fmt.Errorf("event %d: %w", i, err)
+		}
+		if d.Events[i].Kind == 0 {
+			return IndexDump{}, fmt.Errorf("event %d: no event data", i)
+		}
+	}
+	return d, nil
 }

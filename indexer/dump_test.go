@@ -3,6 +3,7 @@ package indexer
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -161,6 +162,36 @@ func TestUnmarshalDump(t *testing.T) {
 		if _, err := UnmarshalDump([]byte(tt.in)); err == nil || !strings.Contains(err.Error(), tt.msg) {
 			t.Errorf("%s: err = %v, want it to mention %q", tt.name, err, tt.msg)
 		}
+	}
+}
+
+// TestUnmarshalDumpLeavesOutBadIndexes: an invalid index of a dump is left
+// out with a *DumpError naming it; the valid ones are returned.
+func TestUnmarshalDumpLeavesOutBadIndexes(t *testing.T) {
+	const in = `{"huge:default": {"block_size": 9223372036854775807, "events": []},
+		"ok:default": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": "cleared"}}]},
+		"badevent:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": {}}}]},
+		"nokey": {"block_size": 2, "events": []}}`
+	dumps, err := UnmarshalDump([]byte(in))
+	if len(dumps) != 1 || dumps[0].Key != (Key{"ok", "default"}) || len(dumps[0].Events) != 1 {
+		t.Errorf("dumps %+v, want ok:default alone", dumps)
+	}
+	var names []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var de *DumpError
+		if !errors.As(e, &de) {
+			t.Fatalf("%v is not a *DumpError", e)
+		}
+		names = append(names, de.Index)
+	}
+	if want := []string{"badevent:t", "huge:default", "nokey"}; !slices.Equal(names, want) {
+		t.Errorf("left out %v, want %v (err %v)", names, want, err)
+	}
+	if !strings.Contains(err.Error(), "block_size 9223372036854775807") {
+		t.Errorf("err %v does not say why huge:default was left out", err)
+	}
+	if _, err := UnmarshalDump([]byte(`[]`)); err == nil || errors.As(err, new(*DumpError)) {
+		t.Errorf("not a dump: err %v, want a document error", err)
 	}
 }
 

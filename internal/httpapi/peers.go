@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/internal/admin"
 )
@@ -149,6 +151,37 @@ type Recovery struct {
 	// Conflicts names indexes left out because this process already has
 	// them with another block size.
 	Conflicts []string
+	// Unloadable names indexes left out because the dump's entry for them
+	// is invalid (key, block size or an event) or the set refused them.
+	Unloadable []string
+}
+
+// Reasons an index of a peer's dump is left out, the label values of
+// kvgate_peer_recovery_skipped_indexes_total.
+const (
+	skipInvalid  = "invalid"  // the dump's entry does not decode or validate
+	skipConflict = "conflict" // this process has the index with another block size
+	skipRefused  = "refused"  // the set would not create the index
+)
+
+// skippedIndexes returns the counter of indexes left out of a recovery,
+// registered with reg (nil: none), or the one already there.
+func skippedIndexes(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvgate_peer_recovery_skipped_indexes_total",
+		Help: "Indexes of a peer's dump left out of startup recovery, by reason: invalid (the dump's entry), conflict (another block size here), refused (the index could not be created).",
+	}, []string{"reason"})
+	if reg == nil {
+		return c
+	}
+	if err := reg.Register(c); err != nil {
+		if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+			if prev, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return prev
+			}
+		}
+	}
+	return c
 }
 
 // maxDumpBytes bounds a peer's dump.
@@ -157,9 +190,16 @@ const maxDumpBytes = 4 << 30
 // Recover fetches GET /dump from the first of peers that answers with a
 // valid dump, trying them in order with timeout each, and loads it into
 // set. No peer answering is not an error: the index then starts empty.
+// An index of the dump that is invalid, or cannot be loaded, is left out
+// (a dump with no valid index counts as no answer) with a warning and counted in kvgate_peer_recovery_skipped_indexes_total
+// (registered with reg, nil: none); the others are loaded.
 // Call it before releasing a held Set, so that live events queued meanwhile
 // apply on top of the dump.
-func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http.Client, timeout time.Duration, log *slog.Logger) Recovery {
+func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http.Client, timeout time.Duration, log *slog.Logger, reg prometheus.Registerer) Recovery {
+	skipped := skippedIndexes(reg)
+	for _, r := range []string{skipInvalid, skipConflict, skipRefused} {
+		skipped.WithLabelValues(r) // the series exist from the start, at 0
+	}
 	if client == nil {
 		client = http.DefaultClient
 	}
@@ -167,7 +207,7 @@ func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http
 		log = slog.Default()
 	}
 	for _, peer := range peers {
-		dumps, err := fetchDump(ctx, client, peer, timeout)
+		dumps, bad, err := fetchDump(ctx, client, peer, timeout)
 		if err != nil {
 			log.Warn("peer recovery: peer unusable", "peer", peer, "err", err)
 			if ctx.Err() != nil {
@@ -175,12 +215,24 @@ func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http
 			}
 			continue
 		}
-		rec := Recovery{Peer: peer, Indexes: len(dumps)}
+		rec := Recovery{Peer: peer, Indexes: len(dumps) + len(bad)}
+		for _, e := range bad {
+			log.Warn("peer recovery: index skipped, invalid in the dump", "peer", peer, "index", e.Index, "err", e.Err)
+			rec.Unloadable = append(rec.Unloadable, e.Index)
+			skipped.WithLabelValues(skipInvalid).Inc()
+		}
 		for _, d := range dumps {
 			if ix := set.Lookup(d.Key); ix != nil && ix.BlockSize() != d.BlockSize {
 				log.Warn("peer recovery: index skipped, block size differs", "peer", peer, "index", d.Key.String(),
 					"peer_block_size", d.BlockSize, "block_size", ix.BlockSize())
 				rec.Conflicts = append(rec.Conflicts, d.Key.String())
+				skipped.WithLabelValues(skipConflict).Inc()
+				continue
+			}
+			if _, err := set.Index(d.Key, d.BlockSize); err != nil {
+				log.Warn("peer recovery: index skipped, cannot create it", "peer", peer, "index", d.Key.String(), "err", err)
+				rec.Unloadable = append(rec.Unloadable, d.Key.String())
+				skipped.WithLabelValues(skipRefused).Inc()
 				continue
 			}
 			n, err := set.Load([]indexer.IndexDump{d})
@@ -190,7 +242,9 @@ func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http
 				log.Warn("peer recovery: index partly loaded", "peer", peer, "index", d.Key.String(), "err", err)
 			}
 		}
-		log.Info("peer recovery: loaded dump", "peer", peer, "indexes", rec.Indexes, "events", rec.Events, "skipped", rec.Skipped)
+		slices.Sort(rec.Unloadable)
+		log.Info("peer recovery: loaded dump", "peer", peer, "indexes", rec.Indexes, "events", rec.Events, "skipped", rec.Skipped,
+			"indexes_left_out", len(rec.Conflicts)+len(rec.Unloadable))
 		return rec
 	}
 	if len(peers) > 0 {
@@ -199,27 +253,52 @@ func Recover(ctx context.Context, set *indexer.Set, peers []string, client *http
 	return Recovery{}
 }
 
-func fetchDump(ctx context.Context, client *http.Client, peer string, timeout time.Duration) ([]indexer.IndexDump, error) {
+// fetchDump fetches and decodes peer's dump: its valid indexes, and the
+// invalid ones left out. err is a dump that could not be had at all, or
+// whose indexes are all invalid.
+func fetchDump(ctx context.Context, client *http.Client, peer string, timeout time.Duration) (dumps []indexer.IndexDump, bad []*indexer.DumpError, err error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, peer+"/dump", nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET /dump: status %s", resp.Status)
+		return nil, nil, fmt.Errorf("GET /dump: status %s", resp.Status)
 	}
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxDumpBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("GET /dump: %w", err)
+		return nil, nil, fmt.Errorf("GET /dump: %w", err)
 	}
 	if len(data) > maxDumpBytes {
-		return nil, errors.New("GET /dump: dump larger than 4 GiB")
+		return nil, nil, errors.New("GET /dump: dump larger than 4 GiB")
 	}
-	return indexer.UnmarshalDump(data)
+	dumps, err = indexer.UnmarshalDump(data)
+	if err == nil {
+		return dumps, nil, nil
+	}
+	// An invalid index is left out; anything else, or no valid index at
+	// all, spoils the whole dump (the next peer may have a better one).
+	if len(dumps) == 0 {
+		return nil, nil, err
+	}
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	} else {
+		errs = []error{err}
+	}
+	for _, e := range errs {
+		de, ok := errors.AsType[*indexer.DumpError](e)
+		if !ok {
+			return nil, nil, err
+		}
+		bad = append(bad, de)
+	}
+	return dumps, bad, nil
 }

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvgate/kvgate/indexer"
 )
 
@@ -236,7 +238,7 @@ func TestRecover(t *testing.T) {
 	}
 
 	urls, client := unusablePeers(t)
-	rec := Recover(context.Background(), dst.set, append(urls, src.url), client, 20*time.Millisecond, discardLog)
+	rec := Recover(context.Background(), dst.set, append(urls, src.url), client, 20*time.Millisecond, discardLog, nil)
 	events := 0
 	for _, d := range src.set.Dump() {
 		if d.Key != conflict {
@@ -273,7 +275,7 @@ func TestRecoverNoPeer(t *testing.T) {
 	}
 	urls, client := unusablePeers(t)
 	for _, peers := range [][]string{nil, urls} {
-		if rec := Recover(context.Background(), set, peers, client, 20*time.Millisecond, discardLog); !reflect.DeepEqual(rec, Recovery{}) {
+		if rec := Recover(context.Background(), set, peers, client, 20*time.Millisecond, discardLog, nil); !reflect.DeepEqual(rec, Recovery{}) {
 			t.Errorf("recovery from %v: %+v", peers, rec)
 		}
 	}
@@ -296,11 +298,55 @@ func TestRecoverSkipsUnplaceable(t *testing.T) {
 	t.Cleanup(peer.Close)
 	set := indexer.NewSet(indexer.Options{})
 	t.Cleanup(set.Close)
-	rec := Recover(context.Background(), set, []string{peer.URL}, peer.Client(), time.Minute, discardLog)
+	rec := Recover(context.Background(), set, []string{peer.URL}, peer.Client(), time.Minute, discardLog, nil)
 	if want := (Recovery{Peer: peer.URL, Indexes: 1, Events: 2, Skipped: 1}); !reflect.DeepEqual(rec, want) {
 		t.Fatalf("recovery %+v, want %+v", rec, want)
 	}
 	if ix := set.Lookup(indexer.Key{Model: "x", Tenant: indexer.DefaultTenant}); ix == nil || ix.Stats() != (indexer.Stats{Workers: 1, Nodes: 2, Entries: 2}) {
 		t.Fatalf("loaded index: %v", ix)
 	}
+}
+
+// TestRecoverLeavesOutBadIndexes loads a peer's dump with an index of an
+// impossible block size and one with an invalid event: both are left out,
+// named in Unloadable and counted in
+// kvgate_peer_recovery_skipped_indexes_total; the valid index loads.
+func TestRecoverLeavesOutBadIndexes(t *testing.T) {
+	const dump = `{"huge:default": {"block_size": 9223372036854775807, "events": []},
+		"badevent:default": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": {}}}]},
+		"x:default": {"block_size": 2, "events": [
+		{"worker_id": 1, "storage_tier": "device", "event": {"event_id": 0, "dp_rank": 0,
+			"data": {"stored": {"parent_hash": null, "blocks": [{"block_hash": 1, "tokens_hash": 11}]}}}}]}}`
+	peer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, dump) }))
+	t.Cleanup(peer.Close)
+	set := indexer.NewSet(indexer.Options{})
+	t.Cleanup(set.Close)
+	reg := prometheus.NewRegistry()
+	rec := Recover(context.Background(), set, []string{peer.URL}, peer.Client(), time.Minute, discardLog, reg)
+	if want := (Recovery{Peer: peer.URL, Indexes: 3, Events: 1, Unloadable: []string{"badevent:default", "huge:default"}}); !reflect.DeepEqual(rec, want) {
+		t.Fatalf("recovery %+v, want %+v", rec, want)
+	}
+	if ix := set.Lookup(indexer.Key{Model: "x", Tenant: indexer.DefaultTenant}); ix == nil || ix.Stats() != (indexer.Stats{Workers: 1, Nodes: 1, Entries: 1}) {
+		t.Fatalf("loaded index: %v", ix)
+	}
+	if keys := set.Keys(); len(keys) != 1 {
+		t.Errorf("indexes %v, want x:default alone", keys)
+	}
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kvgate_peer_recovery_skipped_indexes_total" {
+			for _, m := range mf.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if want := map[string]float64{"invalid": 2, "conflict": 0, "refused": 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("kvgate_peer_recovery_skipped_indexes_total %v, want %v", got, want)
+	}
+	// A second recovery with the same registry counts on the same series.
+	Recover(context.Background(), set, []string{peer.URL}, peer.Client(), time.Minute, discardLog, reg)
 }
