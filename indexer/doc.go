@@ -22,8 +22,8 @@
 // <= disk, where host counts blocks held in device or host memory and disk
 // blocks held anywhere.
 //
-// LoRA adapters are isolated by the hash seed (LoRASeed), tenants and models
-// by separate indexes.
+// LoRA adapters and cache salts are isolated by the hash seed (LoRASeed,
+// BlockSeed), tenants and models by separate indexes.
 //
 // Each shard is a tree of spans (tree.go): chains of blocks in which
 // every block is the only child of the one before and all are held by the

@@ -22,6 +22,20 @@ func LoRASeed(name string) uint64 {
 	return BaseSeed + xxh3.HashString(name)
 }
 
+// BlockSeed returns the seed for local block hashes of a request for
+// adapter lora with cache salt salt, as Dynamo's router derives it
+// (dynamo_kv_hashing::compute_salt_hash): LoRASeed(lora), plus, for a
+// non-empty salt, the XXH3 of the salt with seed 1 (wrapping). The salt
+// changes the seed of every block, not an extra key of the first; sequence
+// hashes keep BaseSeed. An empty salt is no salt.
+func BlockSeed(lora, salt string) uint64 {
+	seed := LoRASeed(lora)
+	if salt != "" {
+		seed += xxh3.HashStringSeed(salt, 1)
+	}
+	return seed
+}
+
 // maxStackBlock is the largest block (in tokens, extra keys counting as two)
 // whose bytes are assembled on the stack rather than the heap.
 const maxStackBlock = 256

@@ -7,7 +7,8 @@ import (
 	"testing"
 )
 
-// TestHashGoldenVectors checks LocalHash, SequenceHashes and LoRASeed against
+// TestHashGoldenVectors checks LocalHash, SequenceHashes, LoRASeed and
+// BlockSeed against
 // vectors produced by an independent implementation
 // (testdata/gen_hash_vectors.py on Debian's python3-xxhash).
 func TestHashGoldenVectors(t *testing.T) {
@@ -21,6 +22,7 @@ func TestHashGoldenVectors(t *testing.T) {
 			Tokens    []uint32   `json:"tokens"`
 			BlockSize int        `json:"block_size"`
 			LoRAName  string     `json:"lora_name"`
+			CacheSalt string     `json:"cache_salt"`
 			ExtraKeys [][]uint64 `json:"extra_keys"`
 			Seed      uint64     `json:"seed"`
 			Local     []uint64   `json:"local"`
@@ -30,18 +32,23 @@ func TestHashGoldenVectors(t *testing.T) {
 			Name string `json:"name"`
 			Seed uint64 `json:"seed"`
 		} `json:"lora_seeds"`
+		SaltSeeds []struct {
+			LoRAName  string `json:"lora_name"`
+			CacheSalt string `json:"cache_salt"`
+			Seed      uint64 `json:"seed"`
+		} `json:"salt_seeds"`
 	}
 	if err := json.Unmarshal(raw, &file); err != nil {
 		t.Fatal(err)
 	}
-	if len(file.Cases) < 10 || len(file.LoRASeeds) < 3 {
-		t.Fatalf("too few vectors: %d cases, %d seeds", len(file.Cases), len(file.LoRASeeds))
+	if len(file.Cases) < 10 || len(file.LoRASeeds) < 3 || len(file.SaltSeeds) < 4 {
+		t.Fatalf("too few vectors: %d cases, %d seeds, %d salt seeds", len(file.Cases), len(file.LoRASeeds), len(file.SaltSeeds))
 	}
 	for _, c := range file.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			seed := LoRASeed(c.LoRAName)
+			seed := BlockSeed(c.LoRAName, c.CacheSalt)
 			if seed != c.Seed {
-				t.Fatalf("LoRASeed(%q) = %d, want %d", c.LoRAName, seed, c.Seed)
+				t.Fatalf("BlockSeed(%q, %q) = %d, want %d", c.LoRAName, c.CacheSalt, seed, c.Seed)
 			}
 			extras := slices.Clone(c.ExtraKeys)
 			for i := range extras {
@@ -64,6 +71,28 @@ func TestHashGoldenVectors(t *testing.T) {
 		if got := LoRASeed(s.Name); got != s.Seed {
 			t.Errorf("LoRASeed(%q) = %d, want %d", s.Name, got, s.Seed)
 		}
+	}
+	for _, s := range file.SaltSeeds {
+		if got := BlockSeed(s.LoRAName, s.CacheSalt); got != s.Seed {
+			t.Errorf("BlockSeed(%q, %q) = %d, want %d", s.LoRAName, s.CacheSalt, got, s.Seed)
+		}
+	}
+}
+
+// TestBlockSeed checks BlockSeed's rule by hand: no salt is LoRASeed, a
+// salt adds the XXH3 of its bytes with seed 1 to the LoRA seed.
+func TestBlockSeed(t *testing.T) {
+	if got := BlockSeed("", ""); got != BaseSeed {
+		t.Errorf("BlockSeed(\"\", \"\") = %d, want BaseSeed", got)
+	}
+	if got, want := BlockSeed("x", ""), LoRASeed("x"); got != want {
+		t.Errorf("BlockSeed(x, \"\") = %d, want LoRASeed(x) %d", got, want)
+	}
+	if got, want := BlockSeed("", "s")-BaseSeed, BlockSeed("x", "s")-LoRASeed("x"); got != want {
+		t.Errorf("the salt's share of the seed differs with the adapter: %d != %d", got, want)
+	}
+	if BlockSeed("", "s") == BlockSeed("s", "") {
+		t.Error("a salt and an adapter of the same name share a seed")
 	}
 }
 

@@ -23,14 +23,23 @@ def lora_seed(name):
     return (BASE_SEED + xxhash.xxh3_64_intdigest(name.encode("utf-8"))) & MASK
 
 
+def block_seed(lora, salt):
+    """Dynamo's compute_salt_hash (lib/kv-hashing/src/salt.rs): the LoRA
+    seed plus, for a non-empty cache salt, XXH3-64 of the salt with seed 1."""
+    seed = lora_seed(lora)
+    if salt:
+        seed = (seed + xxhash.xxh3_64_intdigest(salt.encode("utf-8"), seed=1)) & MASK
+    return seed
+
+
 def local_hash(tokens, seed, extra):
     data = b"".join(struct.pack("<I", t) for t in tokens)
     data += b"".join(struct.pack("<Q", k) for k in sorted(extra))
     return xxhash.xxh3_64_intdigest(data, seed=seed)
 
 
-def case(name, tokens, block_size, lora=None, extra=None):
-    seed = lora_seed(lora)
+def case(name, tokens, block_size, lora=None, extra=None, salt=None):
+    seed = block_seed(lora, salt)
     local = []
     for i in range(len(tokens) // block_size):
         keys = extra[i] if extra and i < len(extra) else []
@@ -46,6 +55,7 @@ def case(name, tokens, block_size, lora=None, extra=None):
         "tokens": tokens,
         "block_size": block_size,
         "lora_name": lora or "",
+        "cache_salt": salt or "",
         "extra_keys": extra or [],
         "seed": seed,
         "local": local,
@@ -71,10 +81,17 @@ def main():
         case("extra keys on first block only", [10, 11, 12, 13, 14, 15, 16, 17], 4, extra=[[1 << 63]]),
         case("lora and extra keys", [rng.randrange(0, 50000) for _ in range(32)], 8,
              lora="adapter-b", extra=[[3, 1, 2], [], [9]]),
+        case("cache salt", [1, 2, 3, 4, 5, 6, 7, 8], 4, salt="tenant-a"),
+        case("cache salt unicode", [1, 2, 3, 4, 5, 6, 7, 8], 4, salt="sel-ünï-☃"),
+        case("cache salt and lora", [rng.randrange(0, 50000) for _ in range(24)], 8,
+             lora="sql-adapter", salt="tenant-a"),
     ]
     seeds = [{"name": n, "seed": lora_seed(n)} for n in ["", "a", "sql-adapter", "lora-ünï-☃"]]
+    salt_seeds = [{"lora_name": l, "cache_salt": s, "seed": block_seed(l, s)}
+                  for l, s in [("", ""), ("", "a"), ("", "tenant-a"), ("sql-adapter", ""),
+                               ("sql-adapter", "tenant-a"), ("a", "a")]]
     json.dump({"generator": "gen_hash_vectors.py (python3-xxhash %s)" % xxhash.VERSION,
-               "cases": cases, "lora_seeds": seeds}, fp=__import__("sys").stdout, indent=1)
+               "cases": cases, "lora_seeds": seeds, "salt_seeds": salt_seeds}, fp=__import__("sys").stdout, indent=1)
     print()
 
 
