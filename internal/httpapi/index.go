@@ -61,6 +61,7 @@ type queryRequest struct {
 	TenantID    *string         `json:"tenant_id"`
 	LoRAName    *string         `json:"lora_name"`
 	LoRAID      *int64          `json:"lora_id"` // Mooncake, legacy: -1 is none
+	CacheSalt   *string         `json:"cache_salt"`
 }
 
 // overlapQuery is a decoded overlap query.
@@ -71,6 +72,7 @@ type overlapQuery struct {
 	Tokens   []uint32
 	Local    []uint64 // local block hashes, when ByHash
 	LoRA     string
+	Salt     string // cache_salt of Tokens
 }
 
 func parseQuery(req queryRequest, byHash, conductor bool) (overlapQuery, error) {
@@ -103,6 +105,10 @@ func parseQuery(req queryRequest, byHash, conductor bool) (overlapQuery, error) 
 		return q, admin.Errorf(http.StatusBadRequest, "lora_id %d is not supported: adapters are identified by lora_name", *req.LoRAID)
 	}
 	if byHash {
+		if req.CacheSalt != nil {
+			// As Dynamo: hashes given must already include the salt.
+			return q, admin.Errorf(http.StatusBadRequest, "cache_salt is not accepted with block hashes; they must already include the cache salt")
+		}
 		hashes := req.BlockHashes
 		if hashes == nil {
 			hashes = req.BlockHash
@@ -124,6 +130,9 @@ func parseQuery(req queryRequest, byHash, conductor bool) (overlapQuery, error) 
 		return q, admin.Errorf(http.StatusBadRequest, "token_ids is required")
 	}
 	q.Tokens = *req.TokenIDs
+	if req.CacheSalt != nil {
+		q.Salt = *req.CacheSalt
+	}
 	return q, nil
 }
 
@@ -182,7 +191,8 @@ func (a *indexAPI) answer(q overlapQuery) (queryResult, error) {
 	if q.ByHash {
 		res.Overlaps = ix.Match(indexer.SequenceHashes(make([]uint64, 0, len(q.Local)), q.Local), nil)
 	} else {
-		res.Overlaps = ix.MatchTokens(q.Tokens, q.LoRA, nil)
+		local := indexer.LocalHashes(make([]uint64, 0, len(q.Tokens)/max(res.BlockSize, 1)), q.Tokens, res.BlockSize, indexer.BlockSeed(q.LoRA, q.Salt), nil)
+		res.Overlaps = ix.Match(indexer.SequenceHashes(local[:0:0], local), nil)
 	}
 	slices.SortFunc(res.Overlaps, func(a, b indexer.Overlap) int {
 		return cmp.Or(cmp.Compare(a.Worker.Worker, b.Worker.Worker), cmp.Compare(a.Worker.Rank, b.Worker.Rank))

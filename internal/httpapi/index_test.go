@@ -28,6 +28,7 @@ type hold struct {
 	tokens   []uint32
 	from, to int
 	lora     string
+	salt     string // cache salt the engine hashed with
 }
 
 // place stores holds in ix, in order. A block's engine id is its sequence
@@ -35,7 +36,7 @@ type hold struct {
 func place(t testing.TB, ix *indexer.Index, holds ...hold) {
 	t.Helper()
 	for _, h := range holds {
-		local := indexer.LocalHashes(nil, h.tokens, ix.BlockSize(), indexer.LoRASeed(h.lora), nil)
+		local := indexer.LocalHashes(nil, h.tokens, ix.BlockSize(), indexer.BlockSeed(h.lora, h.salt), nil)
 		seq := indexer.SequenceHashes(nil, local)
 		ev := indexer.Event{Kind: indexer.Stored, Worker: h.w, Tier: h.tier}
 		if h.from > 0 {
@@ -401,6 +402,42 @@ func TestQueryLoRA(t *testing.T) {
 		{"/query_by_hash", obj("model_name", "org/m:v1", "block_hashes", indexer.LocalHashes(nil, fxTokens, 4, indexer.BaseSeed, nil)), base},
 	} {
 		r.expect(t, tt.path, tt.body, http.StatusOK, tt.want)
+	}
+}
+
+func TestQueryCacheSalt(t *testing.T) {
+	r := serveAPI(t, nil, 0)
+	ix, err := r.set.Index(indexer.Key{Model: "salty", Tenant: indexer.DefaultTenant}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Worker 1 holds fxTokens' 4 blocks unsalted, worker 2 salted with
+	// "tenant-a", worker 3 salted with "tenant-a" for adapter "sql".
+	place(t, ix,
+		hold{w: wr(1, 0), tier: indexer.TierDevice, tokens: fxTokens, to: 4},
+		hold{w: wr(2, 0), tier: indexer.TierDevice, tokens: fxTokens, to: 4, salt: "tenant-a"},
+		hold{w: wr(3, 0), tier: indexer.TierDevice, tokens: fxTokens, to: 4, lora: "sql", salt: "tenant-a"})
+	only := func(w string) string {
+		return `{"scores": {"` + w + `": {"0": 8}}, "frequencies": [1, 1, 1, 1], "tree_sizes": {"` + w + `": {"0": 4}},
+		"instances": {"` + w + `": {"longest_matched": 8, "gpu": 8, "cpu": 8, "disk": 8, "dp": {"0": 8}}}}`
+	}
+	for _, tt := range []struct{ path, body, want string }{
+		{"/query", obj("model_name", "salty", "token_ids", fxTokens), only("1")},
+		{"/query", obj("model_name", "salty", "cache_salt", "", "token_ids", fxTokens), only("1")},
+		{"/query", obj("model_name", "salty", "cache_salt", "tenant-a", "token_ids", fxTokens), only("2")},
+		{"/query", obj("model_name", "salty", "cache_salt", "tenant-a", "lora_name", "sql", "token_ids", fxTokens), only("3")},
+		{"/query", obj("model_name", "salty", "cache_salt", "tenant-b", "token_ids", fxTokens), emptyDynamo},
+		{"/query", obj("model_name", "salty", "lora_name", "sql", "token_ids", fxTokens), emptyDynamo},
+		// By hash, the salt is in the hashes already.
+		{"/query_by_hash", obj("model_name", "salty", "block_hashes", indexer.LocalHashes(nil, fxTokens, 2, indexer.BlockSeed("", "tenant-a"), nil)), only("2")},
+	} {
+		r.expect(t, tt.path, tt.body, http.StatusOK, tt.want)
+	}
+	for _, path := range []string{"/query_by_hash", "/conductor/query_by_hash"} {
+		for _, salt := range []string{"tenant-a", ""} {
+			code, h, got := r.call(t, http.MethodPost, path, obj("model_name", "salty", "cache_salt", salt, "block_hashes", []uint64{1}))
+			checkError(t, code, h, got, http.StatusBadRequest, "cache_salt")
+		}
 	}
 }
 

@@ -188,15 +188,19 @@ type prompt struct {
 	BlockHashes    *[]indexer.Hash `json:"block_hashes"`
 	SequenceHashes *[]indexer.Hash `json:"sequence_hashes"`
 	TokenIDs       *[]uint32       `json:"token_ids"`
-	LoRAName       *string         `json:"lora_name"` // adapter of token_ids; block_hashes carry theirs
+	LoRAName       *string         `json:"lora_name"`  // adapter of token_ids; block_hashes carry theirs
+	CacheSalt      *string         `json:"cache_salt"` // of token_ids; block_hashes must include it
 }
 
 // hashTokens turns a prompt given as token_ids into the hash form: its
 // block_hashes are the local hashes of the tokens with key's block size
-// and lora_name's seed, and *isl (isl_tokens) is the number of tokens, or
+// and the seed of lora_name and cache_salt, and *isl (isl_tokens) is the number of tokens, or
 // must be when given. A prompt in the hash form is left as it is.
 func (s *service) hashTokens(key indexer.Key, p *prompt, isl **int64) error {
 	if p.TokenIDs == nil {
+		if p.CacheSalt != nil {
+			return badRequest("cache_salt is not accepted with block_hashes; they must already include the cache salt")
+		}
 		return nil
 	}
 	if p.BlockHashes != nil || p.SequenceHashes != nil {
@@ -210,7 +214,7 @@ func (s *service) hashTokens(key indexer.Key, p *prompt, isl **int64) error {
 		return fmt.Errorf("%w: no worker registered for model_name %q tenant_id %q", scheduler.ErrNotFound, key.Model, key.Tenant)
 	}
 	toks := *p.TokenIDs
-	local := indexer.LocalHashes(make([]uint64, 0, len(toks)/bs), toks, bs, indexer.LoRASeed(deref(p.LoRAName)), nil)
+	local := indexer.LocalHashes(make([]uint64, 0, len(toks)/bs), toks, bs, indexer.BlockSeed(deref(p.LoRAName), deref(p.CacheSalt)), nil)
 	hs := make([]indexer.Hash, len(local))
 	for i, h := range local {
 		hs[i] = indexer.Hash(h)

@@ -469,6 +469,21 @@ func TestSelectCandidatesAndErrors(t *testing.T) {
 		{"worker_id":1,"dp_rank":1,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0},
 		{"worker_id":2,"dp_rank":0,"device_blocks":2,"host_pinned_blocks":2,"disk_blocks":2,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":2}],
 		"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
+	// cache_salt salts token_ids' hashes: worker 1 rank 1 holds the blocks
+	// hashed with salt "t-a", and only the salted query finds them.
+	r.svcStore("model", 1, 1, indexer.TierDevice, indexer.LocalHashes(nil, toks, 16, indexer.BlockSeed("", "t-a"), nil)...)
+	svcJSON(t, "overlap scores by salted tokens", r.post("/overlap_scores", jsonObj{"model_name": "model", "token_ids": toks, "cache_salt": "t-a"}), 200,
+		`{"block_size":16,"num_blocks":2,"workers":[
+		{"worker_id":1,"dp_rank":0,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0},
+		{"worker_id":1,"dp_rank":1,"device_blocks":2,"host_pinned_blocks":2,"disk_blocks":2,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":2},
+		{"worker_id":2,"dp_rank":0,"device_blocks":0,"host_pinned_blocks":0,"disk_blocks":0,"host_pinned_extension_blocks":0,"disk_extension_blocks":0,"shared_beyond_device_blocks":null,"router_credit_blocks":0}],
+		"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
+	for _, path := range []string{"/overlap_scores", "/select", "/potential_loads"} {
+		rep := r.post(path, jsonObj{"model_name": "model", "block_hashes": []any{1}, "cache_salt": "t-a"})
+		if rep.status != http.StatusBadRequest || !strings.Contains(string(rep.body), "cache_salt") {
+			t.Errorf("%s with block_hashes and cache_salt: %d %s, want 400 naming cache_salt", path, rep.status, rep.body)
+		}
+	}
 	svcJSON(t, "overlap scores, none schedulable", r.post("/overlap_scores", jsonObj{"model_name": "m2", "block_hashes": []any{1}}), 200,
 		`{"block_size":16,"num_blocks":1,"workers":[],"shared_cache":{"enabled":false,"total_hit_blocks":0,"ranges":[],"error":null}}`)
 }
