@@ -3,6 +3,7 @@ package indexer
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 )
 
 // Tier is a set of KV cache storage tiers, as a bit mask.
@@ -161,6 +162,7 @@ func (o Overlap) Tokens(blockSize int) (device, host, disk int) {
 type Index struct {
 	blockSize int
 	shards    []*shard
+	removed   atomic.Bool // dropped from its Set: queued events are dropped
 }
 
 // NewIndex returns an empty index of one shard for blocks of blockSize

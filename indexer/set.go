@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // DefaultTenant is the tenant of a model when none is given.
@@ -37,6 +38,9 @@ var (
 	ErrBlockSizeConflict = errors.New("block size conflict")
 	// ErrClosed: the Set was closed.
 	ErrClosed = errors.New("indexer closed")
+	// ErrRemoved: the event's index was removed from the Set (Set.Remove)
+	// before the event applied; the event was dropped.
+	ErrRemoved = errors.New("index removed")
 )
 
 // Options configure a Set.
@@ -82,6 +86,8 @@ type Set struct {
 
 	release     chan struct{} // closed when the apply goroutines may run
 	releaseOnce sync.Once
+
+	dropped atomic.Uint64 // events dropped because their index was removed
 }
 
 // NewSet starts a Set's apply goroutines. Close stops them.
@@ -107,6 +113,13 @@ func NewSet(opts Options) *Set {
 			for j := range q {
 				if j.fn != nil {
 					j.fn()
+					continue
+				}
+				if j.ix.removed.Load() {
+					s.dropped.Add(1)
+					if j.done != nil {
+						j.done(ApplyResult{}, ErrRemoved)
+					}
 					continue
 				}
 				res, err := j.ix.Apply(j.ev)
@@ -179,6 +192,27 @@ func (s *Set) Lookup(key Key) *Index {
 	return s.indexes[key]
 }
 
+// Remove drops the index of key, if any, and reports whether there was
+// one. Events still queued for it are dropped, each counted in Dropped and
+// reported to its done function with ErrRemoved; one already applying
+// finishes on the dropped index. The dropped index never comes back: a
+// later Index for key creates a new, empty one.
+func (s *Set) Remove(key Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ix := s.indexes[key]
+	if ix == nil {
+		return false
+	}
+	ix.removed.Store(true)
+	delete(s.indexes, key)
+	return true
+}
+
+// Dropped returns how many queued events were dropped because their index
+// was removed (see Remove).
+func (s *Set) Dropped() uint64 { return s.dropped.Load() }
+
 // Keys returns the keys of all indexes, sorted.
 func (s *Set) Keys() []Key {
 	s.mu.RLock()
@@ -245,6 +279,9 @@ func (s *Set) Dump() []IndexDump {
 	out := make([]IndexDump, 0, len(keys))
 	for _, k := range keys {
 		ix := s.Lookup(k)
+		if ix == nil {
+			continue // removed meanwhile
+		}
 		out = append(out, IndexDump{Key: k, BlockSize: ix.BlockSize(), Events: ix.Dump()})
 	}
 	return out

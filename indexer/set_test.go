@@ -337,3 +337,129 @@ func TestSetHold(t *testing.T) {
 		})
 	}
 }
+
+func TestSetRemove(t *testing.T) {
+	s := NewSet(Options{EventThreads: 2})
+	defer s.Close()
+	k, other := Key{"m", "t"}, Key{"m", "u"}
+	old, _ := s.Index(k, 4)
+	if _, err := s.Index(other, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Apply(stored(wr(1, 0), TierDevice, nil, chain(1, prompt...))); err != nil {
+		t.Fatal(err)
+	}
+	if !s.Remove(k) {
+		t.Fatal("Remove of an index reported none")
+	}
+	if s.Remove(k) {
+		t.Fatal("second Remove reported an index")
+	}
+	if s.Lookup(k) != nil {
+		t.Fatal("Lookup finds a removed index")
+	}
+	if got, want := s.Keys(), []Key{other}; !slices.Equal(got, want) {
+		t.Fatalf("keys = %v, want %v", got, want)
+	}
+	if d := s.Dump(); len(d) != 1 || d[0].Key != other {
+		t.Fatalf("dump holds %v", d)
+	}
+	// The key comes back new, empty, with any block size.
+	fresh, err := s.Index(k, 8)
+	if err != nil || fresh == old || fresh.BlockSize() != 8 || fresh.Stats().Entries != 0 {
+		t.Fatalf("index after Remove: same %v, err %v", fresh == old, err)
+	}
+}
+
+// Events queued for an index when it is removed are dropped and counted,
+// never applied to the removed index, nor to the key's next one.
+func TestSetRemoveDropsQueued(t *testing.T) {
+	s := NewSet(Options{EventThreads: 2, Hold: true})
+	defer s.Close()
+	k := Key{"m", "t"}
+	old, _ := s.Index(k, 4)
+	var removed atomic.Int64
+	const n = 5
+	for i := range n {
+		err := s.Submit(context.Background(), old, stored(wr(uint64(i), 0), TierDevice, nil, chain(1, prompt...)), func(_ ApplyResult, err error) {
+			if errors.Is(err, ErrRemoved) {
+				removed.Add(1)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Remove(k)
+	fresh, _ := s.Index(k, 4)
+	s.Release()
+	if err := s.Do(context.Background(), 0, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if removed.Load() != n || s.Dropped() != n {
+		t.Fatalf("dropped: done saw %d, Dropped %d, want %d", removed.Load(), s.Dropped(), n)
+	}
+	if e := old.Stats().Entries + fresh.Stats().Entries; e != 0 {
+		t.Fatalf("%d entries applied after Remove", e)
+	}
+}
+
+// Removing and recreating indexes while events for them are submitted and
+// read is safe (run with -race): each event applies or is dropped.
+func TestSetRemoveRace(t *testing.T) {
+	s := NewSet(Options{EventThreads: 4, QueueLen: 16})
+	k := Key{"m", "t"}
+	var applied, dropped atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	const submitters, per = 4, 300
+	for w := range submitters {
+		wg.Go(func() {
+			for i := range per {
+				ix, err := s.Index(k, 4)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				ev := stored(wr(uint64(w), uint32(i%3)), TierDevice, nil, chain(uint64(i), prompt...))
+				err = s.Submit(context.Background(), ix, ev, func(_ ApplyResult, err error) {
+					if errors.Is(err, ErrRemoved) {
+						dropped.Add(1)
+					} else {
+						applied.Add(1)
+					}
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	var rg sync.WaitGroup
+	rg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s.Remove(k)
+			if ix := s.Lookup(k); ix != nil {
+				ix.MatchTokens(prompt, "", nil)
+			}
+			_ = s.Dump()
+		}
+	})
+	wg.Wait()
+	close(stop)
+	rg.Wait()
+	s.Close()
+	if got := applied.Load() + dropped.Load(); got != submitters*per {
+		t.Fatalf("%d events applied or dropped, want %d", got, submitters*per)
+	}
+	if uint64(dropped.Load()) != s.Dropped() {
+		t.Fatalf("done saw %d dropped, Dropped says %d", dropped.Load(), s.Dropped())
+	}
+}

@@ -310,6 +310,8 @@ func (l *listener) submit(ctx context.Context, ev indexer.Event, seq uint64) boo
 					break
 				}
 			}
+		case errors.Is(err, indexer.ErrRemoved):
+			m.eventsDropped.WithLabelValues(dropIndexRemoved).Inc()
 		default:
 			m.eventsDropped.WithLabelValues(dropInvalid).Inc()
 		}

@@ -12,6 +12,7 @@ const (
 	dropUnknownParent = "unknown_parent" // a Stored event's parent is not held by the worker rank
 	dropInvalid       = "invalid"        // the index rejected the event (bad tier or kind)
 	dropShutdown      = "shutdown"       // the listener stopped before the event was queued
+	dropIndexRemoved  = "index_removed"  // the index was removed (its last worker left) before the event applied
 	dropEmpty         = "empty"          // an event without blocks
 	dropBlockSize     = "block_size"     // the event's block size differs from the index's
 	dropPartialBlock  = "partial_block"  // blocks without a full block of tokens
