@@ -479,7 +479,8 @@ func (c *Catalog) RegisterRange(r RangeRegistration) error {
 // Unregister removes worker id of model: of one tenant, or of every tenant
 // when tenant is nil; one DP rank when rank is not nil, else all of them.
 // It stops the listeners and drops the blocks of what it removes; a worker
-// left with no rank is removed. It reports how many workers it changed;
+// left with no rank is removed, and the index of a (model, tenant) left
+// with no worker goes with it. It reports how many workers it changed;
 // none is ErrNotFound.
 func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint32) (int, error) {
 	if tenant != nil && *tenant == "" {
@@ -537,6 +538,9 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 				c.emit(Changed, w, []uint32{*rank})
 			}
 		}
+		if c.workers[w.WorkerKey] == nil && !c.keyInUse(w.Key) && c.set.Remove(w.Key) {
+			c.log.Info("removed index: its last worker is gone", "model", w.Key.Model, "tenant", w.Key.Tenant)
+		}
 		c.mu.Unlock()
 		c.log.Info("unregistered worker", "model", w.Key.Model, "tenant", w.Key.Tenant, "worker", w.ID, "rank", rankAttr(rank))
 	}
@@ -544,6 +548,17 @@ func (c *Catalog) Unregister(model string, tenant *string, id uint64, rank *uint
 		return len(hit), fmt.Errorf("%w: removed, but dropping its blocks failed: %w", ErrUnavailable, err)
 	}
 	return len(hit), nil
+}
+
+// keyInUse reports whether a worker of key is in the catalog. Call with
+// mu held.
+func (c *Catalog) keyInUse(key indexer.Key) bool {
+	for k := range c.workers {
+		if k.Key == key {
+			return true
+		}
+	}
+	return false
 }
 
 func rankAttr(rank *uint32) any {

@@ -257,3 +257,52 @@ func TestWatch(t *testing.T) {
 		}
 	}
 }
+
+// The index of a (model, tenant) goes when its last worker does, however
+// that worker leaves, and the key can then come back with another block
+// size; other keys' indexes stay.
+func TestLastWorkerRemovesIndex(t *testing.T) {
+	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
+	other := indexer.Key{Model: "m", Tenant: "other"}
+	tests := []struct {
+		name  string
+		leave func(c *Catalog, id uint64) error
+	}{
+		{"whole worker of the tenant", func(c *Catalog, id uint64) error {
+			_, err := c.Unregister("m", ptrTo(indexer.DefaultTenant), id, nil)
+			return err
+		}},
+		{"rank by rank", func(c *Catalog, id uint64) error {
+			for _, rank := range []uint32{0, 1} {
+				if _, err := c.Unregister("m", ptrTo(indexer.DefaultTenant), id, &rank); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			for _, id := range []uint64{1, 2} {
+				must(t, r.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: key, ID: id}, BlockSize: testBS, DPSize: 2}))
+			}
+			must(t, r.cat.PutWorker(WorkerSpec{WorkerKey: WorkerKey{Key: other, ID: 1}, BlockSize: testBS, Endpoint: "10.0.0.1:8000", DPSize: 2}))
+			must(t, tt.leave(r.cat, 1))
+			if r.set.Lookup(key) == nil {
+				t.Fatal("index removed while a worker of it is left")
+			}
+			must(t, tt.leave(r.cat, 2))
+			if r.set.Lookup(key) != nil {
+				t.Fatal("index left after its last worker")
+			}
+			if got, want := r.set.Keys(), []indexer.Key{other}; !slices.Equal(got, want) {
+				t.Fatalf("keys = %v, want %v", got, want)
+			}
+			must(t, r.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: key, ID: 3}, BlockSize: 2 * testBS, DPSize: 1}))
+			if ix := r.set.Lookup(key); ix == nil || ix.BlockSize() != 2*testBS {
+				t.Fatal("registering again with another block size made no such index")
+			}
+		})
+	}
+}
