@@ -72,3 +72,41 @@ func TestLoadsFollowCatalog(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadsForgetLastWorker: when the last worker of a (model, tenant)
+// leaves the catalog, its tracker goes (the key is not found, as Dynamo's
+// slot tracker answers for an unknown tracker) and the key can come back
+// with another block size; a key with a worker left keeps its tracker.
+func TestLoadsForgetLastWorker(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
+	other := indexer.Key{Model: "m", Tenant: "other"}
+	must(t, r.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: key, ID: 1}, BlockSize: testBS, DPSize: 2}))
+	must(t, r.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: key, ID: 2}, BlockSize: testBS, DPSize: 1}))
+	must(t, r.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: other, ID: 1}, BlockSize: testBS, DPSize: 1}))
+	must(t, r.loads.Add(key, Booking{ID: "a", Worker: indexer.WorkerRank{Worker: 1}}))
+	for _, id := range []uint64{1, 2} {
+		if _, ok := r.loads.BlockSize(key); !ok {
+			t.Fatalf("before worker %d left: key unknown", id)
+		}
+		if _, err := r.cat.Unregister("m", ptrTo(indexer.DefaultTenant), id, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, ok := r.loads.BlockSize(key); ok {
+		t.Fatal("the tracker outlived its last worker")
+	}
+	if err := r.loads.Add(key, Booking{ID: "b", Worker: indexer.WorkerRank{Worker: 2}}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("booking on a forgotten key: %v, want ErrNotFound", err)
+	}
+	if _, err := r.loads.Free(key, "a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("free on a forgotten key: %v, want ErrNotFound", err)
+	}
+	if _, ok := r.loads.BlockSize(other); !ok {
+		t.Fatal("another tenant's tracker went too")
+	}
+	must(t, r.cat.RegisterRange(catalog.RangeRegistration{WorkerKey: catalog.WorkerKey{Key: key, ID: 3}, BlockSize: 2 * testBS, DPSize: 1}))
+	if bs, ok := r.loads.BlockSize(key); !ok || bs != 2*testBS {
+		t.Fatalf("after registering again: block size %d, %v; want %d", bs, ok, 2*testBS)
+	}
+}

@@ -287,11 +287,14 @@ func cmpRank(a, b indexer.WorkerRank) int {
 
 // Follow keeps the known ranks in step with a change of the catalog (see
 // Catalog.Watch): the ranks a worker lost are forgotten with the requests
-// booked on them, and its ranks are made known.
+// booked on them, and its ranks are made known. When the last worker of a
+// (model, tenant) is removed, its accounting goes: the key is unknown
+// again, and may come back with another block size.
 func (l *Loads) Follow(ch catalog.Change) {
 	w := ch.Worker
 	if ch.Kind == catalog.Removed {
 		l.removeRanks(w.Key, w.ID, nil)
+		l.dropIfEmpty(w.Key)
 		return
 	}
 	for _, rank := range ch.Gone {
@@ -325,6 +328,22 @@ func (l *Loads) removeRanks(key indexer.Key, worker uint64, rank *uint32) {
 	}
 	t.order = slices.DeleteFunc(t.order, func(rl *rankLoad) bool { return t.ranks[rl.wr] != rl })
 	t.reorder()
+}
+
+// dropIfEmpty forgets key's tracker when it has no rank left.
+func (l *Loads) dropIfEmpty(key indexer.Key) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t := l.trackers[key]
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	empty := len(t.ranks) == 0
+	t.mu.Unlock()
+	if empty {
+		delete(l.trackers, key)
+	}
 }
 
 // Add books a request. A duplicate id is ErrConflict; an unknown (model,
