@@ -306,3 +306,18 @@ func TestLastWorkerRemovesIndex(t *testing.T) {
 		})
 	}
 }
+
+// Many models registered then unregistered leave no index behind.
+func TestChurnLeavesNoIndex(t *testing.T) {
+	r := newRig(t)
+	for i := range 3000 {
+		key := indexer.Key{Model: fmt.Sprintf("m%d", i), Tenant: indexer.DefaultTenant}
+		must(t, r.cat.RegisterRange(RangeRegistration{WorkerKey: WorkerKey{Key: key, ID: 1}, BlockSize: testBS, DPSize: 1}))
+		if _, err := r.cat.Unregister(key.Model, nil, 1, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if keys := r.set.Keys(); len(keys) != 0 {
+		t.Fatalf("%d indexes left, first %v", len(keys), keys[0])
+	}
+}
