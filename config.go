@@ -360,8 +360,8 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	if cfg.BlockSize, err = getInt(v, "block-size"); err != nil {
 		return cfg, bad("block-size", v.Get("block-size"), err.Error())
 	}
-	if cfg.BlockSize < 1 || cfg.BlockSize > 1<<16 {
-		return cfg, bad("block-size", cfg.BlockSize, "must be between 1 and 65536")
+	if cfg.BlockSize < 1 || cfg.BlockSize > indexer.MaxBlockSize {
+		return cfg, bad("block-size", cfg.BlockSize, fmt.Sprintf("must be between 1 and %d", indexer.MaxBlockSize))
 	}
 	if cfg.KVTopic, err = getString(v, "kv-topic"); err != nil {
 		return cfg, bad("kv-topic", v.Get("kv-topic"), err.Error())

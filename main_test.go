@@ -219,6 +219,8 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "worker bad replay", args: []string{"--workers", "1=tcp://h:1|h:2"}, wantErr: "replay endpoint"},
 		{name: "worker twice", args: []string{"--workers", "1=tcp://h:1,1:0=tcp://h:2"}, wantErr: "worker 1 rank 0 listed twice"},
 		{name: "block size 0", env: map[string]string{"KVGATE_BLOCK_SIZE": "0"}, wantErr: "invalid block-size 0 (from env KVGATE_BLOCK_SIZE)"},
+		{name: "block size over the bound", args: []string{"--block-size", "65537"}, wantErr: "invalid block-size 65537 (from flag --block-size): must be between 1 and 65536"},
+		{name: "block size 2^63-1", args: []string{"--block-size", "9223372036854775807"}, wantErr: "must be between 1 and 65536"},
 		{name: "empty model", args: []string{"--model-name", " "}, wantErr: "invalid model-name"},
 		{
 			name: "admin api settings",

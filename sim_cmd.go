@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvgate/kvgate/bench/engine"
 	"github.com/kvgate/kvgate/bench/sim"
+	"github.com/kvgate/kvgate/indexer"
 )
 
 func newSimCmd() *cobra.Command {
@@ -58,6 +59,9 @@ interrupted.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if cfg.Workers < 1 || cfg.DPSize < 1 {
 				return fmt.Errorf("sim: --workers and --dp-size must be at least 1 (got %d, %d)", cfg.Workers, cfg.DPSize)
+			}
+			if cfg.Engine.BlockSize < 1 || cfg.Engine.BlockSize > indexer.MaxBlockSize {
+				return fmt.Errorf("sim: --block-size must be between 1 and %d, not %d", indexer.MaxBlockSize, cfg.Engine.BlockSize)
 			}
 			if lora != "" {
 				cfg.LoRA = strings.Split(lora, ",")

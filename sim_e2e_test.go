@@ -156,6 +156,8 @@ func TestE2ESimBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"sim", "--encoding", "xml"},
 		{"sim", "--workers", "0", "--base-port", "0"},
+		{"sim", "--block-size", "0", "--base-port", "0"},
+		{"sim", "--block-size", "65537", "--base-port", "0"},
 		{"sim", "--fail-rate", "2", "--base-port", "0"},
 		{"sim", "--mean-output-tokens", "-1", "--base-port", "0"},
 		{"sim", "--tokenizer", "/nonexistent", "--base-port", "0"},

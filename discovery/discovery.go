@@ -158,8 +158,8 @@ func New(kube kubernetes.Interface, dyn dynamic.Interface, cat Catalog, cfg Conf
 			return nil, fmt.Errorf("discovery: pod model label %q: %s", cfg.ModelLabel, errs[0])
 		}
 	}
-	if cfg.BlockSize <= 0 {
-		return nil, fmt.Errorf("discovery: block size must be positive, not %d", cfg.BlockSize)
+	if cfg.BlockSize < 1 || cfg.BlockSize > indexer.MaxBlockSize {
+		return nil, fmt.Errorf("discovery: block size must be between 1 and %d, not %d", indexer.MaxBlockSize, cfg.BlockSize)
 	}
 	if cfg.Tenant == "" {
 		cfg.Tenant = indexer.DefaultTenant

@@ -880,6 +880,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"no model", func(c *Config) { c.Model = "" }, "model"},
 		{"bad model label", func(c *Config) { c.ModelLabel = "bad label" }, "model label"},
 		{"no block size", func(c *Config) { c.BlockSize = 0 }, "block size"},
+		{"block size over the bound", func(c *Config) { c.BlockSize = indexer.MaxBlockSize + 1 }, "between 1 and 65536"},
 		{"bad events template", func(c *Config) { c.EventsTemplate = "tcp://{ip}:5557" }, "kv events template"},
 		{"events template not an endpoint", func(c *Config) { c.EventsTemplate = "{podIP}:5557" }, "kv events template"},
 		{"bad replay template", func(c *Config) { c.ReplayTemplate = "tcp://{podIP}:{x+rank}" }, "kv replay template"},

@@ -392,9 +392,6 @@ func MarshalDump(dumps []IndexDump) ([]byte, error) {
 	return json.Marshal(doc)
 }
 
-// maxDumpBlockSize bounds block sizes accepted from a peer's dump.
-const maxDumpBlockSize = 1 << 20
-
 // A DumpError is an index of a dump that UnmarshalDump left out: its key,
 // block size or one of its events is invalid.
 type DumpError struct {
@@ -452,8 +449,8 @@ func decodeIndex(name string, raw json.RawMessage) (IndexDump, error) {
 	if err := json.Unmarshal(raw, &ji); err != nil {
 		return IndexDump{}, fmt.Errorf("decode: %w", err)
 	}
-	if ji.BlockSize <= 0 || ji.BlockSize > maxDumpBlockSize {
-		return IndexDump{}, fmt.Errorf("block_size %d out of range 1..%d", ji.BlockSize, maxDumpBlockSize)
+	if ji.BlockSize < 1 || ji.BlockSize > MaxBlockSize {
+		return IndexDump{}, fmt.Errorf("block_size %d out of range 1..%d", ji.BlockSize, MaxBlockSize)
 	}
 	d := IndexDump{Key: key, BlockSize: ji.BlockSize, Events: make([]Event, len(ji.Events))}
 	for i, je := range ji.Events {

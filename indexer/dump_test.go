@@ -150,6 +150,7 @@ func TestUnmarshalDump(t *testing.T) {
 		{"trailing data", `{} {}`, "trailing"},
 		{"bad key", `{"nokey": {"block_size": 2, "events": []}}`, "model:tenant"},
 		{"zero block size", `{"m:t": {"block_size": 0, "events": []}}`, "block_size"},
+		{"block size over the bound", `{"m:t": {"block_size": 65537, "events": []}}`, "block_size 65537 out of range 1..65536"},
 		{"unknown tier", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "storage_tier": "tape", "event": {"data": "cleared"}}]}}`, "tape"},
 		{"no data", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"event_id": 0, "data": {}}}]}}`, "none of"},
 		{"unknown data string", `{"m:t": {"block_size": 2, "events": [{"worker_id": 1, "event": {"data": "exploded"}}]}}`, "exploded"},

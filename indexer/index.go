@@ -165,6 +165,11 @@ type Index struct {
 	removed   atomic.Bool // dropped from its Set: queued events are dropped
 }
 
+// MaxBlockSize is the largest block size, in tokens, that kvgate accepts
+// anywhere a block size enters (flags, --models, registration routes, a
+// peer's dump): 1..MaxBlockSize. Engines use 16 to a few hundred.
+const MaxBlockSize = 1 << 16
+
 // NewIndex returns an empty index of one shard for blocks of blockSize
 // tokens.
 func NewIndex(blockSize int) *Index { return NewShardedIndex(blockSize, 1) }

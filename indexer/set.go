@@ -165,8 +165,8 @@ func (s *Set) Close() {
 // exist. An existing index with another block size is an error wrapping
 // ErrBlockSizeConflict.
 func (s *Set) Index(key Key, blockSize int) (*Index, error) {
-	if blockSize <= 0 {
-		return nil, fmt.Errorf("index %s: block size %d must be positive", key, blockSize)
+	if blockSize < 1 || blockSize > MaxBlockSize {
+		return nil, fmt.Errorf("index %s: block size %d out of range 1..%d", key, blockSize, MaxBlockSize)
 	}
 	s.mu.RLock()
 	ix := s.indexes[key]

@@ -24,8 +24,10 @@ func TestSetIndexes(t *testing.T) {
 	if _, err := s.Index(k1, 32); !errors.Is(err, ErrBlockSizeConflict) {
 		t.Fatalf("block size conflict: err = %v", err)
 	}
-	if _, err := s.Index(k2, 0); err == nil {
-		t.Fatal("block size 0 accepted")
+	for _, bs := range []int{0, -1, MaxBlockSize + 1} {
+		if _, err := s.Index(k2, bs); err == nil {
+			t.Fatalf("block size %d accepted", bs)
+		}
 	}
 	b, err := s.Index(k2, 32)
 	if err != nil || b == a {

@@ -256,13 +256,18 @@ func NewRegistry(cfg Config, opts RegistryOptions) (*Registry, error) {
 	return r, nil
 }
 
+// maxBlockSize is the largest block_size a model may have: the index's
+// bound (indexer.MaxBlockSize, which this package does not import; a test
+// checks that they agree).
+const maxBlockSize = 1 << 16
+
 // normalize fills in defaults and checks the fallbacks.
 func (mc *ModelConfig) normalize() error {
 	if mc.BlockSize == 0 {
 		mc.BlockSize = 16
 	}
-	if mc.BlockSize < 0 {
-		return fmt.Errorf("block_size %d must be positive", mc.BlockSize)
+	if mc.BlockSize < 1 || mc.BlockSize > maxBlockSize {
+		return fmt.Errorf("block_size must be between 1 and %d, not %d", maxBlockSize, mc.BlockSize)
 	}
 	if mc.ApproxBlockBytes == 0 {
 		mc.ApproxBlockBytes = 4 * mc.BlockSize

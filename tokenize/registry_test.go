@@ -106,6 +106,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "local without tokenizer", yaml: "models:\n- name: m\n  fallbacks: [local]\n", err: "needs a tokenizer"},
 		{name: "local not first", yaml: "models:\n- name: m\n  tokenizer: /d\n  fallbacks: [remote, local]\n", err: "must come first"},
 		{name: "negative block size", yaml: "models:\n- name: m\n  block_size: -1\n", err: "block_size"},
+		{name: "block size over the bound", yaml: "models:\n- name: m\n  block_size: 65537\n", err: "block_size must be between 1 and 65536, not 65537"},
+		{name: "block size 2^63-1", yaml: "models:\n- name: m\n  block_size: 9223372036854775807\n", err: "between 1 and 65536"},
+		{name: "largest block size", yaml: "models:\n- name: m\n  block_size: 65536\n",
+			want: ModelConfig{Name: "m", BlockSize: 65536, ApproxBlockBytes: 4 * 65536, Fallbacks: []Path{PathRemote, PathApproximate}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConfig([]byte(tc.yaml))

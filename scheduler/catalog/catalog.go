@@ -288,16 +288,25 @@ func listenError(err error) error {
 }
 
 // checkIndex fails with ErrConflict when key's index exists with another
-// block size, and with ErrInvalid for a non-positive one.
+// block size, and with ErrInvalid for one outside 1..indexer.MaxBlockSize.
 func (c *Catalog) checkIndex(key indexer.Key, blockSize int) error {
 	if key.Model == "" {
 		return fmt.Errorf("%w: model_name is required", ErrInvalid)
 	}
-	if blockSize <= 0 {
-		return fmt.Errorf("%w: block_size must be positive, not %d", ErrInvalid, blockSize)
+	if err := checkBlockSize(blockSize); err != nil {
+		return err
 	}
 	if ix := c.set.Lookup(key); ix != nil && ix.BlockSize() != blockSize {
 		return fmt.Errorf("%w: model_name %q tenant_id %q has block_size %d, not %d", ErrConflict, key.Model, key.Tenant, ix.BlockSize(), blockSize)
+	}
+	return nil
+}
+
+// checkBlockSize fails with ErrInvalid for a block size outside
+// 1..indexer.MaxBlockSize.
+func checkBlockSize(n int) error {
+	if n < 1 || n > indexer.MaxBlockSize {
+		return fmt.Errorf("%w: block_size must be between 1 and %d, not %d", ErrInvalid, indexer.MaxBlockSize, n)
 	}
 	return nil
 }

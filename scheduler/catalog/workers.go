@@ -171,6 +171,11 @@ func (c *Catalog) PatchWorker(p WorkerPatch) error {
 	if w == nil {
 		return fmt.Errorf("%w: %s is not registered", ErrNotFound, p.WorkerKey)
 	}
+	if p.BlockSize != nil {
+		if err := checkBlockSize(*p.BlockSize); err != nil {
+			return err
+		}
+	}
 	if p.BlockSize != nil && *p.BlockSize != w.BlockSize {
 		return fmt.Errorf("%w: %s has block_size %d, not %d", ErrConflict, p.WorkerKey, w.BlockSize, *p.BlockSize)
 	}
