@@ -373,8 +373,8 @@ func (t *tracker) add(b Booking, now time.Time) error {
 	if b.ID == "" {
 		return fmt.Errorf("%w: request_id is required", ErrInvalid)
 	}
-	if b.PrefillTokens < 0 {
-		return fmt.Errorf("%w: prefill tokens %d must not be negative", ErrInvalid, b.PrefillTokens)
+	if b.PrefillTokens < 0 || b.PrefillTokens > MaxTokens {
+		return fmt.Errorf("%w: prefill tokens %d must be between 0 and %d", ErrInvalid, b.PrefillTokens, int64(MaxTokens))
 	}
 	if _, dup := t.reqs[b.ID]; dup {
 		return fmt.Errorf("%w: request %q is already active", ErrConflict, b.ID)
@@ -402,7 +402,7 @@ func (t *tracker) add(b Booking, now time.Time) error {
 			t.holders[h] = append(hs, rl)
 		}
 	}
-	rl.prefill += r.prefill
+	rl.prefill = addTokens(rl.prefill, r.prefill)
 	rl.reqs++
 	r.at, rl.active, rl.refs = len(rl.active), append(rl.active, r), rl.refs+len(r.hashes)
 	t.reqs[b.ID] = r
@@ -433,7 +433,7 @@ func (t *tracker) release(r *request) {
 		t.holders[h] = hs[:last]
 	}
 	rl.held.fit()
-	rl.prefill -= r.prefill
+	rl.prefill = subTokens(rl.prefill, r.prefill)
 	wasNegative := rl.output < 0
 	rl.output -= r.output
 	last := len(rl.active) - 1
@@ -441,7 +441,7 @@ func (t *tracker) release(r *request) {
 	rl.active[last] = nil
 	rl.active, rl.refs = rl.active[:last], rl.refs-len(r.hashes)
 	if rl.reqs--; rl.reqs == 0 {
-		rl.output = 0 // no float residue once idle
+		rl.output, rl.prefill = 0, 0 // no float residue, nor a saturated sum's, once idle
 	}
 	if isNegative := rl.output < 0; isNegative != wasNegative {
 		if isNegative {
@@ -510,7 +510,7 @@ func (l *Loads) PrefillComplete(key indexer.Key, id string) error {
 func (l *Loads) prefillComplete(key indexer.Key, id string) (first bool, err error) {
 	err = l.withRequest(key, id, true, func(_ *tracker, r *request) {
 		first = !r.prefillDone
-		r.rank.prefill -= r.prefill
+		r.rank.prefill = subTokens(r.rank.prefill, r.prefill)
 		r.prefill, r.prefillDone = 0, true
 	})
 	return first, err
@@ -620,7 +620,7 @@ func (l *Loads) potentials(key indexer.Key, hashes []uint64, newPrefill int64) (
 	t.countHeld(hashes)
 	out := make([]Potential, 0, len(t.order))
 	for _, rl := range t.order {
-		out = append(out, Potential{Worker: rl.wr, PrefillTokens: rl.prefill + newPrefill,
+		out = append(out, Potential{Worker: rl.wr, PrefillTokens: addTokens(rl.prefill, newPrefill),
 			DecodeBlocks: float64(rl.blocks()) + rl.output + float64(len(hashes)-t.held(rl))})
 	}
 	return out, nil

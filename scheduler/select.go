@@ -323,7 +323,7 @@ type candidate struct {
 // of n blocks to rl, with c's new prefill, held blocks and extra (reuse
 // charge and metrics correction), at overlap weight w and block size bs.
 func costOf(rl *rankLoad, c *candidate, n int, w float64, bs int) float64 {
-	prefill := float64(rl.prefill + c.prefill)
+	prefill := float64(addTokens(rl.prefill, c.prefill))
 	decode := float64(rl.blocks()) + rl.output + float64(n-int(c.held))
 	return w*prefill/float64(bs) + decode + c.extra
 }
@@ -440,7 +440,7 @@ func (s *Scheduler) Potentials(key indexer.Key, seq []uint64, newPrefill int64, 
 	}
 	for i := range pots {
 		ov := cached[pots[i].Worker]
-		pots[i].PrefillTokens += s.opts.uncached(&ov, *isl, bs)
+		pots[i].PrefillTokens = addTokens(pots[i].PrefillTokens, s.opts.uncached(&ov, *isl, bs))
 	}
 	return pots, nil
 }

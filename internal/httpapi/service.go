@@ -163,13 +163,13 @@ func u64s(hs []indexer.Hash) []uint64 {
 	return out
 }
 
-// tokens checks an optional token count.
+// tokens checks an optional token count: 0..scheduler.MaxTokens.
 func tokens(field string, v *int64) (int64, error) {
 	if v == nil {
 		return 0, nil
 	}
-	if *v < 0 {
-		return 0, badRequest("%s must not be negative, not %d", field, *v)
+	if *v < 0 || *v > scheduler.MaxTokens {
+		return 0, badRequest("%s must be between 0 and %d, not %d", field, int64(scheduler.MaxTokens), *v)
 	}
 	return *v, nil
 }

@@ -627,8 +627,8 @@ func decodeReplicaMessage(frames [][]byte) (scheduler.Lifecycle, replicaMessage,
 		return ev, m, errors.New("model is missing")
 	case m.RequestID == "":
 		return ev, m, errors.New("request_id is missing")
-	case m.PrefillTokens < 0:
-		return ev, m, fmt.Errorf("prefill_tokens %d is negative", m.PrefillTokens)
+	case m.PrefillTokens < 0 || m.PrefillTokens > scheduler.MaxTokens:
+		return ev, m, fmt.Errorf("prefill_tokens %d is out of range 0..%d", m.PrefillTokens, int64(scheduler.MaxTokens))
 	}
 	if ev.Key.Tenant == "" {
 		ev.Key.Tenant = indexer.DefaultTenant

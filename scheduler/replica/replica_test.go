@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -342,6 +343,8 @@ func TestReplicaWireFormat(t *testing.T) {
 		{topic, replicaMsgpack(t, with("model", ""))},
 		{topic, replicaMsgpack(t, with("request_id", nil))},
 		{topic, replicaMsgpack(t, with("prefill_tokens", int64(-1)))},
+		{topic, replicaMsgpack(t, with("prefill_tokens", int64(scheduler.MaxTokens+1)))},
+		{topic, replicaMsgpack(t, with("prefill_tokens", int64(math.MaxInt64)))},
 		{topic, replicaMsgpack(t, with("hashes", "not hashes"))},
 		{[]byte(syncTopic + ".v2"), replicaMsgpack(t, add)},
 		{topic, replicaMsgpack(t, add), []byte("extra")},
