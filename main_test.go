@@ -26,13 +26,11 @@ import (
 	"time"
 
 	"github.com/kvgate/kvgate/bench/engine"
-	"github.com/kvgate/kvgate/indexer"
 	"github.com/kvgate/kvgate/indexer/kvevents"
 	"github.com/kvgate/kvgate/internal/admin"
 	"github.com/kvgate/kvgate/internal/httpapi"
-	"github.com/kvgate/kvgate/internal/listeners"
+	"github.com/kvgate/kvgate/internal/stacktest"
 	"github.com/kvgate/kvgate/scheduler"
-	"github.com/kvgate/kvgate/scheduler/catalog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
@@ -838,11 +836,8 @@ func FuzzParseWorkers(f *testing.F) {
 func adminRouteTable(t *testing.T) []admin.Route {
 	t.Helper()
 	logger := discardLogger()
-	set := indexer.NewSet(indexer.Options{})
-	t.Cleanup(set.Close)
-	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
-	t.Cleanup(ingest.Close) // before set.Close
-	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+	st := stacktest.New(t, stacktest.Options{})
+	set, cat := st.Set, st.Catalog
 	loads := scheduler.NewLoads(scheduler.LoadOptions{})
 	cat.Watch(loads.Follow)
 	sched := scheduler.NewScheduler(cat, set, loads, scheduler.CostOptions{}, 1, nil)
@@ -857,12 +852,7 @@ func adminRouteTable(t *testing.T) []admin.Route {
 // TestTestRoutesNeedTheFlag checks that Dynamo's /test/ routes are in the
 // admin route table only with --enable-test-routes.
 func TestTestRoutesNeedTheFlag(t *testing.T) {
-	logger := discardLogger()
-	set := indexer.NewSet(indexer.Options{})
-	t.Cleanup(set.Close)
-	ingest := kvevents.NewIngester(set, kvevents.IngestOptions{Logger: logger})
-	t.Cleanup(ingest.Close) // before set.Close
-	cat := catalog.New(set, listeners.New(ingest), nil, catalog.Options{Logger: logger})
+	cat := stacktest.New(t, stacktest.Options{}).Catalog
 	for _, on := range []bool{false, true} {
 		var got []string
 		for _, rt := range workerRoutes(cat, nil, on) {
