@@ -573,6 +573,32 @@ func (l *Loads) free(key indexer.Key, id string) (freed bool, err error) {
 	return freed, err
 }
 
+// Holding returns the keys of tenant ("" matches any) with an active
+// request id, sorted by model and tenant: a request id the caller scopes
+// to no model may be active under several.
+func (l *Loads) Holding(id, tenant string) []indexer.Key {
+	l.mu.RLock()
+	ts := make([]*tracker, 0, len(l.trackers))
+	for k, t := range l.trackers {
+		if tenant == "" || k.Tenant == tenant {
+			ts = append(ts, t)
+		}
+	}
+	l.mu.RUnlock()
+	var out []indexer.Key
+	for _, t := range ts {
+		t.mu.Lock()
+		if t.reqs[id] != nil {
+			out = append(out, t.key)
+		}
+		t.mu.Unlock()
+	}
+	slices.SortFunc(out, func(a, b indexer.Key) int {
+		return cmp.Or(strings.Compare(a.Model, b.Model), strings.Compare(a.Tenant, b.Tenant))
+	})
+	return out
+}
+
 // Snapshot returns the load of every known rank of model and tenant (""
 // matches any), sorted by model, tenant, worker and rank.
 func (l *Loads) Snapshot(model, tenant string) []Load {

@@ -155,6 +155,19 @@ func (sc scope) key(q url.Values, def bool) (indexer.Key, error) {
 	return indexer.Key{Model: model, Tenant: tenant}, err
 }
 
+// given returns field's value in the body or, else, the query ("" when
+// neither names it).
+func (sc scope) given(field string, q url.Values) string {
+	body := sc.ModelName
+	if field == "tenant_id" {
+		body = sc.TenantID
+	}
+	if body != nil && *body != "" {
+		return *body
+	}
+	return q.Get(field)
+}
+
 func u64s(hs []indexer.Hash) []uint64 {
 	out := make([]uint64, len(hs))
 	for i, h := range hs {
@@ -442,18 +455,47 @@ func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 	return done(http.StatusCreated, s.cat.PutWorker(spec))
 }
 
-// pathWorker returns the worker named by the path and the scope.
-func pathWorker(r *http.Request, sc scope) (catalog.WorkerKey, error) {
+// pathWorker returns the worker named by the path and the scope. Worker ids
+// are global in the selection service: without a model_name, the worker is
+// the one registered under that id in any model (and the tenant_id given,
+// if any); an id registered under several is a 409.
+func (s *service) pathWorker(r *http.Request, sc scope) (catalog.WorkerKey, error) {
 	id, err := strconv.ParseUint(r.PathValue("worker_id"), 10, 64)
 	if err != nil {
 		return catalog.WorkerKey{}, badRequest("worker_id %.40q in the path is not an unsigned integer", r.PathValue("worker_id"))
 	}
-	key, err := sc.key(r.URL.Query(), true)
-	return catalog.WorkerKey{Key: key, ID: id}, err
+	q := r.URL.Query()
+	key, err := sc.key(q, true)
+	if err != nil || sc.given("model_name", q) != "" {
+		return catalog.WorkerKey{Key: key, ID: id}, err
+	}
+	found := s.cat.Lookup(id, sc.given("tenant_id", q))
+	switch len(found) {
+	case 0:
+		return catalog.WorkerKey{}, fmt.Errorf("%w: worker %d is not registered", scheduler.ErrNotFound, id)
+	case 1:
+		return found[0], nil
+	}
+	keys := make([]indexer.Key, len(found))
+	for i, wk := range found {
+		keys[i] = wk.Key
+	}
+	return catalog.WorkerKey{}, ambiguous(fmt.Sprintf("worker %d", id), keys)
+}
+
+// ambiguous is the 409 of an id, named with no model_name, that more than
+// one (model, tenant) knows.
+func ambiguous(what string, keys []indexer.Key) error {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = fmt.Sprintf("%q/%q", k.Model, k.Tenant)
+	}
+	return fmt.Errorf("%w: %s is known under model_name/tenant_id %s; give model_name (and tenant_id)",
+		scheduler.ErrConflict, what, strings.Join(names, ", "))
 }
 
 func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, error) {
-	wk, err := pathWorker(r, scope{req.ModelName, req.TenantID})
+	wk, err := s.pathWorker(r, scope{req.ModelName, req.TenantID})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -471,7 +513,7 @@ func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, er
 }
 
 func (s *service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
-	wk, err := pathWorker(r, *req)
+	wk, err := s.pathWorker(r, *req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -710,14 +752,33 @@ type reservationBody struct {
 	DecayFraction *float64 `json:"decay_fraction"`
 }
 
-// reservation returns the reservation the path names and its key.
-func reservation(r *http.Request, req *reservationBody) (indexer.Key, string, error) {
-	key, err := req.key(r.URL.Query(), true)
-	return key, r.PathValue("id"), err
+// reservation returns the reservation the path names and its key, and
+// whether it is active. Reservation ids are global in the selection
+// service: without a model_name, the key is the one (model, tenant) where
+// the id is active (of the tenant_id given, if any); an id active under
+// several is a 409.
+func (s *service) reservation(r *http.Request, req *reservationBody) (indexer.Key, string, bool, error) {
+	q := r.URL.Query()
+	id := r.PathValue("id")
+	key, err := req.key(q, true)
+	if err != nil || req.given("model_name", q) != "" {
+		return key, id, true, err
+	}
+	found := s.loads().Holding(id, req.given("tenant_id", q))
+	switch len(found) {
+	case 0:
+		return key, id, false, nil
+	case 1:
+		return found[0], id, true, nil
+	}
+	return key, id, false, ambiguous(fmt.Sprintf("reservation %q", id), found)
 }
 
 func (s *service) reservationPrefillComplete(r *http.Request, req *reservationBody) (int, any, error) {
-	key, id, err := reservation(r, req)
+	key, id, active, err := s.reservation(r, req)
+	if err == nil && !active {
+		err = inactive(id)
+	}
 	if err != nil {
 		return 0, nil, err
 	}
@@ -725,20 +786,30 @@ func (s *service) reservationPrefillComplete(r *http.Request, req *reservationBo
 }
 
 func (s *service) reservationOutputBlock(r *http.Request, req *reservationBody) (int, any, error) {
-	key, id, err := reservation(r, req)
+	key, id, active, err := s.reservation(r, req)
+	if err == nil && !active {
+		err = inactive(id)
+	}
 	if err != nil {
 		return 0, nil, err
 	}
 	return done(http.StatusOK, s.loads().OutputBlock(key, id, deref(req.DecayFraction)))
 }
 
+// reservationFree frees a reservation; one active nowhere is already free.
 func (s *service) reservationFree(r *http.Request, req *reservationBody) (int, any, error) {
-	key, id, err := reservation(r, req)
-	if err != nil {
-		return 0, nil, err
+	key, id, active, err := s.reservation(r, req)
+	if err != nil || !active {
+		return done(http.StatusOK, err)
 	}
 	_, err = s.loads().Free(key, id)
 	return done(http.StatusOK, err)
+}
+
+// inactive is the 404 of a reservation, named with no model_name, that no
+// (model, tenant) has active.
+func inactive(id string) error {
+	return fmt.Errorf("%w: reservation %q is not active", scheduler.ErrNotFound, id)
 }
 
 // --- Overlap scores (seed 003) ---

@@ -382,7 +382,9 @@ func TestSelectThenReserve(t *testing.T) {
 		{name: "prefill complete", path: life + "prefill_complete?model_name=model", status: 200},
 		{name: "prefill complete again, scope in the body", path: life + "prefill_complete", body: jsonObj{"model_name": "model"}, status: 200},
 		{name: "prefill complete, unknown", path: "/reservations/r9/prefill_complete?model_name=model", status: 404, errHas: []string{"r9"}},
-		{name: "prefill complete, unknown model", path: life + "prefill_complete", status: 404},
+		{name: "prefill complete, unknown model", path: life + "prefill_complete?model_name=nope", status: 404},
+		{name: "prefill complete, no model: the id is global", path: life + "prefill_complete", status: 200},
+		{name: "prefill complete, no model, active nowhere", path: "/reservations/r9/prefill_complete", status: 404, errHas: []string{`reservation "r9" is not active`}},
 		{name: "prefill complete, scopes differ", path: life + "prefill_complete?model_name=model", body: jsonObj{"model_name": "m"}, status: 400},
 		{name: "output block", path: life + "output_block?model_name=model", body: jsonObj{"decay_fraction": 0.25}, status: 200},
 		{name: "output block, no body", path: life + "output_block?model_name=model", status: 200},
@@ -401,7 +403,8 @@ func TestSelectThenReserve(t *testing.T) {
 		{name: "free again", method: http.MethodDelete, path: "/reservations/request-123?model_name=model", status: 200},
 		{name: "free s1", method: http.MethodDelete, path: "/reservations/s1?model_name=model", status: 200},
 		{name: "free r3, scope in the body", method: http.MethodDelete, path: "/reservations/r3", body: jsonObj{"model_name": "model"}, status: 200},
-		{name: "free, unknown model", method: http.MethodDelete, path: "/reservations/r3", status: 404},
+		{name: "free, unknown model", method: http.MethodDelete, path: "/reservations/r3?model_name=nope", status: 404},
+		{name: "free, no model, active nowhere", method: http.MethodDelete, path: "/reservations/r3", status: 200},
 	})
 	for _, l := range r.loads.Snapshot("", "") {
 		if l.PrefillTokens != 0 || l.DecodeBlocks != 0 || l.Requests != 0 {
@@ -622,5 +625,56 @@ func TestSelectRoutesIgnoreReuseCharge(t *testing.T) {
 		if m["dp_rank"] != 1.0 || m["effective_prefill_tokens"] != 480.0 {
 			t.Errorf("%s: %v, want dp_rank 1 and 480 tokens (the spec's cost)", path, m)
 		}
+	}
+}
+
+// TestGlobalIDs: worker and reservation ids are global in the selection
+// service; without a model_name the routes find them in any (model,
+// tenant), and an id two of them know is a 409 asking for model_name.
+func TestGlobalIDs(t *testing.T) {
+	r := svcSelectRig(t, scheduler.CostOptions{})
+	w2 := jsonObj{"worker_id": 2, "model_name": "m2", "tenant_id": "t", "endpoint": "http://worker2:8000", "block_size": 16}
+	r.post("/workers", w2).expect(t, http.StatusCreated)
+	res := func(model, tenant string, worker int) jsonObj {
+		return jsonObj{"reservation_id": "r1", "model_name": model, "tenant_id": tenant, "worker_id": worker,
+			"sequence_hashes": []any{1}, "isl_tokens": 16}
+	}
+	r.post("/reservations", res("model", "default", 1)).expect(t, http.StatusCreated)
+	r.svcCalls(t, []svcCall{
+		{name: "patch, no model", method: http.MethodPatch, path: "/workers/2", body: jsonObj{"endpoint": "worker2:9000"}, status: 200},
+		{name: "patch, no model, unknown", method: http.MethodPatch, path: "/workers/9", body: jsonObj{"endpoint": "worker:1"}, status: 404, errHas: []string{"worker 9 is not registered"}},
+		{name: "patch, tenant only, other tenant", method: http.MethodPatch, path: "/workers/2?tenant_id=default", status: 404},
+		{name: "prefill complete, no model", path: "/reservations/r1/prefill_complete", status: 200},
+		{name: "output block, no model", path: "/reservations/r1/output_block", body: jsonObj{"decay_fraction": 0.5}, status: 200},
+		{name: "output block, no model, unknown", path: "/reservations/r9/output_block", status: 404, errHas: []string{"r9"}},
+	})
+	if got := r.cat.Endpoint(catalog.WorkerKey{Key: indexer.Key{Model: "m2", Tenant: "t"}, ID: 2}); !strings.Contains(got, "9000") {
+		t.Errorf("worker 2's endpoint after the patch: %q", got)
+	}
+	if l := r.loads.Snapshot("model", ""); l[0].PrefillTokens != 0 || l[0].DecodeBlocks != 1.5 {
+		t.Errorf("r1's load after prefill_complete and output_block: %+v", l[0])
+	}
+
+	// The same ids under a second (model, tenant).
+	r.post("/workers", svcSSWorker.with("model_name", "m3")).expect(t, http.StatusCreated)
+	r.post("/reservations", res("m2", "t", 2)).expect(t, http.StatusCreated)
+	r.svcCalls(t, []svcCall{
+		{name: "patch, ambiguous", method: http.MethodPatch, path: "/workers/1", body: jsonObj{"endpoint": "worker:1"}, status: 409,
+			errHas: []string{"worker 1", `"model"/"default"`, `"m3"/"default"`, "give model_name"}},
+		{name: "delete, ambiguous", method: http.MethodDelete, path: "/workers/1", status: 409, errHas: []string{"give model_name"}},
+		{name: "prefill complete, ambiguous", path: "/reservations/r1/prefill_complete", status: 409,
+			errHas: []string{`reservation "r1"`, `"m2"/"t"`, "give model_name"}},
+		{name: "output block, ambiguous", path: "/reservations/r1/output_block", status: 409},
+		{name: "free, ambiguous", method: http.MethodDelete, path: "/reservations/r1", status: 409},
+		{name: "free, tenant picks one", method: http.MethodDelete, path: "/reservations/r1?tenant_id=t", status: 200},
+		{name: "free, no model, now one", method: http.MethodDelete, path: "/reservations/r1", status: 200},
+		{name: "free, no model, active nowhere", method: http.MethodDelete, path: "/reservations/r1", status: 200},
+		{name: "delete, model given", method: http.MethodDelete, path: "/workers/1?model_name=m3", status: 200},
+		{name: "delete, no model, now one", method: http.MethodDelete, path: "/workers/1", status: 200},
+		{name: "delete, no model, gone", method: http.MethodDelete, path: "/workers/1", status: 404, errHas: []string{"worker 1 is not registered"}},
+		{name: "delete worker 2, no model", method: http.MethodDelete, path: "/workers/2", body: jsonObj{}, status: 200},
+	})
+	if l := r.loads.Snapshot("", ""); len(l) != 0 {
+		t.Errorf("loads left: %+v", l)
 	}
 }

@@ -391,6 +391,22 @@ func (c *Catalog) Endpoint(wk WorkerKey) string {
 	return ""
 }
 
+// Lookup returns the keys under which worker id is registered, of tenant
+// ("" matches any), sorted by model and tenant: a worker id the caller
+// scopes to no model may be registered under several.
+func (c *Catalog) Lookup(id uint64, tenant string) []WorkerKey {
+	c.mu.Lock()
+	var out []WorkerKey
+	for k := range c.workers {
+		if k.ID == id && (tenant == "" || k.Tenant == tenant) {
+			out = append(out, k)
+		}
+	}
+	c.mu.Unlock()
+	slices.SortFunc(out, cmpWorkerKey)
+	return out
+}
+
 // add returns the entry of wk, created if needed, and the kind of change
 // its registration is. Call with mu held.
 func (c *Catalog) add(w *Worker, wk WorkerKey, blockSize int, source string) (*Worker, ChangeKind) {
