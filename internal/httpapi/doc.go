@@ -4,8 +4,9 @@
 // list with startup recovery from a peer's dump (IndexRoutes, Recover;
 // index.go, peers.go); the worker catalog's registration and status routes
 // (WorkerRoutes; workers.go); Dynamo's slot tracker and selection service
-// with reservations (ServiceRoutes; service.go); replica sync's peer routes
-// (ReplicaRoutes; replica.go). It owns their JSON types and error shapes
+// with reservations (ServiceRoutes for one port serving both, else
+// SlotTrackerRoutes and SelectionServiceRoutes; service.go); replica
+// sync's peer routes (ReplicaRoutes; replica.go). It owns their JSON types and error shapes
 // (docs/http-api.md); routing, limits and the admin token are
 // internal/admin's.
 //

@@ -28,15 +28,43 @@ import (
 
 // ServiceRoutes returns the slot tracker and selection service routes over
 // the workers of cat, the scheduler sched, whose loads hold the bookings,
-// and the indexes of set.
+// and the indexes of set, for one port serving both: GET /loads answers in
+// the slot tracker's shape.
 func ServiceRoutes(cat *catalog.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
 	s := &service{cat: cat, sched: sched, set: set}
+	return append(s.slotTrackerRoutes(), s.selectionRoutes()...)
+}
+
+// SlotTrackerRoutes returns the slot tracker's routes alone (over the same
+// as ServiceRoutes), for a port serving only that service.
+func SlotTrackerRoutes(cat *catalog.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
+	return (&service{cat: cat, sched: sched, set: set}).slotTrackerRoutes()
+}
+
+// SelectionServiceRoutes returns the selection service's routes alone
+// (over the same as ServiceRoutes), for a port serving only that service:
+// its GET /loads answers in the selection service's shape.
+func SelectionServiceRoutes(cat *catalog.Catalog, sched *scheduler.Scheduler, set *indexer.Set) []admin.Route {
+	s := &service{cat: cat, sched: sched, set: set}
+	return append(s.selectionRoutes(),
+		admin.Route{Pattern: "GET /loads", Handler: s.handleSelectionLoads},
+		admin.Route{Pattern: "POST /potential_loads", Handler: serve(admin.Decode, s.potentialLoads)})
+}
+
+func (s *service) slotTrackerRoutes() []admin.Route {
 	return []admin.Route{
 		{Pattern: "POST /add", Handler: serve(admin.Decode, s.add), Mutates: true},
 		{Pattern: "POST /prefill_complete", Handler: serve(admin.Decode, s.prefillComplete), Mutates: true},
 		{Pattern: "POST /free", Handler: serve(admin.Decode, s.free), Mutates: true},
 		{Pattern: "GET /loads", Handler: s.handleLoads},
 		{Pattern: "POST /potential_loads", Handler: serve(admin.Decode, s.potentialLoads)},
+	}
+}
+
+// selectionRoutes are the selection service's routes but the two it shares
+// with the slot tracker, GET /loads and POST /potential_loads.
+func (s *service) selectionRoutes() []admin.Route {
+	return []admin.Route{
 		{Pattern: "POST /workers", Handler: serve(admin.Decode, s.putWorker), Mutates: true},
 		{Pattern: "PATCH /workers/{worker_id}", Handler: serve(decodeOptional, s.patchWorker), Mutates: true},
 		{Pattern: "DELETE /workers/{worker_id}", Handler: serve(decodeOptional, s.deleteWorker), Mutates: true},
@@ -324,6 +352,43 @@ func (s *service) handleLoads(w http.ResponseWriter, r *http.Request) {
 	out := make([]loadView, len(snap))
 	for i, l := range snap {
 		out[i] = loadView{l.Key.Model, l.Key.Tenant, l.Worker.Worker, l.Worker.Rank, l.PrefillTokens, l.DecodeBlocks}
+	}
+	admin.WriteJSON(w, http.StatusOK, out)
+}
+
+// rankLoadView is one rank's load in the selection service's GET /loads:
+// Dynamo's PotentialLoad with no prompt added.
+type rankLoadView struct {
+	WorkerID               uint64  `json:"worker_id"`
+	DPRank                 uint32  `json:"dp_rank"`
+	PotentialPrefillTokens int64   `json:"potential_prefill_tokens"`
+	PotentialDecodeBlocks  float64 `json:"potential_decode_blocks"`
+	ActiveRequests         int     `json:"active_requests"`
+}
+
+// modelLoadView is Dynamo's ModelLoadResponse: the loads of one (model,
+// tenant), which Dynamo calls its routing group. kvgate queues nothing:
+// pending_count and pending_isl_tokens are 0.
+type modelLoadView struct {
+	ModelName        string         `json:"model_name"`
+	TenantID         string         `json:"tenant_id"`
+	RoutingGroup     string         `json:"routing_group"`
+	Loads            []rankLoadView `json:"loads"`
+	PendingCount     int            `json:"pending_count"`
+	PendingISLTokens int            `json:"pending_isl_tokens"`
+}
+
+// handleSelectionLoads answers GET /loads in the selection service's
+// shape: one entry per (model, tenant), its ranks' loads inside.
+func (s *service) handleSelectionLoads(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	out := []modelLoadView{}
+	for _, l := range s.loads().Snapshot(q.Get("model_name"), q.Get("tenant_id")) {
+		if n := len(out); n == 0 || out[n-1].ModelName != l.Key.Model || out[n-1].TenantID != l.Key.Tenant {
+			out = append(out, modelLoadView{ModelName: l.Key.Model, TenantID: l.Key.Tenant, RoutingGroup: l.Key.Tenant})
+		}
+		e := &out[len(out)-1]
+		e.Loads = append(e.Loads, rankLoadView{l.Worker.Worker, l.Worker.Rank, l.PrefillTokens, l.DecodeBlocks, l.Requests})
 	}
 	admin.WriteJSON(w, http.StatusOK, out)
 }

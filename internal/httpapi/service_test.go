@@ -678,3 +678,37 @@ func TestGlobalIDs(t *testing.T) {
 		t.Errorf("loads left: %+v", l)
 	}
 }
+
+// TestSelectionLoads: the selection service's GET /loads, on a port of its
+// own, answers Dynamo's ModelLoadResponse per (model, tenant); the
+// combined port keeps the slot tracker's flat rows.
+func TestSelectionLoads(t *testing.T) {
+	r := svcSelectRig(t, scheduler.CostOptions{})
+	r.post("/workers", jsonObj{"worker_id": 2, "model_name": "m2", "tenant_id": "t", "endpoint": "http://worker2:8000", "block_size": 16}).
+		expect(t, http.StatusCreated)
+	r.post("/reservations", jsonObj{"reservation_id": "r1", "model_name": "model", "worker_id": 1, "dp_rank": 1,
+		"sequence_hashes": []any{1, 2}, "isl_tokens": 32, "effective_prefill_tokens": 20}).expect(t, http.StatusCreated)
+	r.post("/reservations/r1/output_block?model_name=model", nil).expect(t, http.StatusOK)
+
+	sel := admin.New(admin.Options{})
+	sel.Handle(SelectionServiceRoutes(r.cat, scheduler.NewScheduler(r.cat, r.set, r.loads, scheduler.CostOptions{}, 1, nil), r.set)...)
+	get := func(path string) reply {
+		rec := httptest.NewRecorder()
+		sel.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		return reply{status: rec.Code, body: rec.Body.Bytes()}
+	}
+	svcJSON(t, "selection loads", get("/loads"), 200, `[
+		{"model_name":"m2","tenant_id":"t","routing_group":"t","pending_count":0,"pending_isl_tokens":0,"loads":[
+			{"worker_id":2,"dp_rank":0,"potential_prefill_tokens":0,"potential_decode_blocks":0,"active_requests":0}]},
+		{"model_name":"model","tenant_id":"default","routing_group":"default","pending_count":0,"pending_isl_tokens":0,"loads":[
+			{"worker_id":1,"dp_rank":0,"potential_prefill_tokens":0,"potential_decode_blocks":0,"active_requests":0},
+			{"worker_id":1,"dp_rank":1,"potential_prefill_tokens":20,"potential_decode_blocks":3,"active_requests":1}]}]`)
+	svcJSON(t, "selection loads of one model", get("/loads?model_name=m2&tenant_id=nope"), 200, `[]`)
+	svcJSON(t, "combined port's loads", r.svcGet("/loads?model_name=m2"), 200, `[
+		{"model_name":"m2","tenant_id":"t","worker_id":2,"dp_rank":0,"active_prefill_tokens":0,"active_decode_blocks":0}]`)
+	for _, route := range SlotTrackerRoutes(r.cat, nil, r.set) {
+		if strings.Contains(route.Pattern, "/workers") || strings.Contains(route.Pattern, "/select") {
+			t.Errorf("slot tracker route %s", route.Pattern)
+		}
+	}
+}
