@@ -34,8 +34,14 @@ const configFlag = "config"
 // serveConfig is the effective configuration of `kvgate serve`, after merging
 // flags, KVGATE_* environment variables, the YAML file and defaults.
 type serveConfig struct {
-	ConfigFile      string // path of the YAML file that was read, "" if none
-	AdminAddr       string
+	ConfigFile string // path of the YAML file that was read, "" if none
+	AdminAddr  string
+	// Listeners of one service each ("": off): Dynamo's standalone
+	// indexer (with Mooncake's conductor routes), slot tracker and
+	// selection service.
+	IndexerAddr     string
+	SlotTrackerAddr string
+	SelectionAddr   string
 	EventThreads    int
 	IndexShards     int    // shards of each index, >= 1
 	LogLevel        string // debug | info | warn | error
@@ -167,6 +173,9 @@ func parseWorkers(s string) ([]workerSpec, error) {
 func addServeFlags(fs *pflag.FlagSet) {
 	fs.String(configFlag, "", "YAML configuration file (keys are the flag names); env KVGATE_CONFIG")
 	fs.String("admin-addr", ":8090", "listen address of the admin HTTP server (every admin API, /metrics and /health); the default listens on all interfaces")
+	fs.String("indexer-addr", "", "listen address of a listener serving only Dynamo's standalone indexer routes (with Mooncake's /conductor/ routes), /health, /ready and /metrics; empty: off (Dynamo's default port: 8090)")
+	fs.String("slot-tracker-addr", "", "listen address of a listener serving only Dynamo's slot tracker routes, /health, /ready and /metrics; empty: off (Dynamo's default port: 8091)")
+	fs.String("selection-addr", "", "listen address of a listener serving only Dynamo's selection service routes, /health, /ready and /metrics; empty: off (Dynamo's default port: 8092)")
 	fs.Int("event-threads", 4, "goroutines applying KV events, sharded by worker (>= 1)")
 	fs.Int("index-shards", 1, "shards of each KV index (>= 1), split by worker id, each a whole tree with writers of its own: events of workers in different shards apply in parallel (use a divisor of --event-threads, at most the cores); every match walks all shards, and never waits for writers")
 	fs.String("log-level", "info", "log level: debug, info, warn or error")
@@ -306,6 +315,21 @@ func loadServeConfig(cmd *cobra.Command) (serveConfig, error) {
 	}
 	if _, _, err := net.SplitHostPort(cfg.AdminAddr); err != nil {
 		return cfg, bad("admin-addr", cfg.AdminAddr, "want host:port, e.g. :8090 or 127.0.0.1:8090")
+	}
+	for _, l := range []struct {
+		key  string
+		addr *string
+		eg   string
+	}{{"indexer-addr", &cfg.IndexerAddr, "8090"}, {"slot-tracker-addr", &cfg.SlotTrackerAddr, "8091"}, {"selection-addr", &cfg.SelectionAddr, "8092"}} {
+		if *l.addr, err = getString(v, l.key); err != nil {
+			return cfg, bad(l.key, v.Get(l.key), err.Error())
+		}
+		if *l.addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(*l.addr); err != nil {
+			return cfg, bad(l.key, *l.addr, fmt.Sprintf("want host:port, e.g. :%s or 127.0.0.1:%s (empty: off)", l.eg, l.eg))
+		}
 	}
 
 	if cfg.EventThreads, err = getInt(v, "event-threads"); err != nil {

@@ -237,7 +237,8 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		}()
 		replicaRoutes = httpapi.ReplicaRoutes(rsync)
 	}
-	srv.Handle(adminRoutes(reg, logger, httpapi.IndexRoutes(indexes, peers, reg), workerRoutes(cat, scraper, cfg.EnableTestRoutes), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)...)
+	routes := adminRoutes(reg, logger, httpapi.IndexRoutes(indexes, peers, reg), workerRoutes(cat, scraper, cfg.EnableTestRoutes), httpapi.ServiceRoutes(cat, sched, indexes), replicaRoutes)
+	srv.Handle(routes...)
 
 	for _, w := range cfg.Workers {
 		err := cat.RegisterRank(catalog.RankRegistration{
@@ -303,6 +304,29 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 			"addr", ln.Addr().String(), "open_changes", "workers (register, endpoints, removal), bookings, peer lists")
 	}
 
+	served := []servedListener{{name: "admin", ln: ln, h: srv}}
+	defer func() {
+		for _, l := range served {
+			_ = l.ln.Close() // the ones never served; closing twice is harmless
+		}
+	}()
+	for _, sl := range []struct {
+		service httpapi.Service
+		addr    string
+	}{{httpapi.IndexerService, cfg.IndexerAddr}, {httpapi.SlotTrackerService, cfg.SlotTrackerAddr}, {httpapi.SelectionService, cfg.SelectionAddr}} {
+		if sl.addr == "" {
+			continue
+		}
+		sln, err := net.Listen("tcp", sl.addr)
+		if err != nil {
+			return fmt.Errorf("%s listener: %w", sl.service, err)
+		}
+		s := srv.Sibling()
+		s.Handle(sl.service.Routes(routes)...)
+		served = append(served, servedListener{name: string(sl.service), ln: sln, h: s})
+		logger.Info(string(sl.service)+" listening", "addr", sln.Addr().String())
+	}
+
 	if len(cfg.Peers) > 0 {
 		// Listeners are already subscribed and their events queue on the
 		// held index; load a peer's dump, then let them apply.
@@ -315,7 +339,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 			cat.HoldReady("")
 		})
 	}
-	return serveAdmin(ctx, ln, srv, cfg.ShutdownTimeout, logger)
+	return serveAdmin(ctx, served, cfg.ShutdownTimeout, logger)
 }
 
 // newDiscovery follows the InferencePool named by the configuration.
@@ -373,34 +397,74 @@ func randomSeed() uint64 {
 	return binary.LittleEndian.Uint64(b[:])
 }
 
-// serveAdmin serves h on ln until ctx is cancelled, then shuts the server
-// down, waiting up to shutdownTimeout for in-flight requests.
-func serveAdmin(ctx context.Context, ln net.Listener, h http.Handler, shutdownTimeout time.Duration, logger *slog.Logger) error {
-	srv := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+// servedListener is one admin HTTP listener: the combined admin port or
+// one service's own.
+type servedListener struct {
+	name string
+	ln   net.Listener
+	h    http.Handler
+}
 
-	select {
-	case err := <-errc:
-		return fmt.Errorf("admin server: %w", err)
-	case <-ctx.Done():
+// serveAdmin serves each listener until ctx is cancelled or one of them
+// fails, then shuts them all down together, waiting up to
+// shutdownTimeout for in-flight requests.
+func serveAdmin(ctx context.Context, ls []servedListener, shutdownTimeout time.Duration, logger *slog.Logger) error {
+	type served struct {
+		name string
+		srv  *http.Server
+		errc chan error
 	}
-	logger.Info("shutting down", "reason", context.Cause(ctx).Error(), "timeout", shutdownTimeout.String())
+	all := make([]served, len(ls))
+	failed := make(chan struct{}, len(ls))
+	for i, l := range ls {
+		all[i] = served{name: l.name, errc: make(chan error, 1), srv: &http.Server{
+			Handler:           l.h,
+			ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}}
+		go func() {
+			err := all[i].srv.Serve(l.ln)
+			all[i].errc <- err
+			failed <- struct{}{}
+		}()
+	}
+
+	var errs []error
+	select {
+	case <-failed:
+		// One stopped on its own (Serve returns only with an error); the
+		// others shut down below.
+		for _, s := range all {
+			select {
+			case err := <-s.errc:
+				errs = append(errs, fmt.Errorf("%s server: %w", s.name, err))
+				s.errc <- nil // read again below
+			default:
+			}
+		}
+	case <-ctx.Done():
+		logger.Info("shutting down", "reason", context.Cause(ctx).Error(), "timeout", shutdownTimeout.String())
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		<-errc
-		return fmt.Errorf("admin server shutdown: %w (timeout %s)", err, shutdownTimeout)
+	var wg sync.WaitGroup
+	shut := make([]error, len(all))
+	for i, s := range all {
+		wg.Go(func() {
+			if err := s.srv.Shutdown(sctx); err != nil {
+				_ = s.srv.Close()
+				shut[i] = fmt.Errorf("%s server shutdown: %w (timeout %s)", s.name, err, shutdownTimeout)
+			}
+			if err := <-s.errc; err != nil && !errors.Is(err, http.ErrServerClosed) && shut[i] == nil {
+				shut[i] = fmt.Errorf("%s server: %w", s.name, err)
+			}
+		})
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("admin server: %w", err)
+	wg.Wait()
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	return nil
+	return errors.Join(shut...)
 }
 
 // adminRoutes is the admin listener's route table: the process's own

@@ -102,6 +102,7 @@ func TestLoadServeConfig(t *testing.T) {
 	empty := file("empty.yaml", "")
 	reuseFile := file("reuse.yaml", "reuse-weight: 32\n")
 	testRoutesFile := file("test-routes.yaml", "enable-test-routes: true\n")
+	servicesFile := file("services.yaml", "indexer-addr: \":8090\"\nslot-tracker-addr: \"127.0.0.1:8091\"\n")
 
 	def := serveConfig{AdminAddr: ":8090", EventThreads: 4, IndexShards: 1, LogLevel: "info", LogFormat: "text", ShutdownTimeout: 10 * time.Second,
 		ModelName: "default", TenantID: "default", BlockSize: 16, MaxBody: 8 << 20, PeerTimeout: 10 * time.Second,
@@ -194,6 +195,17 @@ func TestLoadServeConfig(t *testing.T) {
 		{name: "admin-addr without port", args: []string{"--admin-addr", "localhost"}, wantErr: `invalid admin-addr "localhost"`},
 		{name: "admin-addr not a string", args: []string{"--config", intAddr}, wantErr: "invalid admin-addr 9000 (from config file"},
 		{name: "empty --config", args: []string{"--config", ""}, wantErr: "--config: empty path"},
+		{
+			name: "service listeners from flag, env and file",
+			args: []string{"--config", servicesFile, "--selection-addr", ":8092"},
+			env:  map[string]string{"KVGATE_SLOT_TRACKER_ADDR": ":9091"},
+			want: with(func(c *serveConfig) {
+				c.ConfigFile, c.IndexerAddr, c.SlotTrackerAddr, c.SelectionAddr = servicesFile, ":8090", ":9091", ":8092"
+			}),
+		},
+		{name: "indexer-addr without port", args: []string{"--indexer-addr", "localhost"}, wantErr: `invalid indexer-addr "localhost" (from flag --indexer-addr): want host:port, e.g. :8090`},
+		{name: "slot-tracker-addr without port", env: map[string]string{"KVGATE_SLOT_TRACKER_ADDR": "x"}, wantErr: `invalid slot-tracker-addr "x" (from env KVGATE_SLOT_TRACKER_ADDR)`},
+		{name: "selection-addr not a string", args: []string{"--config", file("sel.yaml", "selection-addr: 8092\n")}, wantErr: "invalid selection-addr 8092 (from config file"},
 		{
 			name: "workers flag",
 			args: []string{"--workers", "1=tcp://h:5557, 2:1=tcp://h:5558|tcp://h:5559,", "--model-name", "m:v1", "--tenant-id", "t", "--block-size", "64", "--kv-topic", "kv"},
@@ -467,7 +479,9 @@ func TestServeAdminGracefulShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- serveAdmin(ctx, ln, testAdmin(), 5*time.Second, discardLogger()) }()
+	go func() {
+		done <- serveAdmin(ctx, []servedListener{{name: "admin", ln: ln, h: testAdmin()}}, 5*time.Second, discardLogger())
+	}()
 
 	status, _, body := do(t, testClient(t), "GET", "http://"+ln.Addr().String()+"/health")
 	if status != 200 || strings.TrimSpace(body) != `{"status":"ok"}` {
@@ -495,7 +509,9 @@ func TestServeAdminShutdownTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- serveAdmin(ctx, ln, srv, 50*time.Millisecond, discardLogger()) }()
+	go func() {
+		done <- serveAdmin(ctx, []servedListener{{name: "admin", ln: ln, h: srv}}, 50*time.Millisecond, discardLogger())
+	}()
 
 	c := testClient(t)
 	reqDone := make(chan struct{})

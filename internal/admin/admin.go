@@ -82,6 +82,13 @@ func New(opts Options) *Server {
 	return s
 }
 
+// Sibling returns a Server with no routes, s's options and s's request
+// metrics: another listener of the same process (a service's own port)
+// counts into the same kvgate_http_* series, by route pattern.
+func (s *Server) Sibling() *Server {
+	return &Server{mux: http.NewServeMux(), opts: s.opts, mutates: make(map[string]bool), total: s.total, latency: s.latency}
+}
+
 // Handle adds routes. It panics on a malformed or duplicate pattern, as
 // http.ServeMux does.
 func (s *Server) Handle(routes ...Route) {

@@ -6,7 +6,9 @@
 // (WorkerRoutes; workers.go); Dynamo's slot tracker and selection service
 // with reservations (ServiceRoutes for one port serving both, else
 // SlotTrackerRoutes and SelectionServiceRoutes; service.go); replica
-// sync's peer routes (ReplicaRoutes; replica.go). It owns their JSON types and error shapes
+// sync's peer routes (ReplicaRoutes; replica.go); which of those routes
+// each service serves on a listener of its own (Service.Routes;
+// listeners.go). It owns their JSON types and error shapes
 // (docs/http-api.md); routing, limits and the admin token are
 // internal/admin's.
 //
