@@ -181,3 +181,30 @@ func TestWriteErrorPlainError(t *testing.T) {
 		t.Errorf("WriteError(plain) = %d %s", rec.Code, rec.Body)
 	}
 }
+
+func TestSibling(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := New(Options{Token: "tok", Registerer: reg})
+	s.Handle(Route{Pattern: "GET /a", Handler: func(w http.ResponseWriter, _ *http.Request) { OK(w, http.StatusOK) }})
+	sib := s.Sibling()
+	sib.Handle(Route{Pattern: "POST /b", Mutates: true, Handler: func(w http.ResponseWriter, _ *http.Request) { OK(w, http.StatusOK) }})
+
+	serve := func(h http.Handler, method, path string) int {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(method, path, nil))
+		return rec.Code
+	}
+	if got := serve(sib, "GET", "/a"); got != http.StatusNotFound {
+		t.Errorf("sibling GET /a = %d, want 404 (routes are its own)", got)
+	}
+	if got := serve(sib, "POST", "/b"); got != http.StatusUnauthorized {
+		t.Errorf("sibling POST /b without token = %d, want 401 (options shared)", got)
+	}
+	if got := serve(s, "POST", "/b"); got != http.StatusNotFound {
+		t.Errorf("original POST /b = %d, want 404", got)
+	}
+	serve(s, "GET", "/a")
+	if n := testutil.ToFloat64(s.total.WithLabelValues("unmatched", "GET", "404")); n != 1 {
+		t.Errorf("unmatched GET 404 count = %v, want 1 (the sibling's, shared)", n)
+	}
+}
