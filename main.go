@@ -325,6 +325,10 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 		s.Handle(sl.service.Routes(routes)...)
 		served = append(served, servedListener{name: string(sl.service), ln: sln, h: s})
 		logger.Info(string(sl.service)+" listening", "addr", sln.Addr().String())
+		if a, ok := sln.Addr().(*net.TCPAddr); ok && cfg.AdminToken == "" && !a.IP.IsLoopback() {
+			logger.Warn("the "+string(sl.service)+" listener accepts changes from anyone who can reach it: set --admin-token, or bind it to 127.0.0.1",
+				"addr", sln.Addr().String())
+		}
 	}
 
 	if len(cfg.Peers) > 0 {
