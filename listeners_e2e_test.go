@@ -82,6 +82,12 @@ func TestE2EServiceListeners(t *testing.T) {
 	selection.must(200, "POST", "/select", map[string]any{"model_name": "s", "block_hashes": []int{1}})
 	selection.must(200, "POST", "/overlap_scores", map[string]any{"model_name": "s", "block_hashes": []int{1}})
 	selection.must(200, "GET", "/replica_sync/peers", nil)
+	// GET /loads in the selection service's shape: one entry per (model,
+	// tenant), its ranks under "loads".
+	var groups []map[string]any
+	if err := json.Unmarshal([]byte(selection.must(200, "GET", "/loads?model_name=s", nil)), &groups); err != nil || len(groups) != 1 || groups[0]["model_name"] != "s" || groups[0]["loads"] == nil {
+		t.Errorf("selection GET /loads = %v (%v), want one entry for model s with its loads", groups, err)
+	}
 	selection.must(405, "GET", "/select", nil)
 	for _, r := range [][2]string{{"POST", "/query"}, {"GET", "/dump"}, {"POST", "/add"}, {"POST", "/register"}, {"POST", "/unregister"}, {"GET", "/peers"}} {
 		selection.must(404, r[0], r[1], map[string]any{})

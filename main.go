@@ -313,7 +313,12 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 	for _, sl := range []struct {
 		service httpapi.Service
 		addr    string
-	}{{httpapi.IndexerService, cfg.IndexerAddr}, {httpapi.SlotTrackerService, cfg.SlotTrackerAddr}, {httpapi.SelectionService, cfg.SelectionAddr}} {
+		own     []admin.Route // the service's versions of routes it shares with another
+	}{
+		{httpapi.IndexerService, cfg.IndexerAddr, nil},
+		{httpapi.SlotTrackerService, cfg.SlotTrackerAddr, httpapi.SlotTrackerRoutes(cat, sched, indexes)},
+		{httpapi.SelectionService, cfg.SelectionAddr, httpapi.SelectionServiceRoutes(cat, sched, indexes)},
+	} {
 		if sl.addr == "" {
 			continue
 		}
@@ -322,7 +327,7 @@ func runServe(ctx context.Context, cfg serveConfig, logger *slog.Logger) error {
 			return fmt.Errorf("%s listener: %w", sl.service, err)
 		}
 		s := srv.Sibling()
-		s.Handle(sl.service.Routes(routes)...)
+		s.Handle(sl.service.Routes(append(sl.own, routes...))...)
 		served = append(served, servedListener{name: string(sl.service), ln: sln, h: s})
 		logger.Info(string(sl.service)+" listening", "addr", sln.Addr().String())
 		if a, ok := sln.Addr().(*net.TCPAddr); ok && cfg.AdminToken == "" && !a.IP.IsLoopback() {

@@ -49,7 +49,7 @@ func (s Service) patterns() []string {
 			"POST /workers", "PATCH /workers/{worker_id}", "DELETE /workers/{worker_id}",
 			"POST /select", "POST /select_and_reserve", "POST /reservations",
 			"POST /reservations/{id}/prefill_complete", "POST /reservations/{id}/output_block", "DELETE /reservations/{id}",
-			"POST /overlap_scores", "POST /potential_loads",
+			"POST /overlap_scores", "GET /loads", "POST /potential_loads",
 			"POST /replica_sync/register_peer", "POST /replica_sync/deregister_peer", "GET /replica_sync/peers",
 		}
 	}
@@ -58,8 +58,10 @@ func (s Service) patterns() []string {
 
 // Routes picks s's routes out of all, the combined admin listener's table:
 // the process's own routes and the service's, each pattern once (the
-// first in all, as the combined listener serves it). A route all lacks
-// (test routes that are off) is left out.
+// first in all). A caller gives a service its own version of a route the
+// combined listener answers for another (the selection service's GET
+// /loads) by putting it first. A route all lacks (test routes that are
+// off) is left out.
 func (s Service) Routes(all []admin.Route) []admin.Route {
 	// Every listener serves liveness, readiness and the process's metrics.
 	want := append([]string{"GET /health", "GET /ready", "GET /metrics"}, s.patterns()...)
