@@ -497,11 +497,8 @@ func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 	if req.BlockSize == nil {
 		return 0, nil, badRequest("block_size is required")
 	}
-	if req.Endpoint == nil {
-		return 0, nil, badRequest("endpoint is required (where the worker's requests go: http URL or host:port)")
-	}
 	spec := catalog.WorkerSpec{
-		WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: *req.BlockSize, Endpoint: *req.Endpoint,
+		WorkerKey: catalog.WorkerKey{Key: key, ID: id}, BlockSize: *req.BlockSize, Endpoint: deref(req.Endpoint),
 		DPStart: deref(req.DPStart), DPSize: 1, Replay: deref(req.ReplayEndpoint), Source: catalog.SourceAPI,
 	}
 	if req.DPSize != nil {
@@ -517,7 +514,40 @@ func (s *service) putWorker(_ *http.Request, req *workerRequest) (int, any, erro
 		}
 		spec.Events = map[uint32]string{spec.DPStart: *req.KVEventsEndpoint}
 	}
-	return done(http.StatusCreated, s.cat.PutWorker(spec))
+	if err := s.cat.PutWorker(spec); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusCreated, s.record(spec.WorkerKey), nil
+}
+
+// workerRecord answers POST and PATCH /workers: the selection service's
+// lifecycle ("schedulable", or "incomplete" with the reasons) and the
+// worker's names.
+type workerRecord struct {
+	Status                string   `json:"status"`
+	WorkerID              uint64   `json:"worker_id"`
+	ModelName             string   `json:"model_name"`
+	TenantID              string   `json:"tenant_id"`
+	Lifecycle             string   `json:"lifecycle"`
+	NotSchedulableReasons []string `json:"not_schedulable_reasons"`
+}
+
+func (s *service) record(wk catalog.WorkerKey) workerRecord {
+	if wk.Key.Tenant == "" {
+		wk.Key.Tenant = indexer.DefaultTenant
+	}
+	lifecycle, reasons := lifecycleOf(s.cat.NotSchedulable(wk))
+	return workerRecord{Status: "ok", WorkerID: wk.ID, ModelName: wk.Key.Model, TenantID: wk.Key.Tenant,
+		Lifecycle: lifecycle, NotSchedulableReasons: reasons}
+}
+
+// lifecycleOf names a registration's lifecycle as the selection service
+// does, from its not-schedulable reasons (never nil, for JSON's []).
+func lifecycleOf(reasons []string) (string, []string) {
+	if len(reasons) > 0 {
+		return "incomplete", reasons
+	}
+	return "schedulable", []string{}
 }
 
 // pathWorker returns the worker named by the path and the scope. Worker ids
@@ -574,7 +604,10 @@ func (s *service) patchWorker(r *http.Request, req *workerRequest) (int, any, er
 			return 0, nil, err
 		}
 	}
-	return done(http.StatusOK, s.cat.PatchWorker(p))
+	if err := s.cat.PatchWorker(p); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, s.record(wk), nil
 }
 
 func (s *service) deleteWorker(r *http.Request, req *scope) (int, any, error) {
@@ -801,6 +834,10 @@ func (s *service) reserve(_ *http.Request, req *reservationRequest) (int, any, e
 		}
 	}
 	wr := indexer.WorkerRank{Worker: *req.WorkerID, Rank: deref(req.DPRank)}
+	if why := s.cat.NotSchedulable(catalog.WorkerKey{Key: key, ID: wr.Worker}); len(why) > 0 {
+		return 0, nil, fmt.Errorf("%w: worker %d of model_name %q tenant_id %q is not schedulable: %s",
+			scheduler.ErrNotFound, wr.Worker, key.Model, key.Tenant, strings.Join(why, "; "))
+	}
 	if err := s.loads().Add(key, scheduler.Booking{ID: id, Worker: wr, Hashes: seq, PrefillTokens: prefill}); err != nil {
 		return 0, nil, err
 	}

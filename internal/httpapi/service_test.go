@@ -220,7 +220,6 @@ func TestWorkersSelectionShape(t *testing.T) {
 		{name: "negative worker_id", path: "/workers", body: seed.with("worker_id", -1), status: 400, errHas: []string{"worker_id"}},
 		{name: "no block_size", path: "/workers", body: seed.without("block_size"), status: 400, errHas: []string{"block_size"}},
 		{name: "other block_size", path: "/workers", body: seed.with("worker_id", 2, "block_size", 32, "kv_events_endpoints", nil), status: 409, errHas: []string{"16", "32"}},
-		{name: "no endpoint", path: "/workers", body: seed.without("endpoint"), status: 400, errHas: []string{"endpoint"}},
 		{name: "ftp endpoint", path: "/workers", body: seed.with("endpoint", "ftp://worker:21"), status: 400, errHas: []string{"endpoint"}},
 		{name: "endpoint without port", path: "/workers", body: seed.with("endpoint", "worker"), status: 400, errHas: []string{"endpoint"}},
 		{name: "dp size 0", path: "/workers", body: seed.with("data_parallel_size", 0), status: 400, errHas: []string{"data_parallel_size"}},
@@ -290,6 +289,65 @@ func TestWorkersSelectionShape(t *testing.T) {
 		t.Errorf("after the deletes: workers %+v, listeners %+v", ws, ls)
 	}
 	svcJSON(t, "loads after the deletes", r.svcGet("/loads"), 200, `[]`)
+}
+
+// An incomplete worker (no endpoint yet) is registered, listed with its
+// lifecycle and reasons, never selected nor reservable, and becomes
+// schedulable once a PATCH supplies the endpoint, as in Dynamo's
+// selection service.
+func TestIncompleteWorker(t *testing.T) {
+	r := newSvcRig(t, rigOptions{}, scheduler.CostOptions{})
+	pick := jsonObj{"model_name": "model", "block_hashes": []any{11, 12}, "isl_tokens": 32}
+	only1 := pick.with("worker_ids", []any{1})
+	book := func(id string) jsonObj {
+		return jsonObj{"model_name": "model", "reservation_id": id, "worker_id": 1, "dp_rank": 0, "block_hashes": []any{11, 12}}
+	}
+	incomplete := map[string]any{"lifecycle": "incomplete", "not_schedulable_reasons": []any{"endpoint is required"}}
+	schedulable := map[string]any{"lifecycle": "schedulable", "not_schedulable_reasons": []any{}}
+	for _, c := range []struct {
+		name, method, path string
+		body               any
+		status             int     // 0: any but 2xx
+		want               jsonObj // fields of the answer
+	}{
+		{name: "register without endpoint", path: "/workers", body: svcSSWorker.without("endpoint"), status: 201,
+			want: jsonObj{"worker_id": 1.0, "model_name": "model", "tenant_id": "default"}.with("lifecycle", "incomplete", "not_schedulable_reasons", incomplete["not_schedulable_reasons"])},
+		{name: "register a complete worker", path: "/workers", body: svcSSWorker.with("worker_id", 2), status: 201, want: schedulable},
+		{name: "select never picks it", path: "/select", body: pick, status: 200, want: jsonObj{"worker_id": 2.0}},
+		{name: "select restricted to it", path: "/select", body: only1},
+		{name: "reservation naming it", path: "/reservations", body: book("r1"), status: 404},
+		{name: "patch supplies the endpoint", method: http.MethodPatch, path: "/workers/1?model_name=model", body: jsonObj{"endpoint": "http://worker-1:8000"}, status: 200, want: schedulable},
+		{name: "then selectable", path: "/select", body: only1, status: 200, want: jsonObj{"worker_id": 1.0, "endpoint": "http://worker-1:8000"}},
+		{name: "then reservable", path: "/reservations", body: book("r2"), status: 201, want: jsonObj{"worker_id": 1.0}},
+	} {
+		rep := r.do(cmp.Or(c.method, http.MethodPost), c.path, c.body)
+		if c.status == 0 {
+			if rep.status/100 == 2 {
+				t.Errorf("%s: %d %s, want a failure", c.name, rep.status, rep.body)
+			}
+			continue
+		}
+		m, err := rep.check(c.status)
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		for k, v := range c.want {
+			if !reflect.DeepEqual(m[k], v) {
+				t.Errorf("%s: %s = %#v, want %#v (%s)", c.name, k, m[k], v, rep.body)
+			}
+		}
+		if c.name == "register without endpoint" {
+			w, ok := r.worker("model", "default", 1)
+			if !ok || w.Lifecycle != "incomplete" || w.Status != catalog.StatusIncomplete ||
+				!reflect.DeepEqual(w.NotSchedulableReasons, []string{"endpoint is required"}) {
+				t.Errorf("GET /workers lists worker 1 as %+v", w)
+			}
+		}
+	}
+	if w, _ := r.worker("model", "default", 1); w.Lifecycle != "schedulable" || w.Status == catalog.StatusIncomplete {
+		t.Errorf("patched worker 1 is listed as %+v", w)
+	}
 }
 
 // svcSeedSelect is the selection service seed's /select_and_reserve body.

@@ -222,10 +222,15 @@ type workerView struct {
 	// Source is Dynamo's: always "zmq" (its clients filter on it).
 	// RegisteredBy is where kvgate learned of the worker (catalog.SourceAPI,
 	// catalog.SourceConfig or discovery's "kubernetes").
-	Source       string                  `json:"source"`
-	RegisteredBy string                  `json:"registered_by"`
-	Status       catalog.Status          `json:"status"`
-	Listeners    map[string]listenerView `json:"listeners"`
+	Source       string         `json:"source"`
+	RegisteredBy string         `json:"registered_by"`
+	Status       catalog.Status `json:"status"`
+	// Lifecycle and NotSchedulableReasons are the selection service's:
+	// "incomplete" with why, or "schedulable" (the registration is
+	// complete; Status says whether its listeners are up).
+	Lifecycle             string                  `json:"lifecycle"`
+	NotSchedulableReasons []string                `json:"not_schedulable_reasons"`
+	Listeners             map[string]listenerView `json:"listeners"`
 	// EngineMetrics is what the scrapes of the worker's /metrics page
 	// found (see scrape.Scraper); left out when it was never scraped.
 	EngineMetrics *engineMetricsView `json:"engine_metrics,omitempty"`
@@ -288,6 +293,7 @@ func viewOf(ws catalog.WorkerState, em *scrape.WorkerScrape) workerView {
 		Endpoints: map[string]string{}, KVEventsEndpoints: map[string]string{}, Listeners: map[string]listenerView{},
 		EngineMetrics: engineMetricsOf(em),
 	}
+	v.Lifecycle, v.NotSchedulableReasons = lifecycleOf(ws.NotSchedulable)
 	if v.DPRanks == nil {
 		v.DPRanks = []uint32{}
 	}

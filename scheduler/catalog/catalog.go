@@ -70,6 +70,10 @@ type Worker struct {
 	Ranks    []uint32             // data-parallel ranks, sorted
 	Events   map[uint32]Publisher // KV event publisher by rank
 	Source   string
+	// NotSchedulable says why the registration is incomplete (the
+	// selection service's not_schedulable_reasons); nil when complete. An
+	// incomplete worker has StatusIncomplete and is never a target.
+	NotSchedulable []string
 }
 
 // Status is the state of a listener, or a worker's aggregated state.
@@ -84,6 +88,9 @@ const (
 	StatusActive  Status = "active"
 	StatusFailed  Status = "failed"
 	StatusPaused  Status = "paused"
+	// StatusIncomplete is a worker's, never a listener's: its registration
+	// lacks what a request needs (see Worker.NotSchedulable).
+	StatusIncomplete Status = "incomplete"
 )
 
 // Listener names the KV event listener of one publisher of a worker rank.
@@ -391,6 +398,17 @@ func (c *Catalog) Endpoint(wk WorkerKey) string {
 	return ""
 }
 
+// NotSchedulable returns why wk's registration is incomplete (nil when
+// complete or unknown).
+func (c *Catalog) NotSchedulable(wk WorkerKey) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.workers[normKey(wk)]; w != nil {
+		return slices.Clone(w.NotSchedulable)
+	}
+	return nil
+}
+
 // Lookup returns the keys under which worker id is registered, of tenant
 // ("" matches any), sorted by model and tenant: a worker id the caller
 // scopes to no model may be registered under several.
@@ -655,6 +673,10 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 			// yet visible is not active.
 			ws.Status = StatusPending
 		}
+		if len(w.NotSchedulable) > 0 {
+			ws.Status = StatusIncomplete
+			ws.NotSchedulable = slices.Clone(w.NotSchedulable)
+		}
 		out = append(out, ws)
 	}
 	c.mu.Unlock()
@@ -663,7 +685,7 @@ func (c *Catalog) Workers(model, tenant string) []WorkerState {
 }
 
 // statusRank orders listener states for aggregation: the highest wins.
-var statusRank = map[Status]int{StatusPaused: 1, StatusActive: 2, StatusPending: 3, StatusFailed: 4}
+var statusRank = map[Status]int{StatusPaused: 1, StatusActive: 2, StatusPending: 3, StatusFailed: 4, StatusIncomplete: 5}
 
 func aggregate(ls map[uint32]ListenerState) Status {
 	s := StatusActive

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -319,5 +320,46 @@ func TestChurnLeavesNoIndex(t *testing.T) {
 	}
 	if keys := r.set.Keys(); len(keys) != 0 {
 		t.Fatalf("%d indexes left, first %v", len(keys), keys[0])
+	}
+}
+
+// TestIncompleteNeverATarget: a worker registered without an endpoint is
+// incomplete, with the selection service's reason, and no target until a
+// patch supplies the endpoint.
+func TestIncompleteNeverATarget(t *testing.T) {
+	r := newRig(t)
+	key := indexer.Key{Model: "m", Tenant: indexer.DefaultTenant}
+	wk := WorkerKey{Key: key, ID: 1}
+	steps := []struct {
+		name    string
+		do      func() error
+		reasons []string
+		targets []Target
+	}{
+		{"put without endpoint", func() error {
+			return r.cat.PutWorker(WorkerSpec{WorkerKey: wk, BlockSize: testBS, DPSize: 2})
+		}, []string{"endpoint is required"}, nil},
+		{"patch the range only", func() error {
+			return r.cat.PatchWorker(WorkerPatch{WorkerKey: wk, DPSize: ptrTo(uint32(1))})
+		}, []string{"endpoint is required"}, nil},
+		{"patch the endpoint", func() error {
+			return r.cat.PatchWorker(WorkerPatch{WorkerKey: wk, Endpoint: ptrTo("10.0.0.1:8000")})
+		}, nil, []Target{{ID: 1, Endpoint: "10.0.0.1:8000", Ranks: 1}}},
+		{"put again without endpoint", func() error {
+			return r.cat.PutWorker(WorkerSpec{WorkerKey: wk, BlockSize: testBS, DPSize: 1})
+		}, []string{"endpoint is required"}, nil},
+	}
+	for _, s := range steps {
+		must(t, s.do())
+		if got := r.cat.NotSchedulable(wk); !slices.Equal(got, s.reasons) {
+			t.Errorf("%s: reasons %q, want %q", s.name, got, s.reasons)
+		}
+		if got := r.cat.Targets(key); !reflect.DeepEqual(got, s.targets) {
+			t.Errorf("%s: targets %+v, want %+v", s.name, got, s.targets)
+		}
+		ws := r.cat.Workers("m", "")
+		if want := len(s.reasons) > 0; len(ws) != 1 || (ws[0].Status == StatusIncomplete) != want || r.cat.View().Schedulable(key)[1] == want {
+			t.Errorf("%s: workers %+v, schedulable %v", s.name, ws, r.cat.View().Schedulable(key))
+		}
 	}
 }

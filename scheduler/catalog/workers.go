@@ -21,7 +21,8 @@ type WorkerSpec struct {
 	WorkerKey
 	BlockSize int
 	// Endpoint is where the worker's requests go: an http(s) URL or
-	// host:port. Required.
+	// host:port. Without it the worker is registered incomplete
+	// (StatusIncomplete) until a WorkerPatch supplies it.
 	Endpoint        string
 	DPStart, DPSize uint32
 	// Events are the KV event publishers' endpoints by rank; every rank
@@ -117,6 +118,15 @@ func (c *Catalog) validate(l layout) error {
 	return nil
 }
 
+// missing returns why l is not schedulable, in the selection service's
+// words (nil when complete).
+func missing(l layout) []string {
+	if l.endpoint == "" {
+		return []string{"endpoint is required"}
+	}
+	return nil
+}
+
 // PutWorker registers a worker in the selection service's shape, or
 // replaces the registration of an existing one: its range, request
 // endpoint and publishers (a rank whose publisher goes or changes endpoint
@@ -125,9 +135,6 @@ func (c *Catalog) validate(l layout) error {
 // listener (ErrUnavailable).
 func (c *Catalog) PutWorker(s WorkerSpec) error {
 	s.WorkerKey = normKey(s.WorkerKey)
-	if s.Endpoint == "" {
-		return fmt.Errorf("%w: endpoint is required (where the worker's requests go: http URL or host:port)", ErrInvalid)
-	}
 	ranks, err := rangeRanks(s.DPStart, s.DPSize)
 	if err != nil {
 		return err
@@ -287,9 +294,10 @@ func (c *Catalog) apply(w *Worker, wk WorkerKey, blockSize int, source string, l
 	w.Endpoint = l.endpoint
 	w.Ranks = slices.Clone(l.ranks)
 	w.Events = l.events
+	w.NotSchedulable = missing(l)
 	c.emit(kind, w, gone)
 	c.log.Info("registered worker", "model", wk.Key.Model, "tenant", wk.Key.Tenant, "worker", wk.ID, "endpoint", l.endpoint,
-		"dp_start", w.Ranks[0], "dp_size", len(w.Ranks), "kv_events_ranks", ranks, "source", w.Source)
+		"dp_start", w.Ranks[0], "dp_size", len(w.Ranks), "kv_events_ranks", ranks, "source", w.Source, "not_schedulable_reasons", w.NotSchedulable)
 	return nil
 }
 
