@@ -314,7 +314,7 @@ func TestIncompleteWorker(t *testing.T) {
 			want: jsonObj{"worker_id": 1.0, "model_name": "model", "tenant_id": "default"}.with("lifecycle", "incomplete", "not_schedulable_reasons", incomplete["not_schedulable_reasons"])},
 		{name: "register a complete worker", path: "/workers", body: svcSSWorker.with("worker_id", 2), status: 201, want: schedulable},
 		{name: "select never picks it", path: "/select", body: pick, status: 200, want: jsonObj{"worker_id": 2.0}},
-		{name: "select restricted to it", path: "/select", body: only1},
+		{name: "select restricted to it", path: "/select", body: only1, status: 503},
 		{name: "reservation naming it", path: "/reservations", body: book("r1"), status: 404},
 		{name: "patch supplies the endpoint", method: http.MethodPatch, path: "/workers/1?model_name=model", body: jsonObj{"endpoint": "http://worker-1:8000"}, status: 200, want: schedulable},
 		{name: "then selectable", path: "/select", body: only1, status: 200, want: jsonObj{"worker_id": 1.0, "endpoint": "http://worker-1:8000"}},
