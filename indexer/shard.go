@@ -203,8 +203,8 @@ func (ix *shard) apply(ev Event) (ApplyResult, error) {
 	ix.write.Lock()
 	defer ix.write.Unlock()
 	ix.warmth += ix.tree.warm(ev)
-	res, err := ix.tree.apply(ev)
 	ix.held = 0
+	res, err := ix.tree.apply(ev)
 	ix.publish()
 	if ev.Kind == Removed || ev.Kind == Cleared {
 		ix.tree.trim(ev.Worker) // if removals emptied its table enough
@@ -237,7 +237,6 @@ func (ix *shard) removeRanks(gone func(WorkerRank) bool) {
 	for _, r := range leaving {
 		ix.tree.removeRank(r.wr, r.ids)
 	}
-	ix.held = 0
 	ix.publish()
 }
 
